@@ -1,0 +1,105 @@
+"""Pages per sequence: allocation in block units, the local prefix cache, release.
+
+Pure bookkeeping over :class:`~workers.block_pool.BlockPool`. The scheduler speaks tokens;
+this layer turns them into pages:
+
+- :meth:`BlockManager.match_prefix` finds the longest run of a waiting sequence's full blocks
+  already cached here (never the whole prompt: the last token is always computed so the
+  model yields logits to sample from);
+- :meth:`BlockManager.can_allocate` / :meth:`BlockManager.allocate` grow a sequence's block
+  table to cover ``num_new_tokens`` more tokens (prefix hits are taken in the same call);
+- :meth:`BlockManager.commit` names the blocks that became full after a step, so later
+  requests can hit them;
+- :meth:`BlockManager.deallocate` gives every page back (finish, abort, preemption).
+"""
+
+from __future__ import annotations
+
+from kvpool.hashing import ROOT_PARENT, hash_block
+from workers.block_pool import BlockPool
+from workers.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(
+        self, num_blocks: int, block_tokens: int, hash_seed: int, prefix_caching: bool = True
+    ) -> None:
+        self.pool = BlockPool(num_blocks)
+        self.block_tokens = block_tokens
+        self.hash_seed = hash_seed
+        self.prefix_caching = prefix_caching
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_tokens)
+
+    def match_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        """(pages, hashes) of ``seq``'s longest cached prefix; nothing is taken yet."""
+        if not self.prefix_caching:
+            return [], []
+        blocks: list[int] = []
+        hashes: list[int] = []
+        parent = ROOT_PARENT
+        bt = self.block_tokens
+        for start in range(0, seq.num_tokens - 1 - bt + 1, bt):
+            parent = hash_block(parent, seq.token_ids[start : start + bt], self.hash_seed)
+            block = self.pool.lookup(parent)
+            if block is None:
+                break
+            blocks.append(block)
+            hashes.append(parent)
+        return blocks, hashes
+
+    def _pages_needed(self, seq: Sequence, num_new_tokens: int, hits: list[int]) -> int:
+        covered = len(seq.block_table) + len(hits)
+        new = max(0, self.blocks_for(seq.num_computed_tokens + num_new_tokens) - covered)
+        revived = sum(1 for b in hits if self.pool.ref_counts[b] == 0)
+        return new + revived
+
+    def can_allocate(
+        self, seq: Sequence, num_new_tokens: int, hits: list[int] | None = None
+    ) -> bool:
+        """Whether ``num_new_tokens`` more tokens (after prefix ``hits``) fit right now."""
+        return self.pool.can_allocate(self._pages_needed(seq, num_new_tokens, hits or []))
+
+    def allocate(
+        self,
+        seq: Sequence,
+        num_new_tokens: int,
+        hits: tuple[list[int], list[int]] | None = None,
+    ) -> None:
+        """Take prefix ``hits`` (pages, hashes) then fresh pages for ``num_new_tokens``.
+
+        Hits are only valid on a sequence with nothing computed; they advance
+        ``num_computed_tokens`` and ``num_cached_tokens``. Callers check
+        :meth:`can_allocate` first; running out here is a bug.
+        """
+        if hits and hits[0]:
+            assert seq.num_computed_tokens == 0 and not seq.block_table
+            pages, hashes = hits
+            self.pool.touch(pages)
+            seq.block_table.extend(pages)
+            seq.block_hashes.extend(hashes)
+            seq.num_computed_tokens = seq.num_cached_tokens = len(pages) * self.block_tokens
+        need = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        if need > 0:
+            seq.block_table.extend(self.pool.allocate(need))
+
+    def commit(self, seq: Sequence) -> None:
+        """Hash and index the blocks of ``seq`` that are full and computed."""
+        if not self.prefix_caching:
+            return
+        bt = self.block_tokens
+        full = min(seq.num_computed_tokens, seq.num_tokens) // bt
+        parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_PARENT
+        for i in range(len(seq.block_hashes), full):
+            parent = hash_block(parent, seq.token_ids[i * bt : (i + 1) * bt], self.hash_seed)
+            seq.block_hashes.append(parent)
+            self.pool.cache(seq.block_table[i], parent)
+
+    def deallocate(self, seq: Sequence) -> None:
+        """Give back every page of ``seq``; the last block goes to the free list first,
+        so a shared prefix outlives its tail under eviction."""
+        self.pool.free(reversed(seq.block_table))
+        seq.block_table.clear()
+        seq.block_hashes.clear()
+        seq.num_computed_tokens = 0

@@ -1,0 +1,92 @@
+"""A fixed set of KV pages with refcounts, an LRU free list and a prefix-cache index.
+
+Pure bookkeeping (no torch). A page is *free* when no sequence holds it (refcount 0); a free
+page may still carry the hash of the full block it holds, so a later request with the same
+prefix can take it back (:meth:`BlockPool.lookup` + :meth:`BlockPool.touch`) instead of
+recomputing. :meth:`BlockPool.allocate` takes the least recently freed page and forgets its
+hash (eviction). Invariant: ``num_free + num_used == num_blocks``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+
+class BlockPool:
+    """Pages ``0 .. num_blocks - 1``; all free at start, in id order."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._by_hash: dict[int, int] = {}
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def free_order(self) -> list[int]:
+        """Free pages, next to be allocated first (for tests and debugging)."""
+        return list(self._free)
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` least recently freed pages (refcount 1 each), evicting their hashes."""
+        if n > len(self._free):
+            raise RuntimeError(f"asked for {n} pages with {len(self._free)} free")
+        out = []
+        for _ in range(n):
+            block, _ = self._free.popitem(last=False)
+            self._forget_hash(block)
+            self.ref_counts[block] = 1
+            out.append(block)
+        return out
+
+    def lookup(self, block_hash: int) -> int | None:
+        """The page that holds the full block named ``block_hash``, if still cached."""
+        return self._by_hash.get(block_hash)
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Take one more reference on cached pages (reviving free ones)."""
+        for block in blocks:
+            if self.ref_counts[block] == 0:
+                del self._free[block]
+            self.ref_counts[block] += 1
+
+    def free(self, blocks: Iterable[int]) -> None:
+        """Drop one reference each; pages reaching zero join the free list's tail in order."""
+        for block in blocks:
+            assert self.ref_counts[block] > 0, f"double free of page {block}"
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self._free[block] = None
+
+    def cache(self, block: int, block_hash: int) -> None:
+        """Record that ``block`` holds the full block ``block_hash`` (first writer wins)."""
+        assert self.ref_counts[block] > 0, f"caching unowned page {block}"
+        if block_hash in self._by_hash or self.block_hash[block] is not None:
+            return
+        self.block_hash[block] = block_hash
+        self._by_hash[block_hash] = block
+
+    def _forget_hash(self, block: int) -> None:
+        h = self.block_hash[block]
+        if h is not None:
+            self.block_hash[block] = None
+            if self._by_hash.get(h) == block:
+                del self._by_hash[h]
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash (pages keep their owners)."""
+        self._by_hash.clear()
+        self.block_hash = [None] * self.num_blocks

@@ -1,0 +1,51 @@
+"""The engine's one frozen configuration, validated with actionable errors.
+
+Every field is also a CLI flag (``--kv-cache-mib``) and an environment variable
+(``KVSERVE_KV_CACHE_MIB``): see :mod:`kvserve.settings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings of one model engine.
+
+    - ``model``: a local Hugging Face directory; empty means the default SmolLM2 model
+      (prepared offline by ``kvserve prepare-model``).
+    - ``dtype``: weights and KV cache; fp32 is the right choice on CPUs without native bf16.
+    - ``device``: ``cpu``, ``cuda`` or ``cuda:N``.
+    - ``block_tokens``: tokens per KV page; one value for the whole cluster.
+    - ``kv_cache_mib``: memory for the paged KV cache; sets the number of pages.
+    - ``max_num_seqs``: requests running at once.
+    - ``max_num_batched_tokens``: token budget of one step (prefill chunk size bound).
+    - ``max_model_len``: longest prompt + output; 0 takes the model's own limit.
+    - ``prefix_caching``: reuse full blocks across requests inside this engine.
+    - ``threads``: torch intra-op threads; 0 keeps torch's default.
+    """
+
+    model: str = ""
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_tokens: int = 64
+    kv_cache_mib: int = 1024
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 0
+    prefix_caching: bool = True
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        for name in ("block_tokens", "kv_cache_mib", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_model_len < 0 or self.threads < 0:
+            raise ValueError("max_model_len and threads must be >= 0 (0 means automatic)")

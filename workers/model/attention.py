@@ -1,0 +1,108 @@
+"""Attention over the paged KV cache.
+
+A step's tokens arrive flattened into one ``[T, ...]`` batch, ordered as the
+:class:`AttentionBatch` says: first the decode tokens (one per sequence), then each prefill
+chunk as a contiguous span. For every layer, :func:`paged_attention`
+
+1. writes the step's new K and V into their cache slots (one ``index_put``),
+2. attends all decode queries at once over their gathered pages (padded to the longest
+   context, masked), and
+3. attends each prefill chunk over its own pages (or straight over the new K/V when the
+   chunk starts at position 0) with a causal mask offset by the cached prefix.
+
+The layer cache is ``[num_blocks, 2 (K, V), block_tokens, kv_heads, head_dim]`` (DESIGN.md),
+so every (layer, block) pair is one contiguous span.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillSpan:
+    """One sequence's chunk of new tokens inside the flattened batch.
+
+    ``start``/``length`` locate the chunk in the batch; ``context_len`` counts the cached
+    prefix plus the chunk. ``block_table`` holds the sequence's page ids when there is a
+    cached prefix (``context_len > length``), else ``None``; ``mask`` is the
+    ``[length, context_len]`` boolean causal mask for that case.
+    """
+
+    start: int
+    length: int
+    context_len: int
+    block_table: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+
+@dataclass
+class AttentionBatch:
+    """Where a step's tokens go in the cache and what each one attends to.
+
+    ``slot_blocks[t]``/``slot_offsets[t]`` give the page and offset of token ``t``. The first
+    ``num_decode`` tokens are decode tokens: ``decode_block_tables`` is ``[B, max_blocks]``
+    (padded with page 0) and ``decode_mask`` ``[B, 1, 1, max_blocks * block_tokens]`` marks
+    each sequence's valid positions.
+    """
+
+    slot_blocks: torch.Tensor
+    slot_offsets: torch.Tensor
+    num_decode: int
+    decode_block_tables: torch.Tensor | None
+    decode_mask: torch.Tensor | None
+    prefills: list[PrefillSpan]
+
+
+def _gather_pages(layer_cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """Pages ``[..., nb]`` -> ``[2, ..., kv_heads, nb * block_tokens, head_dim]``."""
+    pages = layer_cache[block_table]  # [..., nb, 2, bt, H, D]
+    lead = pages.dim() - 5
+    dims = list(range(pages.dim()))
+    nb, kv, bt, heads, hd = dims[lead:]
+    order = [kv, *dims[:lead], heads, nb, bt, hd]
+    shape = (*pages.shape[:lead], pages.shape[-2], -1, pages.shape[-1])
+    out = pages.permute(order)
+    return out.reshape(2, *shape)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layer_cache: torch.Tensor,
+    batch: AttentionBatch,
+    scale: float,
+) -> torch.Tensor:
+    """Attention for ``q`` ``[T, Hq, D]`` with new ``k``/``v`` ``[T, Hkv, D]``; returns ``[T, Hq, D]``."""
+    layer_cache[batch.slot_blocks, :, batch.slot_offsets] = torch.stack((k, v), dim=1)
+    out = torch.empty_like(q)
+    nd = batch.num_decode
+    if nd:
+        assert batch.decode_block_tables is not None and batch.decode_mask is not None
+        kv = _gather_pages(layer_cache, batch.decode_block_tables)
+        o = F.scaled_dot_product_attention(
+            q[:nd].unsqueeze(2), kv[0], kv[1], attn_mask=batch.decode_mask,
+            scale=scale, enable_gqa=True,
+        )
+        out[:nd] = o.squeeze(2)
+    for span in batch.prefills:
+        end = span.start + span.length
+        qs = q[span.start : end].transpose(0, 1).unsqueeze(0)
+        if span.block_table is None:
+            ks = k[span.start : end].transpose(0, 1).unsqueeze(0)
+            vs = v[span.start : end].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True
+            )
+        else:
+            kv = _gather_pages(layer_cache, span.block_table)[:, :, : span.context_len]
+            o = F.scaled_dot_product_attention(
+                qs, kv[0].unsqueeze(0), kv[1].unsqueeze(0), attn_mask=span.mask,
+                scale=scale, enable_gqa=True,
+            )
+        out[span.start : end] = o[0].transpose(0, 1)
+    return out

@@ -1,0 +1,170 @@
+"""Continuous batching with chunked prefill and preemption by recompute.
+
+Pure bookkeeping (no torch). Requests live in two queues:
+
+1. ``waiting``: new requests, and preempted ones put back at the front;
+2. ``running``: requests that hold pages.
+
+Each :meth:`Scheduler.schedule` call builds one step under a token budget
+(``max_num_batched_tokens``) and a sequence cap (``max_num_seqs``):
+
+1. running requests in decode (one token left to compute) go first, so a long prompt never
+   stalls the tokens of others;
+2. then running requests still in prefill get the next chunk of their prompt;
+3. then waiting requests are admitted in arrival order, each taking its prefix-cache hits
+   and a first chunk, while budget and pages last.
+
+When pages run out for a running request, the most recently admitted running request is
+preempted: its pages are freed and it goes back to the front of ``waiting``, to be
+recomputed later (its prompt and the tokens produced so far). After the model ran,
+:meth:`Scheduler.update` advances each request's computed tokens and names its new full blocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from workers.block_manager import BlockManager
+from workers.sequence import FinishReason, Sequence, SeqStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Budgets of one engine; see :class:`workers.config.EngineConfig` for their meaning."""
+
+    num_blocks: int
+    block_tokens: int
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_tokens", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass
+class ScheduledBatch:
+    """One step: ``(sequence, number of new tokens)`` pairs, decodes first."""
+
+    entries: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.entries)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, hash_seed: int) -> None:
+        self.config = config
+        self.blocks = BlockManager(
+            config.num_blocks, config.block_tokens, hash_seed, config.prefix_caching
+        )
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # -- queue verbs -------------------------------------------------------------------
+    def check_fits(self, seq: Sequence) -> None:
+        """Raise ``ValueError`` if ``seq`` could never run, however idle the engine."""
+        total = seq.num_tokens + seq.params.max_tokens
+        if total > self.config.max_model_len:
+            raise ValueError(
+                f"prompt ({seq.num_tokens} tokens) plus max_tokens ({seq.params.max_tokens}) "
+                f"exceeds the model length ({self.config.max_model_len})"
+            )
+        if self.blocks.blocks_for(total) > self.config.num_blocks:
+            raise ValueError(
+                f"request needs {self.blocks.blocks_for(total)} KV pages but the cache has "
+                f"{self.config.num_blocks}; raise the KV cache size"
+            )
+
+    def add(self, seq: Sequence) -> None:
+        self.check_fits(seq)
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """End ``seq`` (any state) and give back its pages. Idempotent."""
+        if seq.is_finished:
+            return
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.deallocate(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        decodes = [s for s in self.running if s.num_uncomputed == 1]
+        prefills = [s for s in self.running if s.num_uncomputed > 1]
+        for seq in decodes + prefills:
+            if budget == 0:
+                break
+            if seq.status is not SeqStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(seq.num_uncomputed, budget)
+            if not self._make_room(seq, n, batch):
+                continue
+            self.blocks.allocate(seq, n)
+            batch.entries.append((seq, n))
+            budget -= n
+        if not batch.preempted:
+            budget = self._admit(batch, budget)
+        batch.entries.sort(key=lambda e: e[1] != 1 or e[0].num_uncomputed != 1)
+        return batch
+
+    def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+        """Preempt the newest running requests until ``seq`` fits; False if ``seq`` went."""
+        while not self.blocks.can_allocate(seq, n):
+            victim = self.running[-1]
+            self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        self.blocks.deallocate(seq)
+        seq.num_cached_tokens = 0
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        batch.entries = [(s, n) for s, n in batch.entries if s is not seq]
+        batch.preempted.append(seq)
+        self.num_preemptions += 1
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            hits = self.blocks.match_prefix(seq)
+            n = min(seq.num_uncomputed - len(hits[0]) * self.config.block_tokens, budget)
+            if not self.blocks.can_allocate(seq, n, hits[0]):
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(seq, n, hits)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            batch.entries.append((seq, n))
+            budget -= n
+        return budget
+
+    def update(self, batch: ScheduledBatch) -> None:
+        """After the model ran ``batch``: advance progress and index newly full blocks."""
+        for seq, n in batch.entries:
+            seq.num_computed_tokens += n
+            self.blocks.commit(seq)

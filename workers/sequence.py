@@ -1,0 +1,104 @@
+"""A request inside one engine: its tokens, its progress and its pages.
+
+Lifecycle: ``WAITING`` (queued, or preempted and put back) -> ``RUNNING`` (scheduled; its
+``num_computed_tokens`` grows by chunks until it reaches ``len(token_ids)``, then each step
+adds one sampled token) -> ``FINISHED`` (stop, length or abort; every page is given back).
+The scheduler owns the status and the page fields; the engine appends sampled tokens.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request ended, named as OpenAI's ``finish_reason`` (``abort`` is ours)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding settings; validated on construction.
+
+    ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1`` disable those
+    filters. ``seed`` makes a sampled request reproducible whatever else is batched with it.
+    ``stop`` strings end the request and are cut from the text; ``stop_token_ids`` and the
+    model's EOS ids (unless ``ignore_eos``) end it after that token.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Sequence:
+    """One request's state; ``token_ids`` holds the prompt followed by the output so far."""
+
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    num_prompt_tokens: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    arrival_step: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError("a request needs at least one prompt token")
+        self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
