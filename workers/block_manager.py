@@ -51,7 +51,8 @@ class BlockManager:
 
     def _pages_needed(self, seq: Sequence, num_new_tokens: int, hits: list[int]) -> int:
         covered = len(seq.block_table) + len(hits)
-        new = max(0, self.blocks_for(seq.num_computed_tokens + num_new_tokens) - covered)
+        computed = seq.num_computed_tokens + len(hits) * self.block_tokens
+        new = max(0, self.blocks_for(computed + num_new_tokens) - covered)
         revived = sum(1 for b in hits if self.pool.ref_counts[b] == 0)
         return new + revived
 

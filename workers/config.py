@@ -21,6 +21,7 @@ class EngineConfig:
     - ``device``: ``cpu``, ``cuda`` or ``cuda:N``.
     - ``block_tokens``: tokens per KV page; one value for the whole cluster.
     - ``kv_cache_mib``: memory for the paged KV cache; sets the number of pages.
+    - ``num_kv_blocks``: an exact number of pages instead (0: derive from ``kv_cache_mib``).
     - ``max_num_seqs``: requests running at once.
     - ``max_num_batched_tokens``: token budget of one step (prefill chunk size bound).
     - ``max_model_len``: longest prompt + output; 0 takes the model's own limit.
@@ -33,6 +34,7 @@ class EngineConfig:
     device: str = "cpu"
     block_tokens: int = 64
     kv_cache_mib: int = 1024
+    num_kv_blocks: int = 0
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_model_len: int = 0
@@ -47,5 +49,7 @@ class EngineConfig:
         for name in ("block_tokens", "kv_cache_mib", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.max_model_len < 0 or self.threads < 0:
-            raise ValueError("max_model_len and threads must be >= 0 (0 means automatic)")
+        if self.max_model_len < 0 or self.threads < 0 or self.num_kv_blocks < 0:
+            raise ValueError(
+                "max_model_len, num_kv_blocks and threads must be >= 0 (0 means automatic)"
+            )

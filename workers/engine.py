@@ -88,7 +88,7 @@ class Engine:
         self.max_model_len = min(
             config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
         )
-        num_blocks = blocks_for_memory(
+        num_blocks = config.num_kv_blocks or blocks_for_memory(
             cfg, config.block_tokens, self.dtype, config.kv_cache_mib << 20
         )
         kv = KVCache(cfg, num_blocks, config.block_tokens, self.dtype, self.device)
@@ -128,8 +128,7 @@ class Engine:
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        seq = Sequence(request_id, list(prompt_token_ids), params,
-                       arrival_step=self.stats.steps)
+        seq = Sequence(request_id, list(prompt_token_ids), params, arrival_step=self.stats.steps)
         self.scheduler.add(seq)
         self._requests[request_id] = seq
         return request_id
@@ -160,8 +159,9 @@ class Engine:
         t0 = time.perf_counter()
         for seq, n in batch.entries:
             if seq.num_computed_tokens < seq.num_prompt_tokens:
-                self.stats.prompt_tokens_computed += min(n, seq.num_prompt_tokens
-                                                         - seq.num_computed_tokens)
+                self.stats.prompt_tokens_computed += min(
+                    n, seq.num_prompt_tokens - seq.num_computed_tokens
+                )
         sampled, tokens = self.runner.execute(batch)
         self.scheduler.update(batch)
         outputs = [self._append(seq, tok) for seq, tok in zip(sampled, tokens, strict=True)]

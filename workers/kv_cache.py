@@ -45,8 +45,14 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_tokens = block_tokens
         self.slab = torch.zeros(
-            cfg.num_layers, num_blocks, 2, block_tokens, cfg.num_kv_heads, cfg.head_dim,
-            dtype=dtype, device=device,
+            cfg.num_layers,
+            num_blocks,
+            2,
+            block_tokens,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            dtype=dtype,
+            device=device,
         )
         self.layers = list(self.slab.unbind(0))
 

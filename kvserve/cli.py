@@ -1,0 +1,153 @@
+"""``kvserve <verb>``: the one command line of the project.
+
+Verbs: ``generate`` (text from the engine), ``prepare-model`` (convert the shipped default
+model, offline), ``make-model`` (a tiny random-weight model for tests), ``bench engine``.
+Engine settings are flags with ``KVSERVE_*`` environment variables (:mod:`kvserve.settings`).
+Heavy modules are imported inside each verb so ``kvserve --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from kvserve.settings import add_config_args, config_from_args
+from workers.config import EngineConfig
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from workers.engine import Engine
+    from workers.sequence import SamplingParams
+
+    engine = Engine(config_from_args(EngineConfig, args))
+    tok = engine.tokenizer
+    prompts = args.prompt or [sys.stdin.read()]
+    ids = [
+        tok.apply_chat_template([{"role": "user", "content": p}]) if args.chat else tok.encode(p)
+        for p in prompts
+    ]
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+    for prompt, out in zip(prompts, engine.generate(ids, params), strict=True):
+        if len(prompts) > 1:
+            print(f"### {prompt}")
+        print(out.text)
+    s = engine.stats
+    print(
+        f"[{len(prompts)} request(s), {s.output_tokens} tokens in {s.busy_seconds:.2f}s, "
+        f"{s.steps} steps]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _prepare_model(args: argparse.Namespace) -> int:
+    from workers.model.prepare import prepare_default_model
+
+    print(prepare_default_model(Path(args.out) if args.out else None, force=args.force))
+    return 0
+
+
+def _make_model(args: argparse.Namespace) -> int:
+    from workers.model.prepare import make_tiny_model
+
+    path = make_tiny_model(
+        Path(args.out),
+        seed=args.seed,
+        arch=args.arch,
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        tokenizer_dir=Path(args.tokenizer_from) if args.tokenizer_from else None,
+    )
+    print(path)
+    return 0
+
+
+def _bench_engine(args: argparse.Namespace) -> int:
+    from kvserve.bench.engine import run_bench
+
+    run_bench(args, config_from_args(EngineConfig, args))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvserve", description=__doc__.splitlines()[0])
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    def verb(
+        name: str,
+        fn: Callable[[argparse.Namespace], int],
+        text: str,
+        sub: argparse._SubParsersAction | None = None,
+    ) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+        p = (sub or verbs).add_parser(name, help=text, description=text)
+        p.set_defaults(func=fn)
+        return p
+
+    g = verb("generate", _generate, "generate text from the model through the engine")
+    g.add_argument("prompt", nargs="*", help="prompts (read from stdin if none)")
+    g.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="wrap each prompt in the model's chat template",
+    )
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[])
+    add_config_args(g, EngineConfig)
+
+    p = verb(
+        "prepare-model",
+        _prepare_model,
+        "convert the shipped SmolLM2-135M-Instruct GGUF into a HF directory (offline)",
+    )
+    p.add_argument("--out", default="", help="target directory (default: the model cache)")
+    p.add_argument("--force", action="store_true", help="convert again even if present")
+
+    m = verb("make-model", _make_model, "write a deterministic tiny random-weight model")
+    m.add_argument("--out", required=True)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--arch", choices=["llama", "qwen2", "qwen3"], default="llama")
+    m.add_argument("--layers", type=int, default=4)
+    m.add_argument("--hidden", type=int, default=128)
+    m.add_argument("--heads", type=int, default=4)
+    m.add_argument("--kv-heads", type=int, default=2)
+    m.add_argument(
+        "--tokenizer-from",
+        default="",
+        help="model directory to copy the tokenizer from (default: SmolLM2)",
+    )
+
+    bench = verbs.add_parser("bench", help="benchmarks (one JSON object on stdout)")
+    bench_verbs = bench.add_subparsers(dest="what", required=True)
+    b = verb("engine", _bench_engine, "engine throughput against transformers", bench_verbs)
+    b.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
+    b.add_argument("--prompt-len", type=int, default=128)
+    b.add_argument("--output-len", type=int, default=64)
+    b.add_argument("--repeat", type=int, default=3)
+    b.add_argument("--seed", type=int, default=0)
+    add_config_args(b, EngineConfig)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"kvserve: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,55 @@
+"""Config dataclasses as CLI flags with environment variables of the same name.
+
+A field ``kv_cache_mib`` of a config dataclass becomes the flag ``--kv-cache-mib`` whose
+default is ``$KVSERVE_KV_CACHE_MIB`` if set, else the field's default. The dataclass's own
+``__post_init__`` validates the result, so the rules live in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from typing import Any, TypeVar
+
+ENV_PREFIX = "KVSERVE_"
+T = TypeVar("T")
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def add_config_args(parser: argparse.ArgumentParser, cls: type[Any]) -> None:
+    """Add one flag per field of dataclass ``cls`` (defaults from the environment)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        env = env_name(f.name)
+        default = f.default
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"(env {env}; default {default!r})"
+        if kind is bool:
+            value = _parse_bool(os.environ[env]) if env in os.environ else default
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=value, help=help_text
+            )
+        else:
+            value = kind(os.environ[env]) if env in os.environ else default
+            parser.add_argument(flag, type=kind, default=value, help=help_text)
+
+
+def config_from_args(cls: type[T], ns: argparse.Namespace) -> T:
+    """Build ``cls`` from the parsed flags added by :func:`add_config_args`."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    return cls(**{f.name: getattr(ns, f.name) for f in fields})

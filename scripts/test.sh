@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Quick start, command 2: set everything up, then run the checks and the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+exec .venv/bin/pytest -q "$@"
