@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
         name: str,
         fn: Callable[[argparse.Namespace], int],
         text: str,
-        sub: argparse._SubParsersAction | None = None,
-    ) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+        sub: argparse._SubParsersAction[argparse.ArgumentParser] | None = None,
+    ) -> argparse.ArgumentParser:
         p = (sub or verbs).add_parser(name, help=text, description=text)
         p.set_defaults(func=fn)
         return p
@@ -140,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--output-len", type=int, default=64)
     b.add_argument("--repeat", type=int, default=3)
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument(
+        "--serve-factor",
+        type=int,
+        default=4,
+        help="serving workload: this many requests per unit of concurrency",
+    )
     add_config_args(b, EngineConfig)
     return parser
 

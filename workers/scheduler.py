@@ -80,9 +80,11 @@ class Scheduler:
                 f"prompt ({seq.num_tokens} tokens) plus max_tokens ({seq.params.max_tokens}) "
                 f"exceeds the model length ({self.config.max_model_len})"
             )
-        if self.blocks.blocks_for(total) > self.config.num_blocks:
+        # The last sampled token ends the request before its KV is ever computed.
+        pages = self.blocks.blocks_for(total - 1)
+        if pages > self.config.num_blocks:
             raise ValueError(
-                f"request needs {self.blocks.blocks_for(total)} KV pages but the cache has "
+                f"request needs {pages} KV pages but the cache has "
                 f"{self.config.num_blocks}; raise the KV cache size"
             )
 

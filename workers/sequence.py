@@ -62,9 +62,12 @@ class SamplingParams:
         return self.temperature == 0
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
-    """One request's state; ``token_ids`` holds the prompt followed by the output so far."""
+    """One request's state; ``token_ids`` holds the prompt followed by the output so far.
+
+    Compared by identity: two requests with equal fields are still two requests.
+    """
 
     request_id: str
     token_ids: list[int]

@@ -1,15 +1,21 @@
 """``kvserve bench engine``: our engine against Hugging Face ``transformers`` on one model.
 
-For each concurrency ``c``, both engines get the same ``c`` random prompts of ``prompt_len``
-tokens (equal lengths, so transformers' batched ``generate`` needs no padding: its fairest
-case) and run greedy with EOS ignored:
+Two workloads at each concurrency ``c``; both engines run greedy with EOS ignored, in the
+same process and threads, alternating inside every repetition; figures are medians.
 
-- prefill tokens/s = ``c * prompt_len / t1``, where ``t1`` is the time to produce 1 token;
-- decode tokens/s = ``c * (output_len - 1) / (tN - t1)``, where ``tN`` is the time to
-  produce ``output_len`` tokens.
+``uniform`` (per-phase speed; transformers' best case): ``c`` random prompts of exactly
+``prompt_len`` tokens (so batched ``generate`` needs no padding), each producing exactly
+``output_len`` tokens.
 
-Ours and theirs alternate inside every repetition (same threads, same process); each figure
-is the median over repetitions, and the ratio is ours / transformers'.
+- prefill tokens/s = ``c * prompt_len / t1``, ``t1`` the time to produce 1 token;
+- decode tokens/s = ``c * (output_len - 1) / (tN - t1)``, ``tN`` the time for ``output_len``.
+
+``serving`` (a request stream): ``serve_factor * c`` requests with prompt lengths uniform in
+``[prompt_len / 2, 3 * prompt_len / 2]`` and exponential output lengths of mean
+``output_len`` (clipped to ``[2, 4 * output_len]``), at most ``c`` in flight. Ours admits a
+new request whenever one finishes (continuous batching); transformers serves them in
+arrival-order batches of ``c`` (left-padded, each batch generating until its longest request
+is done: static batching). Metric: output tokens/s over the whole run.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import argparse
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,13 +34,24 @@ from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.sequence import SamplingParams
 
-Runner = Callable[[list[list[int]], int], None]
+Request = tuple[list[int], int]  # (prompt ids, output tokens)
+Runner = Callable[[list[Request], int], None]  # (requests, max in flight)
+
+
+def _greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
 
 
 def _ours(engine: Engine) -> Runner:
-    def run(prompts: list[list[int]], max_tokens: int) -> None:
-        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-        engine.generate(prompts, params)
+    def run(requests: list[Request], in_flight: int) -> None:
+        pending = list(reversed(requests))
+        active = 0
+        while pending or active:
+            while pending and active < in_flight:
+                prompt, n = pending.pop()
+                engine.add_request(prompt, _greedy(n))
+                active += 1
+            active -= sum(out.finished for out in engine.step())
         engine.scheduler.blocks.pool.reset_prefix_cache()
 
     return run
@@ -42,35 +60,69 @@ def _ours(engine: Engine) -> Runner:
 def _transformers(model_dir: str, dtype: torch.dtype) -> Runner:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
 
     @torch.inference_mode()
-    def run(prompts: list[list[int]], max_tokens: int) -> None:
-        ids = torch.tensor(prompts)
-        model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
+    def run(requests: list[Request], in_flight: int) -> None:
+        for i in range(0, len(requests), in_flight):
+            group = requests[i : i + in_flight]
+            width = max(len(p) for p, _ in group)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in group])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in group])
+            n = max(m for _, m in group)
+            model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
 
     return run
 
 
-def _timed(run: Runner, prompts: list[list[int]], max_tokens: int) -> float:
+def _timed(run: Runner, requests: list[Request], in_flight: int) -> float:
     t0 = time.perf_counter()
-    run(prompts, max_tokens)
+    run(requests, in_flight)
     return time.perf_counter() - t0
 
 
-def _measure(run: Runner, prompts: list[list[int]], output_len: int) -> tuple[float, float]:
-    t1 = _timed(run, prompts, 1)
-    tn = _timed(run, prompts, output_len)
-    c, plen = len(prompts), len(prompts[0])
-    return c * plen / t1, c * (output_len - 1) / max(tn - t1, 1e-9)
+@dataclass(frozen=True)
+class Workloads:
+    uniform: list[list[int]]
+    serving: list[Request]
+
+
+def _workloads(args: argparse.Namespace, c: int, vocab: int, seed: int) -> Workloads:
+    rng = random.Random(seed)
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    uniform = [prompt(args.prompt_len) for _ in range(c)]
+    lo, hi = max(1, args.prompt_len // 2), args.prompt_len * 3 // 2
+    serving = [
+        (
+            prompt(rng.randint(lo, hi)),
+            min(4 * args.output_len, max(2, round(rng.expovariate(1 / args.output_len)))),
+        )
+        for _ in range(args.serve_factor * c)
+    ]
+    return Workloads(uniform, serving)
+
+
+def _measure(run: Runner, w: Workloads, output_len: int) -> dict[str, float]:
+    c, plen = len(w.uniform), len(w.uniform[0])
+    t1 = _timed(run, [(p, 1) for p in w.uniform], c)
+    tn = _timed(run, [(p, output_len) for p in w.uniform], c)
+    ts = _timed(run, w.serving, c)
+    return {
+        "prefill_tok_s": c * plen / t1,
+        "decode_tok_s": c * (output_len - 1) / max(tn - t1, 1e-9),
+        "serving_tok_s": sum(n for _, n in w.serving) / ts,
+    }
 
 
 def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
@@ -79,31 +131,26 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
         "kvserve": _ours(engine),
         "transformers": _transformers(str(engine.model_dir), engine.dtype),
     }
-    rng = random.Random(args.seed)
     vocab = engine.model_config.vocab_size
+    for run in runners.values():  # warm-up, not counted
+        run([([1, 2, 3], 2)], 1)
     results: list[dict[str, Any]] = []
     for c in args.concurrency:
-        prompts = [[rng.randrange(vocab) for _ in range(args.prompt_len)] for _ in range(c)]
-        samples: dict[str, list[tuple[float, float]]] = {k: [] for k in runners}
-        for name, run in runners.items():  # warm-up, not counted
-            run(prompts[:1], 2)
+        work = _workloads(args, c, vocab, args.seed + c)
+        samples: dict[str, list[dict[str, float]]] = {k: [] for k in runners}
         for rep in range(args.repeat):
             for name, run in runners.items():
-                samples[name].append(_measure(run, prompts, args.output_len))
+                samples[name].append(_measure(run, work, args.output_len))
                 log(
-                    f"c={c} rep={rep} {name}: prefill {samples[name][-1][0]:.0f} tok/s, "
-                    f"decode {samples[name][-1][1]:.1f} tok/s"
+                    f"c={c} rep={rep} {name}: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in samples[name][-1].items())
                 )
         row: dict[str, Any] = {"concurrency": c}
-        for name, vals in samples.items():
-            row[f"{name}_prefill_tok_s"] = round(median([v[0] for v in vals]), 1)
-            row[f"{name}_decode_tok_s"] = round(median([v[1] for v in vals]), 1)
-        row["prefill_ratio"] = round(
-            row["kvserve_prefill_tok_s"] / row["transformers_prefill_tok_s"], 2
-        )
-        row["decode_ratio"] = round(
-            row["kvserve_decode_tok_s"] / row["transformers_decode_tok_s"], 2
-        )
+        for metric in ("prefill_tok_s", "decode_tok_s", "serving_tok_s"):
+            ours, theirs = (median([s[metric] for s in samples[n]]) for n in runners)
+            row[f"kvserve_{metric}"] = round(ours, 1)
+            row[f"transformers_{metric}"] = round(theirs, 1)
+            row[f"{metric.removesuffix('_tok_s')}_ratio"] = round(ours / theirs, 2)
         results.append(row)
     head = next((r for r in results if r["concurrency"] == 16), results[-1])
     emit(
@@ -114,20 +161,25 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
             "device": config.device,
             "prompt_len": args.prompt_len,
             "output_len": args.output_len,
+            "serving_requests_per_concurrency": args.serve_factor,
+            "serving_lengths": "prompt U[len/2, 3len/2]; output exp(mean len) in [2, 4len]",
             "block_tokens": config.block_tokens,
             "concurrency": args.concurrency,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
             "repeat": args.repeat,
+            "statistic": "median",
             "seed": args.seed,
             "sampling": "greedy, ignore_eos",
-            "max_num_batched_tokens": config.max_num_batched_tokens,
-            "baseline": "transformers generate, same prompts, batched, no padding",
+            "baseline": "transformers generate; uniform: one unpadded batch; serving: "
+            "static left-padded batches of c in arrival order",
         },
         results,
         {
-            "metric": f"decode tokens/s at concurrency {head['concurrency']}",
+            "metric": f"uniform decode tokens/s at concurrency {head['concurrency']}",
             "value": head["kvserve_decode_tok_s"],
             "baseline": head["transformers_decode_tok_s"],
             "ratio": head["decode_ratio"],
             "target": 3.0,
+            "serving_ratio": head["serving_ratio"],
         },
     )

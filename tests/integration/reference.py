@@ -13,7 +13,7 @@ import torch
 def hf_model(model_dir: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
 
 
 @torch.inference_mode()

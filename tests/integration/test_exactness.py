@@ -80,8 +80,8 @@ def test_prefix_cache_hit_gives_identical_tokens(tiny_model_dir: Path) -> None:
     engine = make_engine(tiny_model_dir)
     rng = random.Random(7)
     shared = [rng.randrange(49152) for _ in range(80)]
-    first = shared + [11, 12, 13]
-    second = shared + [21, 22, 23, 24, 25]
+    first = [*shared, 11, 12, 13]
+    second = [*shared, 21, 22, 23, 24, 25]
     (out1,) = engine.generate([first], GREEDY)
     assert out1.num_cached_tokens == 0
     (out2,) = engine.generate([second], GREEDY)

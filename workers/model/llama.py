@@ -13,7 +13,9 @@ from torch import nn
 
 from workers.model.attention import AttentionBatch, paged_attention
 from workers.model.config import ModelConfig
-from workers.model.rope import RotaryTable
+from workers.model.rope import RotaryTable, apply_rotary
+
+CosSin = tuple[torch.Tensor, torch.Tensor]
 
 SKINNY_ROWS = 64
 """Up to this many rows, CPU matmuls run as ``W @ x.T`` (see :class:`Linear`)."""
@@ -36,7 +38,8 @@ class Linear(nn.Linear):
 
 
 class RMSNorm(nn.Module):
-    """RMS normalisation computed in fp32, as transformers' ``LlamaRMSNorm``."""
+    """RMS normalisation computed in fp32, then scaled in the input dtype, as transformers'
+    ``LlamaRMSNorm`` does."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -44,10 +47,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        h = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
+        return self.weight * h.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -63,8 +64,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryTable,
+        cos_sin: CosSin,
         layer_cache: torch.Tensor,
         batch: AttentionBatch,
     ) -> torch.Tensor:
@@ -75,9 +75,10 @@ class Attention(nn.Module):
         v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope.apply(q, k, positions)
+        q, k = apply_rotary(q, k, cos_sin)
         o = paged_attention(q, k, v, layer_cache, batch, self.scale)
-        return self.o_proj(o.reshape(-1, cfg.q_size))
+        out: torch.Tensor = self.o_proj(o.reshape(-1, cfg.q_size))
+        return out
 
 
 class MLP(nn.Module):
@@ -88,7 +89,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -102,13 +104,13 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryTable,
+        cos_sin: CosSin,
         layer_cache: torch.Tensor,
         batch: AttentionBatch,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, layer_cache, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, layer_cache, batch)
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 class LlamaModel(nn.Module):
@@ -134,8 +136,9 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` after the final norm, for the flattened batch."""
         x = self.embed_tokens(input_ids)
+        cos_sin = rope.lookup(positions)
         for layer, layer_cache in zip(self.layers, kv_cache, strict=True):
-            x = layer(x, positions, rope, layer_cache, batch)
+            x = layer(x, cos_sin, layer_cache, batch)
         return self.norm(x)  # type: ignore[no-any-return]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workers.sampling import _filter_top_k_top_p, make_generator, sample
+from workers.sequence import SamplingParams
+
+CPU = torch.device("cpu")
+
+
+def test_greedy_is_argmax() -> None:
+    logits = torch.tensor([[0.1, 3.0, 2.0], [5.0, -1.0, 4.9]])
+    params = [SamplingParams(temperature=0)] * 2
+    assert sample(logits, params, [None, None]) == [1, 0]
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=1.0, top_k=1), SamplingParams(top_p=1e-6)] * 2
+    gens = [make_generator(i, CPU) for i in range(4)]
+    assert sample(logits, params, gens) == logits.argmax(-1).tolist()
+
+
+def test_filter_keeps_exactly_top_k_and_nucleus() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05]]))
+    out = _filter_top_k_top_p(logits, torch.tensor([2, 0]), torch.tensor([1.0, 0.7]))
+    kept = torch.isfinite(out)
+    assert kept.tolist() == [[True, True, False, False], [True, True, False, False]]
+    out = _filter_top_k_top_p(logits, torch.tensor([0]), torch.tensor([0.85]))
+    assert torch.isfinite(out[0]).tolist() == [True, True, True, False]
+
+
+def test_seeded_request_is_reproducible_whatever_its_batch() -> None:
+    logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(1))
+    p = SamplingParams(temperature=1.0, seed=42)
+    alone = [sample(logits[:1], [p], [make_generator(42, CPU)])[0] for _ in range(1)]
+    other = SamplingParams(temperature=0.8)
+    gens = [None, make_generator(42, CPU), None]
+    batched = sample(logits[[1, 0, 2]], [other, p, other], gens)
+    assert batched[1] == alone[0]
+
+
+def test_sampling_follows_the_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).repeat(4000, 1)
+    params = [SamplingParams(temperature=1.0)] * 4000
+    g = make_generator(0, CPU)
+    counts = torch.bincount(torch.tensor(sample(logits, params, [g] * 4000)), minlength=3)
+    freq = counts.float() / 4000
+    assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.03)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"stop": ("",)}, "stop"),
+    ],
+)
+def test_params_validation(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
