@@ -73,14 +73,7 @@ class ModelRunner:
                 rows.append(len(ids) - 1)
                 sampled.append(seq)
         positions = torch.tensor(pos, dtype=torch.long)
-        block_ids = torch.tensor(
-            [
-                seq.block_table[p // bt]
-                for (seq, n) in batch.entries
-                for p in range(seq.num_computed_tokens, seq.num_computed_tokens + n)
-            ],
-            dtype=torch.long,
-        )
+        block_ids = self._slot_pages(batch, positions)
         decode_tables = decode_mask = None
         if tables:
             width = max(len(t) for t in tables)
@@ -103,6 +96,14 @@ class ModelRunner:
             torch.tensor(rows, dtype=torch.long, device=to),
             sampled,
         )
+
+    def _slot_pages(self, batch: ScheduledBatch, positions: torch.Tensor) -> torch.Tensor:
+        """The page of every token of the step, gathered from the concatenated block tables."""
+        flat = torch.tensor([b for seq, _ in batch.entries for b in seq.block_table])
+        starts = torch.tensor([len(seq.block_table) for seq, _ in batch.entries]).cumsum(0)
+        starts = torch.cat((torch.zeros(1, dtype=torch.long), starts[:-1]))
+        counts = torch.tensor([n for _, n in batch.entries])
+        return flat[starts.repeat_interleave(counts) + positions // self.kv.block_tokens]
 
     def _span(self, seq: Sequence, start: int, n: int) -> PrefillSpan:
         cached = seq.num_computed_tokens
