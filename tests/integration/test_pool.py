@@ -1,0 +1,152 @@
+"""The KV pool against a real mooncake_master (fresh one per test, free loopback ports)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvpool.master import MasterConfig, read_metrics
+from kvpool.pool import KVPool
+from kvpool.store import MooncakeStore, PoolUnavailableError
+from tests.integration.pool_fixtures import (
+    LAYOUT,
+    NAMESPACE,
+    chain,
+    make_slab,
+    pool_config,
+    running_master,
+)
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> Iterator[MasterConfig]:
+    with running_master(tmp_path) as cfg:
+        yield cfg
+
+
+def open_pool(master: MasterConfig, slab: np.ndarray, writer: str) -> KVPool:
+    store = MooncakeStore.connect(pool_config(master))
+    return KVPool(store, NAMESPACE, LAYOUT, slab.ctypes.data, writer)
+
+
+def test_blocks_cross_processes_bit_exact(master: MasterConfig) -> None:
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.pool_writer",
+            master.rpc_address,
+            master.metadata_url,
+            "5",
+            "4",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "4"
+        slab = make_slab()
+        pool = open_pool(master, slab, "reader")
+        hashes = chain(5, 4)
+        assert pool.lookup(hashes) == 4
+        pages = [9, 3, 12, 0]  # any pages of the reader's own cache
+        assert pool.load(hashes, pages) == 4
+        expected = make_slab(5)
+        for i, page in enumerate(pages):
+            assert np.array_equal(slab[:, page], expected[:, i])
+        assert pool.stats.hit_blocks == 4 and pool.stats.checksum_failures == 0
+    finally:
+        if writer.stdin:
+            writer.stdin.close()
+        writer.wait(30)
+
+
+def test_longest_prefix_lookup(master: MasterConfig) -> None:
+    slab = make_slab(1)
+    pool = open_pool(master, slab, "w")
+    hashes = chain(1, 6)
+    assert pool.lookup(hashes) == 0
+    assert pool.save(hashes[:3], [0, 1, 2]) == 3
+    assert pool.lookup(hashes) == 3
+    assert pool.lookup(hashes[:2]) == 2
+    assert pool.lookup(chain(2, 6)) == 0  # another prefix
+    assert pool.save(hashes[:3], [0, 1, 2]) == 0  # already present: nothing rewritten
+
+
+def test_namespaces_do_not_see_each_other(master: MasterConfig) -> None:
+    from kvpool.hashing import Namespace
+
+    slab = make_slab(1)
+    pool = open_pool(master, slab, "w")
+    hashes = chain(1, 2)
+    pool.save(hashes, [0, 1])
+    other_ns = Namespace(model="another@1", dtype="float32", block_tokens=8)
+    other = KVPool(pool.store, other_ns, LAYOUT, make_slab().ctypes.data, "x")
+    assert other.lookup(hashes) == 0
+
+
+def corrupt_layer(pool: KVPool, block_hash: int, layer: int) -> None:
+    junk = np.full(LAYOUT.span_bytes // 4, 7.0, dtype=np.float32)
+    pool.store.register(junk.ctypes.data, junk.nbytes)
+    key = pool.layer_key(block_hash, pool.writer, layer)
+    assert pool.store.upsert_from([key], [junk.ctypes.data], [junk.nbytes]) == [0]
+
+
+def test_corrupted_or_missing_layers_are_misses(master: MasterConfig) -> None:
+    source = make_slab(3)
+    pool = open_pool(master, source, "w")
+    hashes = chain(3, 4)
+    assert pool.save(hashes, [0, 1, 2, 3]) == 4
+    corrupt_layer(pool, hashes[2], layer=1)
+    pool.store.remove([pool.layer_key(hashes[3], "w", 0)])
+    target = make_slab()
+    reader = open_pool(master, target, "r")
+    assert reader.lookup(hashes) == 4  # metas are all there...
+    assert reader.load(hashes, [4, 5, 6, 7]) == 2  # ...but only two blocks verify
+    assert reader.stats.checksum_failures == 1
+    assert reader.stats.miss_blocks == 2
+    assert np.array_equal(target[:, 4:6], source[:, 0:2])
+    # The missing layer alone: a short read, also a miss.
+    assert reader.load(hashes[3:], [8]) == 0
+    assert reader.stats.short_reads == 1
+
+
+def test_meta_of_another_layout_is_refused(master: MasterConfig) -> None:
+    from kvpool.layout import KVLayout
+
+    slab = make_slab(4)
+    pool = open_pool(master, slab, "w")
+    hashes = chain(4, 1)
+    pool.save(hashes, [0])
+    wide = KVLayout(
+        num_layers=3, num_blocks=16, block_tokens=8, kv_heads=4, head_dim=8, dtype="float32"
+    )
+    reader = KVPool(pool.store, NAMESPACE, wide, make_slab().ctypes.data, "r")
+    assert reader.load(hashes, [0]) == 0
+    assert reader.stats.bad_meta == 1
+
+
+def test_master_metrics_report_capacity_and_use(master: MasterConfig) -> None:
+    pool = open_pool(master, make_slab(6), "w")
+    pool.save(chain(6, 2), [0, 1])
+    text = read_metrics(master)
+    assert "master_total_capacity_bytes 67108864" in text
+    assert "master_key_count 8" in text  # 2 blocks x (3 layers + 1 meta)
+
+
+def test_unreachable_master_is_a_clear_error() -> None:
+    from kvpool.config import PoolConfig
+    from tests.integration.pool_fixtures import free_ports
+
+    (port,) = free_ports(1)
+    cfg = PoolConfig(
+        pool_master=f"127.0.0.1:{port}", pool_metadata_server=f"http://127.0.0.1:{port}/metadata"
+    )
+    with pytest.raises(PoolUnavailableError, match="is mooncake_master running"):
+        MooncakeStore.connect(cfg)
