@@ -8,16 +8,32 @@ this layer turns them into pages:
   model yields logits to sample from);
 - :meth:`BlockManager.can_allocate` / :meth:`BlockManager.allocate` grow a sequence's block
   table to cover ``num_new_tokens`` more tokens (prefix hits are taken in the same call);
+- :meth:`BlockManager.pull_remote` copies a waiting sequence's further prefix blocks from a
+  :class:`RemotePrefix` into free pages and indexes them, so they become ordinary local hits;
 - :meth:`BlockManager.commit` names the blocks that became full after a step, so later
-  requests can hit them;
+  requests can hit them (and returns them, for publishing to the pool);
 - :meth:`BlockManager.deallocate` gives every page back (finish, abort, preemption).
 """
 
 from __future__ import annotations
 
-from kvpool.hashing import ROOT_PARENT, hash_block
+from typing import Protocol
+
+from kvpool.hashing import ROOT_PARENT, hash_block, hash_chain
 from workers.block_pool import BlockPool
 from workers.sequence import Sequence
+
+
+class RemotePrefix(Protocol):
+    """A shared prefix cache beyond this engine (the KV pool): who to ask for more hits.
+
+    ``lookup`` says how many leading blocks of a hash chain it has; ``load`` copies the
+    leading blocks into the given pages and returns how many it verified.
+    """
+
+    def lookup(self, hashes: list[int]) -> int: ...
+
+    def load(self, hashes: list[int], pages: list[int]) -> int: ...
 
 
 class BlockManager:
@@ -85,17 +101,47 @@ class BlockManager:
         if need > 0:
             seq.block_table.extend(self.pool.allocate(need))
 
-    def commit(self, seq: Sequence) -> None:
-        """Hash and index the blocks of ``seq`` that are full and computed."""
+    def commit(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Hash and index the blocks of ``seq`` that are full and computed.
+
+        Returns the newly named ``(hash, page)`` pairs.
+        """
         if not self.prefix_caching:
-            return
+            return []
         bt = self.block_tokens
         full = min(seq.num_computed_tokens, seq.num_tokens) // bt
         parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_PARENT
+        named: list[tuple[int, int]] = []
         for i in range(len(seq.block_hashes), full):
             parent = hash_block(parent, seq.token_ids[i * bt : (i + 1) * bt], self.hash_seed)
             seq.block_hashes.append(parent)
             self.pool.cache(seq.block_table[i], parent)
+            named.append((parent, seq.block_table[i]))
+        return named
+
+    def pull_remote(self, seq: Sequence, remote: RemotePrefix) -> int:
+        """Load the blocks of waiting ``seq`` that follow its local hits from ``remote``.
+
+        The loaded pages are indexed in the local prefix cache and left free (refcount 0),
+        so the next :meth:`match_prefix` takes them like any local hit. Returns the number of
+        blocks loaded. Never takes more pages than are free.
+        """
+        if not self.prefix_caching or seq.num_computed_tokens:
+            return 0
+        local = len(self.match_prefix(seq)[0])
+        hashes = hash_chain(seq.token_ids[: seq.num_tokens - 1], self.block_tokens, self.hash_seed)
+        wanted = hashes[local:]
+        if not wanted:
+            return 0
+        n = min(remote.lookup(wanted), self.pool.num_free)
+        if n == 0:
+            return 0
+        pages = self.pool.allocate(n)
+        loaded = remote.load(wanted[:n], pages)
+        for h, page in zip(wanted[:loaded], pages, strict=False):
+            self.pool.cache(page, h)
+        self.pool.free(reversed(pages))
+        return loaded
 
     def deallocate(self, seq: Sequence) -> None:
         """Give back every page of ``seq``; the last block goes to the free list first,

@@ -2,12 +2,16 @@
 
 Lifecycle:
 
-1. ``Engine(config)`` loads the model directory, sizes the KV cache from ``kv_cache_mib``,
-   builds the KV namespace (model fingerprint, dtype, block size, hash version);
+1. ``Engine(config, pool)`` loads the model directory, sizes the KV cache from
+   ``kv_cache_mib``, builds the KV namespace (model fingerprint, dtype, block size, hash
+   version) and, when a pool is given, joins it (a pool that cannot be reached is logged
+   and skipped: the pool is a cache, never a condition of correctness);
 2. :meth:`Engine.add_request` validates and queues a request (``ValueError`` if it can never
    fit); :meth:`Engine.abort` ends one at any point and frees its pages;
-3. :meth:`Engine.step` schedules one batch, runs the model, appends sampled tokens, ends
-   requests that hit EOS, a stop token or string, or ``max_tokens``, and returns what changed;
+3. :meth:`Engine.step` schedules one batch (admission pulls further prefix blocks from the
+   pool), runs the model, publishes newly full blocks to the pool, appends sampled tokens,
+   ends requests that hit EOS, a stop token or string, or ``max_tokens``, and returns what
+   changed;
 4. :meth:`Engine.generate` drives steps until given requests finish (offline use, tests).
 
 The serving roles of later components wrap this same engine.
@@ -16,13 +20,20 @@ The serving roles of later components wrap this same engine.
 from __future__ import annotations
 
 import itertools
+import logging
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace
+from kvpool.layout import KVLayout
+from kvpool.pool import KVPool
+from kvpool.store import MooncakeStore, PoolUnavailableError
 from workers.config import EngineConfig
 from workers.kv_cache import KVCache, blocks_for_memory
 from workers.model.loader import load_model, model_fingerprint
@@ -45,6 +56,7 @@ class RequestOutput:
     finished: bool
     finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0
+    num_pool_tokens: int = 0
     text: str | None = None
 
 
@@ -55,6 +67,7 @@ class EngineStats:
     steps: int = 0
     prompt_tokens_computed: int = 0
     prompt_tokens_cached: int = 0
+    prompt_tokens_from_pool: int = 0
     output_tokens: int = 0
     preemptions: int = 0
     busy_seconds: float = 0.0
@@ -70,8 +83,34 @@ def resolve_model_dir(model: str) -> Path:
     return path
 
 
+log = logging.getLogger(__name__)
+
+
+def join_pool(config: PoolConfig, namespace: Namespace, kv: KVCache, dtype: str) -> KVPool | None:
+    """Connect ``kv``'s slab to the shared pool, or ``None`` (logged) if it cannot be."""
+    if kv.slab.device.type != "cpu":
+        log.warning("the KV pool needs a host-memory KV cache for now; running without it")
+        return None
+    try:
+        store = MooncakeStore.connect(config)
+    except PoolUnavailableError as exc:
+        log.warning("running without the KV pool: %s", exc)
+        return None
+    shape = kv.slab.shape
+    layout = KVLayout(
+        num_layers=shape[0],
+        num_blocks=shape[1],
+        block_tokens=shape[3],
+        kv_heads=shape[4],
+        head_dim=shape[5],
+        dtype=dtype,
+    )
+    writer = f"{socket.gethostname()}-{os.getpid()}-{id(kv):x}"
+    return KVPool(store, namespace, layout, kv.slab.data_ptr(), writer)
+
+
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, pool: PoolConfig | None = None) -> None:
         self.config = config
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -94,6 +133,7 @@ class Engine:
         kv = KVCache(cfg, num_blocks, config.block_tokens, self.dtype, self.device)
         rope = RotaryTable(cfg.rope, cfg.head_dim, self.max_model_len, self.dtype, self.device)
         self.runner = ModelRunner(model, kv, rope)
+        self.pool = join_pool(pool, self.namespace, kv, config.dtype) if pool else None
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_blocks=num_blocks,
@@ -104,6 +144,7 @@ class Engine:
                 prefix_caching=config.prefix_caching,
             ),
             self.namespace.seed,
+            remote=self.pool,
         )
         self.tokenizer = Tokenizer(self.model_dir)
         eos = set(cfg.eos_token_ids)
@@ -164,6 +205,8 @@ class Engine:
                 )
         sampled, tokens = self.runner.execute(batch)
         self.scheduler.update(batch)
+        if self.pool is not None and batch.committed:
+            self.pool.save([h for h, _ in batch.committed], [p for _, p in batch.committed])
         outputs = [self._append(seq, tok) for seq, tok in zip(sampled, tokens, strict=True)]
         self.stats.steps += 1
         self.stats.output_tokens += len(tokens)
@@ -174,6 +217,7 @@ class Engine:
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
         if seq.num_output_tokens == 0:
             self.stats.prompt_tokens_cached += seq.num_cached_tokens
+            self.stats.prompt_tokens_from_pool += min(seq.num_pool_tokens, seq.num_cached_tokens)
         seq.token_ids.append(token)
         reason, text = self._finish_reason(seq, token)
         if reason is not None:
@@ -190,6 +234,7 @@ class Engine:
             finished=reason is not None,
             finish_reason=reason,
             num_cached_tokens=seq.num_cached_tokens,
+            num_pool_tokens=min(seq.num_pool_tokens, seq.num_cached_tokens),
             text=text,
         )
 
@@ -205,6 +250,14 @@ class Engine:
         if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH, None
         return None, None
+
+    def close(self) -> None:
+        """Leave the pool (if joined). The engine is not usable afterwards."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.store.close()
+            self.pool = None
+            self.scheduler.remote = None
 
     # -- offline driver --------------------------------------------------------------------
     def generate(

@@ -12,7 +12,8 @@ Each :meth:`Scheduler.schedule` call builds one step under a token budget
    stalls the tokens of others;
 2. then running requests still in prefill get the next chunk of their prompt;
 3. then waiting requests are admitted in arrival order, each taking its prefix-cache hits
-   and a first chunk, while budget and pages last.
+   (first pulling further prefix blocks from the shared pool, when one is attached, into
+   the local cache) and a first chunk, while budget and pages last.
 
 When pages run out for a running request, the most recently admitted running request is
 preempted: its pages are freed and it goes back to the front of ``waiting``, to be
@@ -25,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from workers.block_manager import BlockManager
+from workers.block_manager import BlockManager, RemotePrefix
 from workers.sequence import FinishReason, SeqStatus, Sequence
 
 
@@ -52,6 +53,8 @@ class ScheduledBatch:
 
     entries: list[tuple[Sequence, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    committed: list[tuple[int, int]] = field(default_factory=list)
+    """``(hash, page)`` of blocks that became full and named in this step (set by update)."""
 
     @property
     def num_tokens(self) -> int:
@@ -62,8 +65,11 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, hash_seed: int) -> None:
+    def __init__(
+        self, config: SchedulerConfig, hash_seed: int, remote: RemotePrefix | None = None
+    ) -> None:
         self.config = config
+        self.remote = remote
         self.blocks = BlockManager(
             config.num_blocks, config.block_tokens, hash_seed, config.prefix_caching
         )
@@ -153,6 +159,9 @@ class Scheduler:
     def _admit(self, batch: ScheduledBatch, budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if self.remote is not None and not seq.num_pool_tokens:
+                pulled = self.blocks.pull_remote(seq, self.remote)
+                seq.num_pool_tokens = pulled * self.config.block_tokens
             hits = self.blocks.match_prefix(seq)
             n = min(seq.num_uncomputed - len(hits[0]) * self.config.block_tokens, budget)
             if not self.blocks.can_allocate(seq, n, hits[0]):
@@ -169,4 +178,4 @@ class Scheduler:
         """After the model ran ``batch``: advance progress and index newly full blocks."""
         for seq, n in batch.entries:
             seq.num_computed_tokens += n
-            self.blocks.commit(seq)
+            batch.committed.extend(self.blocks.commit(seq))

@@ -77,6 +77,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
+    num_pool_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     arrival_step: int = 0

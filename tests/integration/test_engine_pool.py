@@ -1,0 +1,76 @@
+"""Two engines sharing one pool: a prefix computed by one is reused by the other."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvpool.master import MasterConfig
+from tests.integration.pool_fixtures import pool_config, running_master
+from tests.integration.reference import hf_greedy
+from workers.config import EngineConfig
+from workers.engine import Engine
+from workers.sequence import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> Iterator[MasterConfig]:
+    with running_master(tmp_path) as cfg:
+        yield cfg
+
+
+def pooled_engine(model_dir: Path, master: MasterConfig) -> Engine:
+    config = EngineConfig(
+        model=str(model_dir), block_tokens=16, kv_cache_mib=32, max_num_batched_tokens=64
+    )
+    engine = Engine(config, pool_config(master))
+    assert engine.pool is not None
+    return engine
+
+
+def test_engine_b_reuses_the_prefix_engine_a_computed(
+    tiny_model_dir: Path, master: MasterConfig
+) -> None:
+    rng = random.Random(21)
+    shared = [rng.randrange(49152) for _ in range(100)]
+    prompt_a = [*shared, 1, 2, 3]
+    prompt_b = [*shared, 7, 8, 9, 10, 11]
+    a = pooled_engine(tiny_model_dir, master)
+    b = pooled_engine(tiny_model_dir, master)
+    try:
+        (out_a,) = a.generate([prompt_a], GREEDY)
+        assert out_a.num_pool_tokens == 0
+        assert a.pool is not None and a.pool.stats.blocks_written >= 6
+        (out_b,) = b.generate([prompt_b], GREEDY)
+        # Six full 16-token blocks of the shared 100 tokens came from the pool ...
+        assert out_b.num_pool_tokens == 96 and out_b.num_cached_tokens == 96
+        # ... so B computed only the rest of its prompt ...
+        assert b.stats.prompt_tokens_computed == len(prompt_b) - 96
+        assert b.stats.prompt_tokens_from_pool == 96
+        # ... and its tokens are those of the reference model.
+        assert out_b.output_token_ids == hf_greedy(tiny_model_dir, prompt_b, GREEDY.max_tokens)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_engine_runs_without_a_reachable_pool(tiny_model_dir: Path) -> None:
+    from kvpool.config import PoolConfig
+    from tests.integration.pool_fixtures import free_ports
+
+    (port,) = free_ports(1)
+    config = EngineConfig(model=str(tiny_model_dir), block_tokens=16, kv_cache_mib=32)
+    engine = Engine(
+        config,
+        PoolConfig(
+            pool_master=f"127.0.0.1:{port}", pool_metadata_server=f"http://127.0.0.1:{port}/m"
+        ),
+    )
+    assert engine.pool is None
+    (out,) = engine.generate([[5, 6, 7]], GREEDY)
+    assert len(out.output_token_ids) == GREEDY.max_tokens

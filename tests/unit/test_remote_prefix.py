@@ -1,0 +1,87 @@
+"""Pulling prefix blocks from a shared pool into the local cache (pure, with a fake pool)."""
+
+from __future__ import annotations
+
+from kvpool.hashing import hash_chain
+from workers.block_manager import BlockManager
+from workers.scheduler import Scheduler, SchedulerConfig
+from workers.sequence import SamplingParams, Sequence
+
+SEED = 1234
+BT = 4
+
+
+class FakePool:
+    """Holds a set of block hashes; ``load`` fails (verifies nothing) from ``bad_from`` on."""
+
+    def __init__(self, hashes: list[int], bad_from: int | None = None) -> None:
+        self.hashes = hashes
+        self.bad_from = bad_from
+        self.loads: list[tuple[list[int], list[int]]] = []
+
+    def lookup(self, hashes: list[int]) -> int:
+        n = 0
+        for h in hashes:
+            if h not in self.hashes:
+                break
+            n += 1
+        return n
+
+    def load(self, hashes: list[int], pages: list[int]) -> int:
+        self.loads.append((list(hashes), list(pages)))
+        return len(hashes) if self.bad_from is None else min(self.bad_from, len(hashes))
+
+
+def seq(tokens: list[int]) -> Sequence:
+    return Sequence("r", tokens, SamplingParams(max_tokens=2))
+
+
+def test_pulled_blocks_become_local_hits() -> None:
+    tokens = list(range(14))  # 3 full blocks; the last token is always computed
+    remote = FakePool(hash_chain(tokens, BT, SEED))
+    bm = BlockManager(8, BT, SEED)
+    s = seq(tokens)
+    assert bm.pull_remote(s, remote) == 3
+    assert remote.loads == [(hash_chain(tokens, BT, SEED), [0, 1, 2])]
+    assert bm.pool.num_free == 8  # loaded pages wait in the cache, unowned
+    pages, _ = bm.match_prefix(s)
+    assert pages == [0, 1, 2]
+
+
+def test_pull_starts_after_local_hits_and_stops_at_a_failed_block() -> None:
+    tokens = list(range(17))  # 4 full blocks
+    chain = hash_chain(tokens, BT, SEED)
+    bm = BlockManager(8, BT, SEED)
+    first = seq(tokens[:5])  # computes block 0 locally
+    bm.allocate(first, 5)
+    first.num_computed_tokens = 5
+    bm.commit(first)
+    remote = FakePool(chain, bad_from=1)
+    s = seq(tokens)
+    assert bm.pull_remote(s, remote) == 1
+    assert remote.loads[0][0] == chain[1:4]  # block 0 was a local hit: not asked for
+    assert [len(p) for p in bm.match_prefix(s)] == [2, 2]
+
+
+def test_pull_never_takes_more_pages_than_are_free() -> None:
+    tokens = list(range(21))
+    bm = BlockManager(2, BT, SEED)
+    remote = FakePool(hash_chain(tokens, BT, SEED))
+    assert bm.pull_remote(seq(tokens), remote) == 2
+
+
+def test_scheduler_admits_with_pool_hits_and_reports_new_blocks() -> None:
+    tokens = list(range(10))
+    remote = FakePool(hash_chain(tokens, BT, SEED))
+    sched = Scheduler(SchedulerConfig(num_blocks=8, block_tokens=BT), SEED, remote=remote)
+    s = seq(tokens)
+    sched.add(s)
+    batch = sched.schedule()
+    assert batch.entries == [(s, 2)]  # 8 of 10 tokens came from the pool
+    assert s.num_cached_tokens == 8 and s.num_pool_tokens == 8
+    sched.update(batch)
+    assert batch.committed == []  # the pulled blocks were named already; block 3 is partial
+    s.token_ids.extend([100, 101])
+    batch = sched.schedule()
+    sched.update(batch)
+    assert [p for _, p in batch.committed] == [s.block_table[2]]
