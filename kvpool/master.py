@@ -113,7 +113,8 @@ class MasterProcess:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> MasterProcess:
-        log = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
+        """Spawn the master (its output goes to ``log_path``, or to ours if none)."""
+        log = self.log_path.open("wb") if self.log_path else None
         self._proc = subprocess.Popen(master_command(self.cfg), stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
         ports = (self.cfg.master_port, self.cfg.master_metadata_port)
@@ -128,6 +129,16 @@ class MasterProcess:
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    def wait(self) -> int:
+        """Block until the master exits; returns its exit code."""
+        assert self._proc is not None, "not started"
+        return self._proc.wait()
+
+    def terminate(self) -> None:
+        """Ask the master to exit without waiting (safe inside a signal handler)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
 
     def stop(self, grace: float = 5.0) -> None:
         if self._proc is None:

@@ -1,7 +1,8 @@
 """``kvserve <verb>``: the one command line of the project.
 
-Verbs: ``generate`` (text from the engine), ``prepare-model`` (convert the shipped default
-model, offline), ``make-model`` (a tiny random-weight model for tests), ``bench engine``.
+Verbs: ``generate`` (text from the engine), ``pool`` (run the KV pool's mooncake_master),
+``prepare-model`` (convert the shipped default model, offline), ``make-model`` (a tiny
+random-weight model for tests), ``bench engine``.
 Engine settings are flags with ``KVSERVE_*`` environment variables (:mod:`kvserve.settings`).
 Heavy modules are imported inside each verb so ``kvserve --help`` stays fast.
 """
@@ -13,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kvpool.master import MasterConfig
 from kvserve.settings import add_config_args, config_from_args
 from workers.config import EngineConfig
 
@@ -73,6 +75,35 @@ def _make_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pool(args: argparse.Namespace) -> int:
+    import signal
+
+    from kvpool.master import MasterProcess
+
+    cfg = config_from_args(MasterConfig, args)
+    master = MasterProcess(cfg).start()
+    stopped: list[bool] = []
+
+    def stop(*_: object) -> None:
+        stopped.append(True)
+        master.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    print(
+        f"kvserve pool: mooncake_master up: rpc {cfg.rpc_address}, metadata "
+        f"{cfg.metadata_url}, metrics {cfg.metrics_url} (Ctrl-C stops it)",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        code = master.wait()
+        return 0 if stopped else code
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        master.stop()
+
+
 def _bench_engine(args: argparse.Namespace) -> int:
     from kvserve.bench.engine import run_bench
 
@@ -131,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="model directory to copy the tokenizer from (default: SmolLM2)",
     )
+
+    pool = verb("pool", _pool, "run a mooncake_master (the KV pool) for this machine")
+
+    add_config_args(pool, MasterConfig)
 
     bench = verbs.add_parser("bench", help="benchmarks (one JSON object on stdout)")
     bench_verbs = bench.add_subparsers(dest="what", required=True)

@@ -150,3 +150,43 @@ def test_unreachable_master_is_a_clear_error() -> None:
     )
     with pytest.raises(PoolUnavailableError, match="is mooncake_master running"):
         MooncakeStore.connect(cfg)
+
+
+def test_kvserve_pool_command_serves_and_stops(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    from tests.integration.pool_fixtures import free_ports
+
+    rpc, meta, metrics = free_ports(3)
+    env = {**os.environ, "KVSERVE_MASTER_PORT": str(rpc)}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvserve",
+            "pool",
+            "--master-metadata-port",
+            str(meta),
+            "--master-metrics-port",
+            str(metrics),
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = ""
+        deadline = time.monotonic() + 60
+        while "mooncake_master up" not in line and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+        assert f"rpc 127.0.0.1:{rpc}" in line
+        cfg = MasterConfig(master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics)
+        store = MooncakeStore.connect(pool_config(cfg))
+        assert store.healthy()
+        store.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
