@@ -1,27 +1,32 @@
-"""Full KV blocks between one worker's slab and the shared pool, keyed by prefix hash.
+"""KV blocks between one worker's slab and the shared pool, keyed by prefix hash.
 
 Key space (every key starts with the namespace tag ``kv<hash version>.<namespace seed>``,
-which digests model identity, dtype, KV layout, block size and hash version):
+a digest of model identity, dtype, KV layout, block size and hash version):
 
-- ``<tag>/b/<block hash>/<writer>/<layer>``: one (layer, block) span, written by ``writer``;
-- ``<tag>/b/<block hash>``: the block's *meta* object: namespace text, wire layout, the
-  writer, and one xxh3-64 checksum per layer.
+- ``<tag>/b/<block hash>/<layer>``: one (layer, block) span of a full prefix block;
+- ``<tag>/b/<block hash>``: the block's *meta* object: namespace text, wire layout, writer
+  and one xxh3-64 checksum per layer;
+- ``<tag>/r/<request id>/<layer>`` and ``<tag>/r/<request id>``: the same for a request's
+  partial last block, which is not a cacheable prefix: it lives under the request's name,
+  with a lease (``expires`` in its meta), until the decode side takes it.
 
-Commit rule: a writer puts all layer objects of a block first and the meta object last,
-and only when every layer put succeeded. A block is *present* exactly when its meta object
-exists; the first writer's meta wins and names whose layers to read, so layers of two
-writers are never mixed. Readers verify every layer against the meta checksums: a missing
-meta, a layout or namespace mismatch, a short read, a missing layer or a checksum mismatch
-makes that block and every later one a miss (counted), so nothing unverified is ever used
-as KV.
+Commit rule: a writer puts every layer object of a block first and the meta object last,
+only when every layer put succeeded. Puts never overwrite, so the first writer's objects
+stay. A block is *present* when its meta and all its layers exist: :meth:`KVPool.lookup`
+checks exactly that for a whole chain in one batched existence call. Readers verify every
+layer against the meta checksums; a missing object, a layout or namespace mismatch, a short
+read or a checksum mismatch makes that block and every later one a miss (counted), and a
+block that fails verification is removed so the next writer can publish it again. Nothing
+unverified is ever handed to the model.
 """
 
 from __future__ import annotations
 
 import ctypes
+import heapq
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import xxhash
 
@@ -34,7 +39,7 @@ META_VERSION = 1
 
 @dataclass
 class PoolStats:
-    """Counters since start (read by metrics exporters)."""
+    """Counters since start (read by metrics exporters and benchmarks)."""
 
     blocks_written: int = 0
     objects_written: int = 0
@@ -47,10 +52,20 @@ class PoolStats:
     checksum_failures: int = 0
     short_reads: int = 0
     bad_meta: int = 0
+    healed_blocks: int = 0
+    expired_requests: int = 0
     write_seconds: float = 0.0
     read_seconds: float = 0.0
     lookup_seconds: float = 0.0
-    extra: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BlockMeta:
+    """What a reader needs from a meta object that fits its namespace and layout."""
+
+    sums: list[int]
+    tokens: int = 0
+    expires: float = 0.0
 
 
 def checksum(ptr: int, size: int) -> int:
@@ -62,7 +77,9 @@ class KVPool:
     """One worker's view of the pool over its KV slab at ``slab_ptr`` (host memory).
 
     Lifecycle: construct (registers the slab for zero-copy transfers) -> ``lookup`` /
-    ``save`` / ``load`` from the worker's threads -> :meth:`close` (unregisters).
+    ``save`` / ``load`` and the request-scoped ``put_partial`` / ``take_partial``, with
+    :meth:`sweep` called now and then to expire this writer's uncollected partial blocks ->
+    :meth:`close` (unregisters). Not thread-safe: one engine thread owns it.
     """
 
     def __init__(
@@ -72,34 +89,58 @@ class KVPool:
         layout: KVLayout,
         slab_ptr: int,
         writer: str,
+        request_ttl_s: float = 60.0,
     ) -> None:
-        if "/" in writer or not writer:
-            raise ValueError(f"writer id must be non-empty without '/', got {writer!r}")
         self.store = store
         self.namespace = namespace
         self.layout = layout
         self.slab_ptr = slab_ptr
         self.writer = writer
+        self.request_ttl_s = request_ttl_s
         self.tag = f"kv{namespace.hash_version}.{namespace.seed:016x}"
         self.stats = PoolStats()
+        self._leases: list[tuple[float, str]] = []  # (expiry, request id), a heap
         store.register(slab_ptr, layout.slab_bytes)
 
     # -- keys ------------------------------------------------------------------------------
     def meta_key(self, block_hash: int) -> str:
         return f"{self.tag}/b/{block_hash:016x}"
 
-    def layer_key(self, block_hash: int, writer: str, layer: int) -> str:
-        return f"{self.tag}/b/{block_hash:016x}/{writer}/{layer}"
+    def request_key(self, request_id: str) -> str:
+        if "/" in request_id or not request_id:
+            raise ValueError(f"request id must be non-empty without '/', got {request_id!r}")
+        return f"{self.tag}/r/{request_id}"
 
-    def _span(self, layer: int, page: int) -> int:
-        return self.slab_ptr + self.layout.offset(layer, page)
+    def layer_keys(self, meta_key: str) -> list[str]:
+        return [f"{meta_key}/{layer}" for layer in range(self.layout.num_layers)]
+
+    def _spans(self, page: int) -> list[int]:
+        return [
+            self.slab_ptr + self.layout.offset(layer, page)
+            for layer in range(self.layout.num_layers)
+        ]
 
     # -- lookup ----------------------------------------------------------------------------
+    def _complete(self, hashes: list[int]) -> list[bool | None]:
+        """Per block: True (meta and every layer exist), None (some objects) or False."""
+        keys = [k for h in hashes for k in (self.meta_key(h), *self.layer_keys(self.meta_key(h)))]
+        flags = self.store.exists(keys)
+        per = self.layout.num_layers + 1
+        out: list[bool | None] = []
+        for i in range(len(hashes)):
+            block = flags[i * per : (i + 1) * per]
+            out.append(
+                True
+                if all(f == 1 for f in block)
+                else (None if any(f == 1 for f in block) else False)
+            )
+        return out
+
     def lookup(self, hashes: list[int]) -> int:
         """How many leading blocks of the chain ``hashes`` are present (one batched call)."""
         t0 = time.perf_counter()
-        flags = self.store.exists([self.meta_key(h) for h in hashes])
-        n = next((i for i, f in enumerate(flags) if f != 1), len(flags))
+        complete = self._complete(hashes)
+        n = next((i for i, c in enumerate(complete) if c is not True), len(hashes))
         self.stats.lookups += 1
         self.stats.lookup_seconds += time.perf_counter() - t0
         return n
@@ -108,63 +149,69 @@ class KVPool:
     def save(self, hashes: list[int], pages: list[int]) -> int:
         """Publish full blocks (``hashes[i]`` computed in ``pages[i]``) that the pool lacks.
 
-        Returns how many blocks this call committed. A block whose layer puts fail is not
-        committed (its layers are removed); one that another writer committed first is left.
+        Returns how many blocks this call committed. Leftovers of an incomplete block (e.g.
+        a layer evicted) are removed first and the block is written anew. A block whose
+        layer puts fail (e.g. the pool is full) is not committed.
         """
         t0 = time.perf_counter()
-        flags = self.store.exists([self.meta_key(h) for h in hashes])
-        todo = [(h, p) for h, p, f in zip(hashes, pages, flags, strict=True) if f != 1]
-        layers = range(self.layout.num_layers)
-        size = self.layout.span_bytes
-        keys = [self.layer_key(h, self.writer, layer) for h, _ in todo for layer in layers]
-        ptrs = [self._span(layer, p) for _, p in todo for layer in layers]
-        # Upsert: a layer left by an earlier failed save of ours must not survive.
-        codes = self.store.upsert_from(keys, ptrs, [size] * len(keys))
-        metas: list[tuple[str, bytes]] = []
-        failed: list[str] = []
-        per_block = self.layout.num_layers
-        for i, (h, p) in enumerate(todo):
-            block_codes = codes[i * per_block : (i + 1) * per_block]
-            block_keys = keys[i * per_block : (i + 1) * per_block]
-            if any(c != 0 for c in block_codes):
-                failed.extend(block_keys)
-                continue
-            sums = [checksum(self._span(layer, p), size) for layer in layers]
-            metas.append((self.meta_key(h), self._meta(sums)))
-        self.store.remove(failed)
-        self.store.put_bytes([k for k, _ in metas], [v for _, v in metas])
-        written = len(metas)
-        self.stats.blocks_written += written
-        self.stats.objects_written += written * (per_block + 1)
-        self.stats.bytes_written += written * per_block * size
+        todo: list[tuple[str, int]] = []
+        for h, page, complete in zip(hashes, pages, self._complete(hashes), strict=True):
+            if complete is None:
+                self._heal(self.meta_key(h))
+            if not complete:
+                todo.append((self.meta_key(h), page))
+        committed = self._put_blocks(todo, extra={})
+        self.stats.blocks_written += committed
         self.stats.write_seconds += time.perf_counter() - t0
-        return written
+        return committed
 
-    def _meta(self, sums: list[int]) -> bytes:
-        return json.dumps(
-            {
-                "v": META_VERSION,
-                "ns": self.namespace.key,
-                "wire": self.layout.wire,
-                "writer": self.writer,
-                "sums": sums,
-            },
-            separators=(",", ":"),
-        ).encode()
+    def _put_blocks(self, blocks: list[tuple[str, int]], extra: dict[str, float]) -> int:
+        """Layers of every (meta key, page) first, then the metas of complete blocks."""
+        size = self.layout.span_bytes
+        per = self.layout.num_layers
+        keys = [k for meta, _ in blocks for k in self.layer_keys(meta)]
+        ptrs = [ptr for _, page in blocks for ptr in self._spans(page)]
+        codes = self.store.put_from(keys, ptrs, [size] * len(keys))
+        metas: list[tuple[str, bytes]] = []
+        for i, (meta, page) in enumerate(blocks):
+            if all(c == 0 for c in codes[i * per : (i + 1) * per]):
+                sums = [checksum(ptr, size) for ptr in self._spans(page)]
+                metas.append((meta, self._meta(sums, extra)))
+        self.store.put_bytes([k for k, _ in metas], [v for _, v in metas])
+        self.stats.objects_written += len(metas) * (per + 1)
+        self.stats.bytes_written += len(metas) * per * size
+        return len(metas)
+
+    def _meta(self, sums: list[int], extra: dict[str, float]) -> bytes:
+        meta = {
+            "v": META_VERSION,
+            "ns": self.namespace.key,
+            "wire": self.layout.wire,
+            "writer": self.writer,
+            "sums": sums,
+            **extra,
+        }
+        return json.dumps(meta, separators=(",", ":")).encode()
 
     # -- read ------------------------------------------------------------------------------
-    def _parse_meta(self, raw: bytes) -> tuple[str, list[int]] | None:
+    def _parse_meta(self, raw: bytes) -> BlockMeta | None:
         try:
             meta = json.loads(raw)
-            ok = (
+            if (
                 meta["v"] == META_VERSION
                 and meta["ns"] == self.namespace.key
                 and meta["wire"] == self.layout.wire
                 and len(meta["sums"]) == self.layout.num_layers
-            )
-            return (str(meta["writer"]), [int(s) for s in meta["sums"]]) if ok else None
+            ):
+                return BlockMeta(
+                    sums=[int(x) for x in meta["sums"]],
+                    tokens=int(meta.get("tokens", 0)),
+                    expires=float(meta.get("expires", 0.0)),
+                )
         except (ValueError, KeyError, TypeError):
-            return None
+            pass
+        self.stats.bad_meta += 1
+        return None
 
     def load(self, hashes: list[int], pages: list[int]) -> int:
         """Read the leading present blocks of ``hashes`` into ``pages``; verify every layer.
@@ -173,44 +220,87 @@ class KVPool:
         hold partial data and must be treated as not computed.
         """
         t0 = time.perf_counter()
-        metas = []
-        for raw in self.store.get_bytes([self.meta_key(h) for h in hashes]):
-            meta = self._parse_meta(raw) if raw else None
-            if meta is None:
-                self.stats.bad_meta += bool(raw)
-                break
-            metas.append(meta)
-        size = self.layout.span_bytes
-        layers = range(self.layout.num_layers)
-        keys = [
-            self.layer_key(h, writer, layer)
-            for h, (writer, _) in zip(hashes[: len(metas)], metas, strict=True)
-            for layer in layers
-        ]
-        ptrs = [self._span(layer, p) for p in pages[: len(metas)] for layer in layers]
-        got = self.store.get_into(keys, ptrs, [size] * len(keys))
-        loaded = 0
-        for i, (_, sums) in enumerate(metas):
-            if not self._verify(got[i * len(layers) : (i + 1) * len(layers)], pages[i], sums):
-                break
-            loaded += 1
-        self.stats.objects_read += len(keys)
-        self.stats.bytes_read += sum(g for g in got if g > 0)
+        loaded = self._read_blocks([self.meta_key(h) for h in hashes], pages)
         self.stats.hit_blocks += loaded
         self.stats.miss_blocks += len(hashes) - loaded
         self.stats.read_seconds += time.perf_counter() - t0
         return loaded
+
+    def _read_blocks(self, meta_keys: list[str], pages: list[int]) -> int:
+        metas: list[BlockMeta] = []
+        for raw in self.store.get_bytes(meta_keys):
+            meta = self._parse_meta(raw) if raw else None
+            if meta is None:
+                break
+            metas.append(meta)
+        size = self.layout.span_bytes
+        per = self.layout.num_layers
+        keys = [k for meta_key in meta_keys[: len(metas)] for k in self.layer_keys(meta_key)]
+        ptrs = [ptr for page in pages[: len(metas)] for ptr in self._spans(page)]
+        got = self.store.get_into(keys, ptrs, [size] * len(keys))
+        self.stats.objects_read += len(keys)
+        self.stats.bytes_read += sum(g for g in got if g > 0)
+        for i, meta in enumerate(metas):
+            if not self._verify(got[i * per : (i + 1) * per], pages[i], meta.sums):
+                self._heal(meta_keys[i])
+                return i
+        return len(metas)
 
     def _verify(self, got: list[int], page: int, sums: list[int]) -> bool:
         size = self.layout.span_bytes
         if any(g != size for g in got):
             self.stats.short_reads += 1
             return False
-        for layer, expected in enumerate(sums):
-            if checksum(self._span(layer, page), size) != expected:
+        for ptr, expected in zip(self._spans(page), sums, strict=True):
+            if checksum(ptr, size) != expected:
                 self.stats.checksum_failures += 1
                 return False
         return True
+
+    def _heal(self, meta_key: str) -> None:
+        """Remove a block that failed verification so a writer can publish it again."""
+        self.store.remove([meta_key, *self.layer_keys(meta_key)])
+        self.stats.healed_blocks += 1
+
+    # -- request-scoped partial blocks ------------------------------------------------------
+    def put_partial(self, request_id: str, page: int, num_tokens: int) -> bool:
+        """Publish a request's partial last block (``num_tokens`` valid) under a lease."""
+        assert 0 < num_tokens <= self.layout.block_tokens
+        expires = time.time() + self.request_ttl_s
+        key = self.request_key(request_id)
+        ok = self._put_blocks([(key, page)], {"tokens": num_tokens, "expires": expires}) == 1
+        if ok:
+            heapq.heappush(self._leases, (expires, request_id))
+        return ok
+
+    def take_partial(self, request_id: str, page: int) -> int | None:
+        """Read a request's partial block into ``page`` and delete it from the pool.
+
+        Returns its number of valid tokens, or ``None`` if it is absent, expired or fails
+        verification (then the caller recomputes those tokens).
+        """
+        key = self.request_key(request_id)
+        raw = self.store.get_bytes([key])[0]
+        meta = self._parse_meta(raw) if raw else None
+        fresh = meta is not None and meta.expires > time.time()
+        ok = fresh and self._read_blocks([key], [page]) == 1
+        self.drop_partial(request_id)
+        return meta.tokens if ok and meta is not None else None
+
+    def drop_partial(self, request_id: str) -> bool:
+        """Delete a request's partial block; False if it was not there."""
+        key = self.request_key(request_id)
+        return self.store.remove([key, *self.layer_keys(key)])[0] == 0
+
+    def sweep(self, now: float | None = None) -> int:
+        """Remove this writer's partial blocks whose lease ran out; returns how many."""
+        now = time.time() if now is None else now
+        expired = 0
+        while self._leases and self._leases[0][0] <= now:
+            _, request_id = heapq.heappop(self._leases)
+            expired += self.drop_partial(request_id)
+        self.stats.expired_requests += expired
+        return expired
 
     def close(self) -> None:
         self.store.unregister(self.slab_ptr)

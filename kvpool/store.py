@@ -47,7 +47,9 @@ class MooncakeStore:
         if rc != 0:
             raise PoolUnavailableError(
                 f"joining the pool failed (code {rc}): is mooncake_master running at "
-                f"{config.pool_master} with its metadata server at {config.metadata_server}?"
+                f"{config.pool_master} with its metadata server at {config.metadata_server}? "
+                f"(segments under 16 MiB were refused here; this one is "
+                f"{config.pool_segment_mib} MiB)"
             )
         return cls(client)
 
@@ -80,9 +82,9 @@ class MooncakeStore:
         """Values in key order; a missing or failed key gives ``b""``."""
         return [bytes(v) for v in self._client.get_batch(keys)] if keys else []
 
-    def remove(self, keys: list[str]) -> None:
-        if keys:
-            self._client.batch_remove(keys, True)
+    def remove(self, keys: list[str]) -> list[int]:
+        """Delete objects (even while leased); 0 per removed key, negative if absent."""
+        return list(self._client.batch_remove(keys, True)) if keys else []
 
     def remove_matching(self, regex: str) -> int:
         return int(self._client.remove_by_regex(regex, True))

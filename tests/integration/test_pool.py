@@ -27,11 +27,25 @@ from tests.integration.pool_fixtures import (
 def master(tmp_path: Path) -> Iterator[MasterConfig]:
     with running_master(tmp_path) as cfg:
         yield cfg
+        close_opened()
+
+
+OPENED: list[KVPool] = []
+
+
+def close_opened() -> None:
+    """Every pool client a test opened leaves the pool (before its master stops)."""
+    while OPENED:
+        pool = OPENED.pop()
+        pool.close()
+        pool.store.close()
 
 
 def open_pool(master: MasterConfig, slab: np.ndarray, writer: str) -> KVPool:
     store = MooncakeStore.connect(pool_config(master))
-    return KVPool(store, NAMESPACE, LAYOUT, slab.ctypes.data, writer)
+    pool = KVPool(store, NAMESPACE, LAYOUT, slab.ctypes.data, writer)
+    OPENED.append(pool)
+    return pool
 
 
 def test_blocks_cross_processes_bit_exact(master: MasterConfig) -> None:
@@ -94,27 +108,29 @@ def test_namespaces_do_not_see_each_other(master: MasterConfig) -> None:
 def corrupt_layer(pool: KVPool, block_hash: int, layer: int) -> None:
     junk = np.full(LAYOUT.span_bytes // 4, 7.0, dtype=np.float32)
     pool.store.register(junk.ctypes.data, junk.nbytes)
-    key = pool.layer_key(block_hash, pool.writer, layer)
+    key = pool.layer_keys(pool.meta_key(block_hash))[layer]
     assert pool.store.upsert_from([key], [junk.ctypes.data], [junk.nbytes]) == [0]
 
 
-def test_corrupted_or_missing_layers_are_misses(master: MasterConfig) -> None:
+def test_corrupted_or_missing_layers_are_misses_and_healed(master: MasterConfig) -> None:
     source = make_slab(3)
     pool = open_pool(master, source, "w")
     hashes = chain(3, 4)
     assert pool.save(hashes, [0, 1, 2, 3]) == 4
     corrupt_layer(pool, hashes[2], layer=1)
-    pool.store.remove([pool.layer_key(hashes[3], "w", 0)])
+    pool.store.remove([pool.layer_keys(pool.meta_key(hashes[3]))[0]])
     target = make_slab()
     reader = open_pool(master, target, "r")
-    assert reader.lookup(hashes) == 4  # metas are all there...
-    assert reader.load(hashes, [4, 5, 6, 7]) == 2  # ...but only two blocks verify
+    assert reader.lookup(hashes) == 3  # block 3 lacks a layer; block 2 looks complete...
+    assert reader.load(hashes, [4, 5, 6, 7]) == 2  # ...but fails its checksum
     assert reader.stats.checksum_failures == 1
     assert reader.stats.miss_blocks == 2
     assert np.array_equal(target[:, 4:6], source[:, 0:2])
-    # The missing layer alone: a short read, also a miss.
-    assert reader.load(hashes[3:], [8]) == 0
-    assert reader.stats.short_reads == 1
+    assert reader.lookup(hashes) == 2  # the bad block was removed ...
+    # ... so it is written anew, and so is block 3 (whose leftovers are cleared first).
+    assert pool.save(hashes, [0, 1, 2, 3]) == 2
+    assert reader.load(hashes, [4, 5, 6, 7]) == 4
+    assert np.array_equal(target[:, 4:8], source[:, 0:4])
 
 
 def test_meta_of_another_layout_is_refused(master: MasterConfig) -> None:
@@ -190,3 +206,78 @@ def test_kvserve_pool_command_serves_and_stops(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
+
+
+def test_partial_block_is_taken_once_and_expires(master: MasterConfig) -> None:
+    import time
+
+    source = make_slab(8)
+    pool = open_pool(master, source, "w")
+    target = make_slab()
+    reader = open_pool(master, target, "r")
+    assert pool.put_partial("req-1", page=2, num_tokens=5)
+    assert reader.take_partial("req-1", page=9) == 5
+    assert np.array_equal(target[:, 9], source[:, 2])
+    assert reader.take_partial("req-1", page=9) is None  # taken: deleted from the pool
+    # Uncollected: the writer's sweep removes it once the lease ran out.
+    assert pool.put_partial("req-2", page=3, num_tokens=8)
+    key = pool.request_key("req-2")
+    assert pool.sweep() == 0
+    assert pool.store.exists([key]) == [1]
+    assert pool.sweep(now=time.time() + pool.request_ttl_s + 1) == 1
+    assert pool.store.exists([key, *pool.layer_keys(key)]) == [0] * 4
+    assert pool.stats.expired_requests == 1
+
+
+def test_expired_partial_block_is_a_miss(master: MasterConfig) -> None:
+    pool = open_pool(master, make_slab(9), "w")
+    pool.request_ttl_s = 0.05
+    assert pool.put_partial("req-3", page=0, num_tokens=1)
+    import time
+
+    time.sleep(0.1)
+    assert open_pool(master, make_slab(), "r").take_partial("req-3", page=0) is None
+
+
+def test_eviction_under_small_capacity_keeps_lookups_truthful(tmp_path: Path) -> None:
+    import time
+
+    from kvpool.layout import KVLayout
+
+    # 16 MiB of pool memory; a block is 3 layers x 128 KiB: about 40 blocks fit.
+    big = KVLayout(
+        num_layers=3, num_blocks=8, block_tokens=64, kv_heads=4, head_dim=64, dtype="float32"
+    )
+    source = np.random.default_rng(10).standard_normal(big.slab_bytes // 4).astype(np.float32)
+    with running_master(
+        tmp_path, master_eviction_high_watermark=0.7, master_eviction_ratio=0.2
+    ) as cfg:
+        store = MooncakeStore.connect(pool_config(cfg, segment_mib=16))
+        pool = KVPool(store, NAMESPACE, big, source.ctypes.data, "w")
+        target = np.zeros_like(source)
+        reader = KVPool(store, NAMESPACE, big, target.ctypes.data, "r")
+        try:
+            chains = [chain(100 + i, 8) for i in range(12)]  # 96 blocks: over twice the capacity
+            for hashes in chains:  # the master evicts in the background: retry a while
+                deadline = time.monotonic() + 20
+                while pool.lookup(hashes) < 8 and time.monotonic() < deadline:
+                    pool.save(hashes, list(range(8)))
+                    time.sleep(0.05)
+            text = read_metrics(cfg)
+            used = next(
+                float(line.split()[-1])
+                for line in text.splitlines()
+                if line.startswith("master_allocated_bytes")
+            )
+            assert used <= 16 * 2**20
+            found = [reader.lookup(h) for h in chains]
+            assert found[0] == 0 and found == sorted(found)  # the oldest went first
+            assert found[-1] == 8  # the newest chain is whole
+            assert sum(found) < 8 * len(chains)  # older blocks were evicted
+            for hashes, n in zip(chains, found, strict=True):
+                assert reader.load(hashes[:n], list(range(n))) == n  # lookups never overclaim
+                assert np.array_equal(target[:n], source[:n]) or n == 0
+        finally:
+            reader.close()
+            pool.close()
+            store.close()
