@@ -2,7 +2,7 @@
 
 Verbs: ``generate`` (text from the engine), ``pool`` (run the KV pool's mooncake_master),
 ``prepare-model`` (convert the shipped default model, offline), ``make-model`` (a tiny
-random-weight model for tests), ``bench engine``.
+random-weight model for tests), ``bench engine``, ``bench pool``.
 Engine settings are flags with ``KVSERVE_*`` environment variables (:mod:`kvserve.settings`).
 Heavy modules are imported inside each verb so ``kvserve --help`` stays fast.
 """
@@ -104,6 +104,13 @@ def _pool(args: argparse.Namespace) -> int:
         master.stop()
 
 
+def _bench_pool(args: argparse.Namespace) -> int:
+    from kvserve.bench.pool import run_bench
+
+    run_bench(args)
+    return 0
+
+
 def _bench_engine(args: argparse.Namespace) -> int:
     from kvserve.bench.engine import run_bench
 
@@ -182,6 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="serving workload: this many requests per unit of concurrency",
     )
     add_config_args(b, EngineConfig)
+
+    bp = verb("pool", _bench_pool, "KV pool put/get GB/s against memcpy", bench_verbs)
+    bp.add_argument("--sizes-kib", type=int, nargs="+", default=[16, 64, 256, 1024, 4096])
+    bp.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    bp.add_argument(
+        "--max-batch-mib",
+        type=int,
+        default=256,
+        help="skip size x batch combinations above this many MiB",
+    )
+    bp.add_argument("--repeat", type=int, default=3)
+    bp.add_argument("--seed", type=int, default=0)
     return parser
 
 
