@@ -106,6 +106,39 @@ def read_metrics(cfg: MasterConfig, timeout: float = 2.0) -> str:
         return str(resp.read().decode())
 
 
+@dataclass(frozen=True)
+class MasterStats:
+    """Pool-wide figures from the master: memory, objects, evictions."""
+
+    capacity_bytes: int
+    allocated_bytes: int
+    key_count: int
+    evicted_keys: int
+    evicted_bytes: int
+
+
+def master_stats(cfg: MasterConfig) -> MasterStats:
+    """Parse the master's metrics page into :class:`MasterStats`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(read_metrics(cfg)):
+        for sample in family.samples:
+            if not sample.labels:  # by family name: the parser renames counter samples
+                values[family.name] = sample.value
+
+    def get(name: str) -> int:
+        return int(values.get(name, 0))
+
+    return MasterStats(
+        capacity_bytes=get("master_total_capacity_bytes"),
+        allocated_bytes=get("master_allocated_bytes"),
+        key_count=get("master_key_count"),
+        evicted_keys=get("master_evicted_key_count"),
+        evicted_bytes=get("master_evicted_size_bytes"),
+    )
+
+
 class MasterProcess:
     def __init__(self, cfg: MasterConfig, log_path: Path | None = None) -> None:
         self.cfg = cfg

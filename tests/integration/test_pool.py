@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvpool.master import MasterConfig, read_metrics
+from kvpool.master import MasterConfig, master_stats
 from kvpool.pool import KVPool
 from kvpool.store import MooncakeStore, PoolUnavailableError
 from tests.integration.pool_fixtures import (
@@ -149,11 +149,14 @@ def test_meta_of_another_layout_is_refused(master: MasterConfig) -> None:
 
 
 def test_master_metrics_report_capacity_and_use(master: MasterConfig) -> None:
+
     pool = open_pool(master, make_slab(6), "w")
     pool.save(chain(6, 2), [0, 1])
-    text = read_metrics(master)
-    assert "master_total_capacity_bytes 67108864" in text
-    assert "master_key_count 8" in text  # 2 blocks x (3 layers + 1 meta)
+    stats = master_stats(master)
+    assert stats.capacity_bytes == 64 << 20
+    assert stats.key_count == 8  # 2 blocks x (3 layers + 1 meta)
+    assert stats.allocated_bytes >= 2 * 3 * LAYOUT.span_bytes
+    assert stats.evicted_keys == 0
 
 
 def test_unreachable_master_is_a_clear_error() -> None:
@@ -263,20 +266,17 @@ def test_eviction_under_small_capacity_keeps_lookups_truthful(tmp_path: Path) ->
                 while pool.lookup(hashes) < 8 and time.monotonic() < deadline:
                     pool.save(hashes, list(range(8)))
                     time.sleep(0.05)
-            text = read_metrics(cfg)
-            used = next(
-                float(line.split()[-1])
-                for line in text.splitlines()
-                if line.startswith("master_allocated_bytes")
-            )
-            assert used <= 16 * 2**20
+            stats = master_stats(cfg)
+            assert stats.allocated_bytes <= stats.capacity_bytes == 16 << 20
+            assert stats.evicted_keys > 0
             found = [reader.lookup(h) for h in chains]
             assert found[0] == 0 and found == sorted(found)  # the oldest went first
             assert found[-1] == 8  # the newest chain is whole
             assert sum(found) < 8 * len(chains)  # older blocks were evicted
             for hashes, n in zip(chains, found, strict=True):
                 assert reader.load(hashes[:n], list(range(n))) == n  # lookups never overclaim
-                assert np.array_equal(target[:n], source[:n]) or n == 0
+                pages = (big.num_layers, big.num_blocks, -1)
+                assert np.array_equal(target.reshape(pages)[:, :n], source.reshape(pages)[:, :n])
         finally:
             reader.close()
             pool.close()
