@@ -1,14 +1,10 @@
 """KV blocks between one worker's slab and the shared pool, keyed by prefix hash.
 
-Key space (every key starts with the namespace tag ``kv<hash version>.<namespace seed>``,
-a digest of model identity, dtype, KV layout, block size and hash version):
-
-- ``<tag>/b/<block hash>/<layer>``: one (layer, block) span of a full prefix block;
-- ``<tag>/b/<block hash>``: the block's *meta* object: namespace text, wire layout, writer
-  and one xxh3-64 checksum per layer;
-- ``<tag>/r/<request id>/<layer>`` and ``<tag>/r/<request id>``: the same for a request's
-  partial last block, which is not a cacheable prefix: it lives under the request's name,
-  with a lease (``expires`` in its meta), until the decode side takes it.
+Key space: :mod:`kvpool.keys` (meta object ``<tag>/b/<hash>`` with one object per layer
+below it; request-scoped partial blocks under ``<tag>/r/<request id>``). A meta object
+holds the namespace text, wire layout, writer and one xxh3-64 checksum per layer; a
+partial block's meta also holds its valid token count and its lease (``expires``): it lives
+there until the decode side takes it, or until the writer's sweep after the lease.
 
 Commit rule: a writer puts every layer object of a block first and the meta object last,
 only when every layer put succeeded. Puts never overwrite, so the first writer's objects
@@ -31,6 +27,7 @@ from dataclasses import dataclass
 import xxhash
 
 from kvpool.hashing import Namespace
+from kvpool.keys import KeySpace, completeness, longest_prefix
 from kvpool.layout import KVLayout
 from kvpool.store import MooncakeStore
 
@@ -49,6 +46,8 @@ class PoolStats:
     lookups: int = 0
     hit_blocks: int = 0
     miss_blocks: int = 0
+    hit_tokens: int = 0
+    miss_tokens: int = 0
     checksum_failures: int = 0
     short_reads: int = 0
     bad_meta: int = 0
@@ -97,22 +96,20 @@ class KVPool:
         self.slab_ptr = slab_ptr
         self.writer = writer
         self.request_ttl_s = request_ttl_s
-        self.tag = f"kv{namespace.hash_version}.{namespace.seed:016x}"
+        self.keys = KeySpace(namespace, layout.num_layers)
         self.stats = PoolStats()
         self._leases: list[tuple[float, str]] = []  # (expiry, request id), a heap
         store.register(slab_ptr, layout.slab_bytes)
 
     # -- keys ------------------------------------------------------------------------------
     def meta_key(self, block_hash: int) -> str:
-        return f"{self.tag}/b/{block_hash:016x}"
+        return self.keys.meta_key(block_hash)
 
     def request_key(self, request_id: str) -> str:
-        if "/" in request_id or not request_id:
-            raise ValueError(f"request id must be non-empty without '/', got {request_id!r}")
-        return f"{self.tag}/r/{request_id}"
+        return self.keys.request_key(request_id)
 
     def layer_keys(self, meta_key: str) -> list[str]:
-        return [f"{meta_key}/{layer}" for layer in range(self.layout.num_layers)]
+        return self.keys.layer_keys(meta_key)
 
     def _spans(self, page: int) -> list[int]:
         return [
@@ -121,26 +118,10 @@ class KVPool:
         ]
 
     # -- lookup ----------------------------------------------------------------------------
-    def _complete(self, hashes: list[int]) -> list[bool | None]:
-        """Per block: True (meta and every layer exist), None (some objects) or False."""
-        keys = [k for h in hashes for k in (self.meta_key(h), *self.layer_keys(self.meta_key(h)))]
-        flags = self.store.exists(keys)
-        per = self.layout.num_layers + 1
-        out: list[bool | None] = []
-        for i in range(len(hashes)):
-            block = flags[i * per : (i + 1) * per]
-            out.append(
-                True
-                if all(f == 1 for f in block)
-                else (None if any(f == 1 for f in block) else False)
-            )
-        return out
-
     def lookup(self, hashes: list[int]) -> int:
         """How many leading blocks of the chain ``hashes`` are present (one batched call)."""
         t0 = time.perf_counter()
-        complete = self._complete(hashes)
-        n = next((i for i, c in enumerate(complete) if c is not True), len(hashes))
+        n = longest_prefix(self.store, self.keys, hashes)
         self.stats.lookups += 1
         self.stats.lookup_seconds += time.perf_counter() - t0
         return n
@@ -155,7 +136,9 @@ class KVPool:
         """
         t0 = time.perf_counter()
         todo: list[tuple[str, int]] = []
-        for h, page, complete in zip(hashes, pages, self._complete(hashes), strict=True):
+        for h, page, complete in zip(
+            hashes, pages, completeness(self.store, self.keys, hashes), strict=True
+        ):
             if complete is None:
                 self._heal(self.meta_key(h))
             if not complete:
@@ -223,6 +206,8 @@ class KVPool:
         loaded = self._read_blocks([self.meta_key(h) for h in hashes], pages)
         self.stats.hit_blocks += loaded
         self.stats.miss_blocks += len(hashes) - loaded
+        self.stats.hit_tokens += loaded * self.layout.block_tokens
+        self.stats.miss_tokens += (len(hashes) - loaded) * self.layout.block_tokens
         self.stats.read_seconds += time.perf_counter() - t0
         return loaded
 

@@ -281,3 +281,25 @@ def test_eviction_under_small_capacity_keeps_lookups_truthful(tmp_path: Path) ->
             reader.close()
             pool.close()
             store.close()
+
+
+def test_router_style_lookup_needs_no_kv_memory(master: MasterConfig) -> None:
+    from kvpool.config import PoolConfig
+    from kvpool.keys import KeySpace, longest_prefix
+
+    pool = open_pool(master, make_slab(11), "w")
+    hashes = chain(11, 5)
+    pool.save(hashes[:3], [0, 1, 2])
+    # A member that contributes no memory and registers none, as the router will be.
+    router = MooncakeStore.connect(
+        PoolConfig(
+            pool_master=master.rpc_address,
+            pool_metadata_server=master.metadata_url,
+            pool_segment_mib=0,
+            pool_local_buffer_mib=16,
+        )
+    )
+    try:
+        assert longest_prefix(router, KeySpace(NAMESPACE, LAYOUT.num_layers), hashes) == 3
+    finally:
+        router.close()
