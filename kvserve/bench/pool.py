@@ -23,23 +23,11 @@ from typing import Any
 import numpy as np
 
 from kvpool.config import PoolConfig
-from kvpool.master import MasterConfig, MasterProcess
+from kvpool.master import MasterConfig, MasterProcess, free_local_ports
 from kvpool.store import MooncakeStore
 from kvserve.bench.report import emit, log, median
 
 KIB = 1024
-
-
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _one(
@@ -84,7 +72,7 @@ def _lookups(store: MooncakeStore, n: int = 512, reps: int = 20) -> float:
 def run_bench(args: argparse.Namespace) -> None:
     sizes = [s * KIB for s in args.sizes_kib]
     cap = args.max_batch_mib << 20
-    rpc, meta, metrics = _free_ports(3)
+    rpc, meta, metrics = free_local_ports(3)
     cfg = MasterConfig(master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics)
     log_path = Path(tempfile.gettempdir()) / f"kvserve-bench-pool-{rpc}.log"
     results: list[dict[str, Any]] = []

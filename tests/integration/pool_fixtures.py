@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,7 +11,7 @@ import numpy as np
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace, hash_chain
 from kvpool.layout import KVLayout
-from kvpool.master import MasterConfig, MasterProcess
+from kvpool.master import MasterConfig, MasterProcess, free_local_ports
 
 LAYOUT = KVLayout(
     num_layers=3, num_blocks=16, block_tokens=8, kv_heads=2, head_dim=16, dtype="float32"
@@ -20,19 +19,9 @@ LAYOUT = KVLayout(
 NAMESPACE = Namespace(model="pooltest@0", dtype="float32", block_tokens=8)
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @contextmanager
 def running_master(log_dir: Path, **overrides: object) -> Iterator[MasterConfig]:
-    rpc, meta, metrics = free_ports(3)
+    rpc, meta, metrics = free_local_ports(3)
     cfg = MasterConfig(
         master_port=rpc,
         master_metadata_port=meta,

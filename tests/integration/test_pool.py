@@ -161,9 +161,9 @@ def test_master_metrics_report_capacity_and_use(master: MasterConfig) -> None:
 
 def test_unreachable_master_is_a_clear_error() -> None:
     from kvpool.config import PoolConfig
-    from tests.integration.pool_fixtures import free_ports
+    from kvpool.master import free_local_ports
 
-    (port,) = free_ports(1)
+    (port,) = free_local_ports(1)
     cfg = PoolConfig(
         pool_master=f"127.0.0.1:{port}", pool_metadata_server=f"http://127.0.0.1:{port}/metadata"
     )
@@ -176,9 +176,9 @@ def test_kvserve_pool_command_serves_and_stops(tmp_path: Path) -> None:
     import signal
     import time
 
-    from tests.integration.pool_fixtures import free_ports
+    from kvpool.master import free_local_ports
 
-    rpc, meta, metrics = free_ports(3)
+    rpc, meta, metrics = free_local_ports(3)
     env = {**os.environ, "KVSERVE_MASTER_PORT": str(rpc)}
     proc = subprocess.Popen(
         [
