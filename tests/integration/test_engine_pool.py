@@ -74,3 +74,46 @@ def test_engine_runs_without_a_reachable_pool(tiny_model_dir: Path) -> None:
     assert engine.pool is None
     (out,) = engine.generate([[5, 6, 7]], GREEDY)
     assert len(out.output_token_ids) == GREEDY.max_tokens
+
+
+def test_kv_crosses_engines_in_separate_processes_bit_exact(
+    tiny_model_dir: Path, master: MasterConfig
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.integration.engine_writer import page_digests
+
+    rng = random.Random(22)
+    prompt = [rng.randrange(49152) for _ in range(70)]
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.engine_writer",
+            str(tiny_model_dir),
+            master.rpc_address,
+            master.metadata_url,
+            json.dumps(prompt),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    b = pooled_engine(tiny_model_dir, master)
+    try:
+        assert writer.stdout is not None
+        line = writer.stdout.readline()
+        assert line, "the writer process died"
+        report = json.loads(line)
+        (out,) = b.generate([prompt], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+        assert out.num_pool_tokens == 64  # four 16-token blocks of the 69 before the last
+        assert out.output_token_ids == report["tokens"]
+        mine = page_digests(b, prompt[: len(prompt) - 1])
+        assert [[h, d] for h, d in mine] == report["blocks"]  # every layer, bit for bit
+    finally:
+        b.close()
+        if writer.stdin:
+            writer.stdin.close()
+        writer.wait(60)
