@@ -211,13 +211,24 @@ class KVPool:
         self.stats.read_seconds += time.perf_counter() - t0
         return loaded
 
-    def _read_blocks(self, meta_keys: list[str], pages: list[int]) -> int:
+    def _leading_metas(self, meta_keys: list[str]) -> list[BlockMeta]:
+        """The parsed metas of ``meta_keys`` up to the first missing or unfit one."""
         metas: list[BlockMeta] = []
         for raw in self.store.get_bytes(meta_keys):
             meta = self._parse_meta(raw) if raw else None
             if meta is None:
                 break
             metas.append(meta)
+        return metas
+
+    def _read_blocks(
+        self, meta_keys: list[str], pages: list[int], metas: list[BlockMeta] | None = None
+    ) -> int:
+        """Layers of the blocks named by ``meta_keys`` into ``pages``; leading verified count.
+
+        ``metas`` are fetched here unless the caller already has them.
+        """
+        metas = self._leading_metas(meta_keys) if metas is None else metas
         size = self.layout.span_bytes
         per = self.layout.num_layers
         keys = [k for meta_key in meta_keys[: len(metas)] for k in self.layer_keys(meta_key)]
@@ -265,12 +276,10 @@ class KVPool:
         verification (then the caller recomputes those tokens).
         """
         key = self.request_key(request_id)
-        raw = self.store.get_bytes([key])[0]
-        meta = self._parse_meta(raw) if raw else None
-        fresh = meta is not None and meta.expires > time.time()
-        ok = fresh and self._read_blocks([key], [page]) == 1
+        metas = [m for m in self._leading_metas([key]) if m.expires > time.time()]
+        ok = bool(metas) and self._read_blocks([key], [page], metas) == 1
         self.drop_partial(request_id)
-        return meta.tokens if ok and meta is not None else None
+        return metas[0].tokens if ok else None
 
     def drop_partial(self, request_id: str) -> bool:
         """Delete a request's partial block; False if it was not there."""
