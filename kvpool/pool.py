@@ -101,16 +101,6 @@ class KVPool:
         self._leases: list[tuple[float, str]] = []  # (expiry, request id), a heap
         store.register(slab_ptr, layout.slab_bytes)
 
-    # -- keys ------------------------------------------------------------------------------
-    def meta_key(self, block_hash: int) -> str:
-        return self.keys.meta_key(block_hash)
-
-    def request_key(self, request_id: str) -> str:
-        return self.keys.request_key(request_id)
-
-    def layer_keys(self, meta_key: str) -> list[str]:
-        return self.keys.layer_keys(meta_key)
-
     def _spans(self, page: int) -> list[int]:
         return [
             self.slab_ptr + self.layout.offset(layer, page)
@@ -140,9 +130,9 @@ class KVPool:
             hashes, pages, completeness(self.store, self.keys, hashes), strict=True
         ):
             if complete is None:
-                self._heal(self.meta_key(h))
+                self._heal(self.keys.meta_key(h))
             if not complete:
-                todo.append((self.meta_key(h), page))
+                todo.append((self.keys.meta_key(h), page))
         committed = self._put_blocks(todo, extra={})
         self.stats.blocks_written += committed
         self.stats.write_seconds += time.perf_counter() - t0
@@ -152,7 +142,7 @@ class KVPool:
         """Layers of every (meta key, page) first, then the metas of complete blocks."""
         size = self.layout.span_bytes
         per = self.layout.num_layers
-        keys = [k for meta, _ in blocks for k in self.layer_keys(meta)]
+        keys = [k for meta, _ in blocks for k in self.keys.layer_keys(meta)]
         ptrs = [ptr for _, page in blocks for ptr in self._spans(page)]
         codes = self.store.put_from(keys, ptrs, [size] * len(keys))
         metas: list[tuple[str, bytes]] = []
@@ -203,7 +193,7 @@ class KVPool:
         hold partial data and must be treated as not computed.
         """
         t0 = time.perf_counter()
-        loaded = self._read_blocks([self.meta_key(h) for h in hashes], pages)
+        loaded = self._read_blocks([self.keys.meta_key(h) for h in hashes], pages)
         self.stats.hit_blocks += loaded
         self.stats.miss_blocks += len(hashes) - loaded
         self.stats.hit_tokens += loaded * self.layout.block_tokens
@@ -231,7 +221,7 @@ class KVPool:
         metas = self._leading_metas(meta_keys) if metas is None else metas
         size = self.layout.span_bytes
         per = self.layout.num_layers
-        keys = [k for meta_key in meta_keys[: len(metas)] for k in self.layer_keys(meta_key)]
+        keys = [k for meta_key in meta_keys[: len(metas)] for k in self.keys.layer_keys(meta_key)]
         ptrs = [ptr for page in pages[: len(metas)] for ptr in self._spans(page)]
         got = self.store.get_into(keys, ptrs, [size] * len(keys))
         self.stats.objects_read += len(keys)
@@ -255,7 +245,7 @@ class KVPool:
 
     def _heal(self, meta_key: str) -> None:
         """Remove a block that failed verification so a writer can publish it again."""
-        self.store.remove([meta_key, *self.layer_keys(meta_key)])
+        self.store.remove([meta_key, *self.keys.layer_keys(meta_key)])
         self.stats.healed_blocks += 1
 
     # -- request-scoped partial blocks ------------------------------------------------------
@@ -263,7 +253,7 @@ class KVPool:
         """Publish a request's partial last block (``num_tokens`` valid) under a lease."""
         assert 0 < num_tokens <= self.layout.block_tokens
         expires = time.time() + self.request_ttl_s
-        key = self.request_key(request_id)
+        key = self.keys.request_key(request_id)
         ok = self._put_blocks([(key, page)], {"tokens": num_tokens, "expires": expires}) == 1
         if ok:
             heapq.heappush(self._leases, (expires, request_id))
@@ -275,7 +265,7 @@ class KVPool:
         Returns its number of valid tokens, or ``None`` if it is absent, expired or fails
         verification (then the caller recomputes those tokens).
         """
-        key = self.request_key(request_id)
+        key = self.keys.request_key(request_id)
         metas = [m for m in self._leading_metas([key]) if m.expires > time.time()]
         ok = bool(metas) and self._read_blocks([key], [page], metas) == 1
         self.drop_partial(request_id)
@@ -283,8 +273,8 @@ class KVPool:
 
     def drop_partial(self, request_id: str) -> bool:
         """Delete a request's partial block; False if it was not there."""
-        key = self.request_key(request_id)
-        return self.store.remove([key, *self.layer_keys(key)])[0] == 0
+        key = self.keys.request_key(request_id)
+        return self.store.remove([key, *self.keys.layer_keys(key)])[0] == 0
 
     def sweep(self, now: float | None = None) -> int:
         """Remove this writer's partial blocks whose lease ran out; returns how many."""

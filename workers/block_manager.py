@@ -128,8 +128,8 @@ class BlockManager:
         """
         if not self.prefix_caching or seq.num_computed_tokens:
             return 0
-        local = len(self.match_prefix(seq)[0])
         hashes = hash_chain(seq.token_ids[: seq.num_tokens - 1], self.block_tokens, self.hash_seed)
+        local = next((i for i, h in enumerate(hashes) if self.pool.lookup(h) is None), len(hashes))
         wanted = hashes[local:]
         if not wanted:
             return 0

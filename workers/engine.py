@@ -217,7 +217,7 @@ class Engine:
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
         if seq.num_output_tokens == 0:
             self.stats.prompt_tokens_cached += seq.num_cached_tokens
-            self.stats.prompt_tokens_from_pool += min(seq.num_pool_tokens, seq.num_cached_tokens)
+            self.stats.prompt_tokens_from_pool += seq.num_pool_hit_tokens
         seq.token_ids.append(token)
         reason, text = self._finish_reason(seq, token)
         if reason is not None:
@@ -234,7 +234,7 @@ class Engine:
             finished=reason is not None,
             finish_reason=reason,
             num_cached_tokens=seq.num_cached_tokens,
-            num_pool_tokens=min(seq.num_pool_tokens, seq.num_cached_tokens),
+            num_pool_tokens=seq.num_pool_hit_tokens,
             text=text,
         )
 

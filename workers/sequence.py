@@ -104,5 +104,10 @@ class Sequence:
         return self.num_tokens - self.num_computed_tokens
 
     @property
+    def num_pool_hit_tokens(self) -> int:
+        """Tokens of the current prefix hit that came from the shared pool."""
+        return min(self.num_pool_tokens, self.num_cached_tokens)
+
+    @property
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED

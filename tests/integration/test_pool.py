@@ -108,7 +108,7 @@ def test_namespaces_do_not_see_each_other(master: MasterConfig) -> None:
 def corrupt_layer(pool: KVPool, block_hash: int, layer: int) -> None:
     junk = np.full(LAYOUT.span_bytes // 4, 7.0, dtype=np.float32)
     pool.store.register(junk.ctypes.data, junk.nbytes)
-    key = pool.layer_keys(pool.meta_key(block_hash))[layer]
+    key = pool.keys.layer_keys(pool.keys.meta_key(block_hash))[layer]
     assert pool.store.upsert_from([key], [junk.ctypes.data], [junk.nbytes]) == [0]
 
 
@@ -118,7 +118,7 @@ def test_corrupted_or_missing_layers_are_misses_and_healed(master: MasterConfig)
     hashes = chain(3, 4)
     assert pool.save(hashes, [0, 1, 2, 3]) == 4
     corrupt_layer(pool, hashes[2], layer=1)
-    pool.store.remove([pool.layer_keys(pool.meta_key(hashes[3]))[0]])
+    pool.store.remove([pool.keys.layer_keys(pool.keys.meta_key(hashes[3]))[0]])
     target = make_slab()
     reader = open_pool(master, target, "r")
     assert reader.lookup(hashes) == 3  # block 3 lacks a layer; block 2 looks complete...
@@ -224,11 +224,11 @@ def test_partial_block_is_taken_once_and_expires(master: MasterConfig) -> None:
     assert reader.take_partial("req-1", page=9) is None  # taken: deleted from the pool
     # Uncollected: the writer's sweep removes it once the lease ran out.
     assert pool.put_partial("req-2", page=3, num_tokens=8)
-    key = pool.request_key("req-2")
+    key = pool.keys.request_key("req-2")
     assert pool.sweep() == 0
     assert pool.store.exists([key]) == [1]
     assert pool.sweep(now=time.time() + pool.request_ttl_s + 1) == 1
-    assert pool.store.exists([key, *pool.layer_keys(key)]) == [0] * 4
+    assert pool.store.exists([key, *pool.keys.layer_keys(key)]) == [0] * 4
     assert pool.stats.expired_requests == 1
 
 
