@@ -39,6 +39,7 @@ class PoolStats:
     """Counters since start (read by metrics exporters and benchmarks)."""
 
     blocks_written: int = 0
+    """Blocks committed (full prefix blocks and request-scoped partial blocks)."""
     objects_written: int = 0
     bytes_written: int = 0
     objects_read: int = 0
@@ -54,8 +55,13 @@ class PoolStats:
     healed_blocks: int = 0
     expired_requests: int = 0
     write_seconds: float = 0.0
+    """Time spent in layer puts and meta commits (wherever they overlapped compute)."""
     read_seconds: float = 0.0
     lookup_seconds: float = 0.0
+
+
+PendingBlock = tuple[str, int, dict[str, float]]
+"""``(meta key, page, extra meta fields)`` of one block to write."""
 
 
 @dataclass(frozen=True)
@@ -117,43 +123,40 @@ class KVPool:
         return n
 
     # -- write -----------------------------------------------------------------------------
+    def absent(self, hashes: list[int]) -> list[bool]:
+        """Per block, whether it must be written: missing, or only partly present (then its
+        leftovers, e.g. a layer evicted, are removed here so it can be written anew)."""
+        out: list[bool] = []
+        if not hashes:
+            return out
+        for h, complete in zip(hashes, completeness(self.store, self.keys, hashes), strict=True):
+            if complete is None:
+                self._heal(self.keys.meta_key(h))
+            out.append(not complete)
+        return out
+
+    def begin_write(self, blocks: list[tuple[str, int, dict[str, float]]]) -> BlockWrite:
+        """Start writing blocks given as ``(meta key, page, extra meta fields)``.
+
+        The caller writes every layer (:meth:`BlockWrite.write_layer`, in any order, from one
+        thread at a time, e.g. each layer as soon as the model computed it) and then calls
+        :meth:`BlockWrite.commit`, which publishes the metas of the blocks whose every layer
+        landed.
+        """
+        return BlockWrite(self, blocks)
+
     def save(self, hashes: list[int], pages: list[int]) -> int:
         """Publish full blocks (``hashes[i]`` computed in ``pages[i]``) that the pool lacks.
 
-        Returns how many blocks this call committed. Leftovers of an incomplete block (e.g.
-        a layer evicted) are removed first and the block is written anew. A block whose
-        layer puts fail (e.g. the pool is full) is not committed.
+        Returns how many blocks this call committed. A block whose layer puts fail (e.g. the
+        pool is full) is not committed.
         """
-        t0 = time.perf_counter()
-        todo: list[tuple[str, int]] = []
-        for h, page, complete in zip(
-            hashes, pages, completeness(self.store, self.keys, hashes), strict=True
-        ):
-            if complete is None:
-                self._heal(self.keys.meta_key(h))
-            if not complete:
-                todo.append((self.keys.meta_key(h), page))
-        committed = self._put_blocks(todo, extra={})
-        self.stats.blocks_written += committed
-        self.stats.write_seconds += time.perf_counter() - t0
-        return committed
-
-    def _put_blocks(self, blocks: list[tuple[str, int]], extra: dict[str, float]) -> int:
-        """Layers of every (meta key, page) first, then the metas of complete blocks."""
-        size = self.layout.span_bytes
-        per = self.layout.num_layers
-        keys = [k for meta, _ in blocks for k in self.keys.layer_keys(meta)]
-        ptrs = [ptr for _, page in blocks for ptr in self._spans(page)]
-        codes = self.store.put_from(keys, ptrs, [size] * len(keys))
-        metas: list[tuple[str, bytes]] = []
-        for i, (meta, page) in enumerate(blocks):
-            if all(c == 0 for c in codes[i * per : (i + 1) * per]):
-                sums = [checksum(ptr, size) for ptr in self._spans(page)]
-                metas.append((meta, self._meta(sums, extra)))
-        self.store.put_bytes([k for k, _ in metas], [v for _, v in metas])
-        self.stats.objects_written += len(metas) * (per + 1)
-        self.stats.bytes_written += len(metas) * per * size
-        return len(metas)
+        todo: list[PendingBlock] = [
+            (self.keys.meta_key(h), page, {})
+            for h, page, missing in zip(hashes, pages, self.absent(hashes), strict=True)
+            if missing
+        ]
+        return self.begin_write(todo).write_all()
 
     def _meta(self, sums: list[int], extra: dict[str, float]) -> bytes:
         meta = {
@@ -249,14 +252,25 @@ class KVPool:
         self.stats.healed_blocks += 1
 
     # -- request-scoped partial blocks ------------------------------------------------------
-    def put_partial(self, request_id: str, page: int, num_tokens: int) -> bool:
-        """Publish a request's partial last block (``num_tokens`` valid) under a lease."""
+    def partial_block(self, request_id: str, page: int, num_tokens: int) -> PendingBlock:
+        """A request's partial last block (``num_tokens`` valid), for :meth:`begin_write`.
+
+        Its meta carries the token count and a lease; call :meth:`lease` once it is
+        committed so :meth:`sweep` removes it if the decode side never takes it.
+        """
         assert 0 < num_tokens <= self.layout.block_tokens
         expires = time.time() + self.request_ttl_s
-        key = self.keys.request_key(request_id)
-        ok = self._put_blocks([(key, page)], {"tokens": num_tokens, "expires": expires}) == 1
+        return (self.keys.request_key(request_id), page, {"tokens": num_tokens, "expires": expires})
+
+    def lease(self, request_id: str, expires: float) -> None:
+        heapq.heappush(self._leases, (expires, request_id))
+
+    def put_partial(self, request_id: str, page: int, num_tokens: int) -> bool:
+        """Publish a request's partial last block (``num_tokens`` valid) under a lease."""
+        block = self.partial_block(request_id, page, num_tokens)
+        ok = self.begin_write([block]).write_all() == 1
         if ok:
-            heapq.heappush(self._leases, (expires, request_id))
+            self.lease(request_id, block[2]["expires"])
         return ok
 
     def take_partial(self, request_id: str, page: int) -> int | None:
@@ -288,3 +302,62 @@ class KVPool:
 
     def close(self) -> None:
         self.store.unregister(self.slab_ptr)
+
+
+class BlockWrite:
+    """Blocks being written to the pool, one layer at a time (see :meth:`KVPool.begin_write`).
+
+    Lifecycle: ``write_layer(i)`` for every layer (each puts that layer's span of every
+    block and checksums it) -> ``commit()`` (metas of the blocks whose layers all landed;
+    returns how many). Layer writes may run on a helper thread while the model computes the
+    next layer; ``commit`` must come after the last of them.
+    """
+
+    def __init__(self, pool: KVPool, blocks: list[PendingBlock]) -> None:
+        self.pool = pool
+        self.blocks = blocks
+        self.ok = [True] * len(blocks)
+        self.sums: list[list[int]] = [[0] * pool.layout.num_layers for _ in blocks]
+        self.seconds = 0.0
+        self.bytes = 0
+
+    def write_layer(self, layer: int) -> None:
+        if not self.blocks:
+            return
+        t0 = time.perf_counter()
+        pool, size = self.pool, self.pool.layout.span_bytes
+        ptrs = [pool.slab_ptr + pool.layout.offset(layer, page) for _, page, _ in self.blocks]
+        keys = [f"{meta}/{layer}" for meta, _, _ in self.blocks]
+        codes = pool.store.put_from(keys, ptrs, [size] * len(keys))
+        for i, (code, ptr) in enumerate(zip(codes, ptrs, strict=True)):
+            if code != 0:
+                self.ok[i] = False
+            else:
+                self.sums[i][layer] = checksum(ptr, size)
+                self.bytes += size
+        self.seconds += time.perf_counter() - t0
+
+    def commit(self) -> int:
+        t0 = time.perf_counter()
+        pool = self.pool
+        metas = [
+            (meta, pool._meta(sums, extra))
+            for (meta, _, extra), ok, sums in zip(self.blocks, self.ok, self.sums, strict=True)
+            if ok
+        ]
+        if metas:
+            pool.store.put_bytes([k for k, _ in metas], [v for _, v in metas])
+        per = pool.layout.num_layers
+        stats = pool.stats
+        stats.blocks_written += len(metas)
+        stats.objects_written += len(metas) * (per + 1)
+        stats.bytes_written += len(metas) * per * pool.layout.span_bytes
+        self.seconds += time.perf_counter() - t0
+        stats.write_seconds += self.seconds
+        return len(metas)
+
+    def write_all(self) -> int:
+        """Every layer, then :meth:`commit` (the write after compute, not overlapped)."""
+        for layer in range(self.pool.layout.num_layers):
+            self.write_layer(layer)
+        return self.commit()

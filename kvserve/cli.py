@@ -1,6 +1,7 @@
 """``kvserve <verb>``: the one command line of the project.
 
-Verbs: ``generate`` (text from the engine), ``pool`` (run the KV pool's mooncake_master),
+Verbs: ``up`` (a whole cluster on this machine), ``worker`` and ``router`` (one process of
+a cluster), ``generate`` (text from the engine), ``pool`` (run the KV pool's mooncake_master),
 ``prepare-model`` (convert the shipped default model, offline), ``make-model`` (a tiny
 random-weight model for tests), ``bench engine``, ``bench pool``.
 Engine settings are flags with ``KVSERVE_*`` environment variables (:mod:`kvserve.settings`).
@@ -14,9 +15,11 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvserve.settings import add_config_args, config_from_args
-from workers.config import EngineConfig
+from proto.registry import ClusterConfig
+from workers.config import EngineConfig, WorkerConfig
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -104,6 +107,46 @@ def _pool(args: argparse.Namespace) -> int:
         master.stop()
 
 
+def _logging() -> None:
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from workers.server import serve
+
+    _logging()
+    return serve(
+        config_from_args(WorkerConfig, args),
+        config_from_args(EngineConfig, args),
+        config_from_args(PoolConfig, args),
+        config_from_args(ClusterConfig, args),
+    )
+
+
+def _router(args: argparse.Namespace) -> int:
+    from router.main import serve
+
+    _logging()
+    from router.config import RouterConfig
+
+    serve(
+        config_from_args(RouterConfig, args),
+        config_from_args(ClusterConfig, args),
+        config_from_args(PoolConfig, args),
+    )
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from kvserve.up import run
+
+    return run(args)
+
+
 def _bench_pool(args: argparse.Namespace) -> int:
     from kvserve.bench.pool import run_bench
 
@@ -131,6 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
         p = (sub or verbs).add_parser(name, help=text, description=text)
         p.set_defaults(func=fn)
         return p
+
+    from kvserve.up import add_arguments as add_up_arguments
+    from router.config import RouterConfig
+
+    add_up_arguments(
+        verb("up", _up, "run a whole cluster on this machine: pool, Redis, workers, router")
+    )
+    w = verb("worker", _worker, "serve one engine over gRPC (role prefill, decode or mixed)")
+    for cls in (WorkerConfig, EngineConfig, PoolConfig, ClusterConfig):
+        add_config_args(w, cls)
+    r = verb("router", _router, "the OpenAI-compatible HTTP API and the conductor")
+    for cls in (RouterConfig, ClusterConfig, PoolConfig):
+        add_config_args(r, cls)
 
     g = verb("generate", _generate, "generate text from the model through the engine")
     g.add_argument("prompt", nargs="*", help="prompts (read from stdin if none)")

@@ -10,8 +10,9 @@ this layer turns them into pages:
   table to cover ``num_new_tokens`` more tokens (prefix hits are taken in the same call);
 - :meth:`BlockManager.pull_remote` copies a waiting sequence's further prefix blocks from a
   :class:`RemotePrefix` into free pages and indexes them, so they become ordinary local hits;
-- :meth:`BlockManager.commit` names the blocks that became full after a step, so later
-  requests can hit them (and returns them, for publishing to the pool);
+- :meth:`BlockManager.upcoming` names the blocks a step will fill, before it runs (so they
+  can be streamed to the pool layer by layer); :meth:`BlockManager.commit` indexes the
+  blocks that became full after a step, so later requests can hit them;
 - :meth:`BlockManager.deallocate` gives every page back (finish, abort, preemption).
 """
 
@@ -101,22 +102,30 @@ class BlockManager:
         if need > 0:
             seq.block_table.extend(self.pool.allocate(need))
 
+    def upcoming(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+        """``(hash, page)`` of the blocks of ``seq`` that will be full and computed once
+        ``num_new_tokens`` more tokens are; nothing changes (used to stream them to the pool
+        while the step runs)."""
+        if not self.prefix_caching:
+            return []
+        bt = self.block_tokens
+        full = min(seq.num_computed_tokens + num_new_tokens, seq.num_tokens) // bt
+        parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_PARENT
+        named: list[tuple[int, int]] = []
+        for i in range(len(seq.block_hashes), full):
+            parent = hash_block(parent, seq.token_ids[i * bt : (i + 1) * bt], self.hash_seed)
+            named.append((parent, seq.block_table[i]))
+        return named
+
     def commit(self, seq: Sequence) -> list[tuple[int, int]]:
         """Hash and index the blocks of ``seq`` that are full and computed.
 
         Returns the newly named ``(hash, page)`` pairs.
         """
-        if not self.prefix_caching:
-            return []
-        bt = self.block_tokens
-        full = min(seq.num_computed_tokens, seq.num_tokens) // bt
-        parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_PARENT
-        named: list[tuple[int, int]] = []
-        for i in range(len(seq.block_hashes), full):
-            parent = hash_block(parent, seq.token_ids[i * bt : (i + 1) * bt], self.hash_seed)
-            seq.block_hashes.append(parent)
-            self.pool.cache(seq.block_table[i], parent)
-            named.append((parent, seq.block_table[i]))
+        named = self.upcoming(seq, 0)
+        for block_hash, page in named:
+            seq.block_hashes.append(block_hash)
+            self.pool.cache(page, block_hash)
         return named
 
     def pull_remote(self, seq: Sequence, remote: RemotePrefix) -> int:

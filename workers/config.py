@@ -27,6 +27,8 @@ class EngineConfig:
     - ``max_model_len``: longest prompt + output; 0 takes the model's own limit.
     - ``prefix_caching``: reuse full blocks across requests inside this engine.
     - ``threads``: torch intra-op threads; 0 keeps torch's default.
+    - ``kv_streaming``: with a pool, write each layer's KV while the next layer computes
+      (off: after the step; only for measuring what streaming hides).
     """
 
     model: str = ""
@@ -40,6 +42,7 @@ class EngineConfig:
     max_model_len: int = 0
     prefix_caching: bool = True
     threads: int = 0
+    kv_streaming: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -53,3 +56,41 @@ class EngineConfig:
             raise ValueError(
                 "max_model_len, num_kv_blocks and threads must be >= 0 (0 means automatic)"
             )
+
+
+ROLES = ("prefill", "decode", "mixed")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How one worker process serves (flags ``--role``, ``--worker-port``...).
+
+    - ``role``: ``prefill`` (prefills and hands the KV off through the pool), ``decode``
+      (reserves pages, pulls a prefilled prompt's KV, decodes; also prefills short prompts
+      itself when the router keeps them local) or ``mixed`` (the colocated baseline:
+      everything, with chunked prefill). Changeable at run time (``SetRole``, after a drain).
+    - ``worker_host`` / ``worker_port``: where the gRPC server listens (loopback by default).
+    - ``worker_advertise``: ``host:port`` others reach it at; empty means ``worker_host``
+      (or this machine's hostname when listening on 0.0.0.0) and ``worker_port``.
+    - ``worker_id``: its name in the registry; empty means ``<advertised host>-<port>``.
+    - ``use_pool``: join the KV pool (prefill and decode roles need it).
+    """
+
+    role: str = "mixed"
+    worker_host: str = "127.0.0.1"
+    worker_port: int = 50061
+    worker_advertise: str = ""
+    worker_id: str = ""
+    use_pool: bool = True
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if not 0 < self.worker_port < 65536:
+            raise ValueError(f"worker_port must be a TCP port, got {self.worker_port}")
+        if self.worker_advertise and ":" not in self.worker_advertise:
+            raise ValueError(f"worker_advertise must be host:port, got {self.worker_advertise!r}")
+        if "/" in self.worker_id or ":" in self.worker_id:
+            raise ValueError(f"worker_id must not contain '/' or ':', got {self.worker_id!r}")
+        if self.role != "mixed" and not self.use_pool:
+            raise ValueError(f"role {self.role} hands KV over through the pool: keep use_pool on")

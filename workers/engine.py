@@ -1,4 +1,4 @@
-"""One model engine: continuous batching over a paged KV cache, in-process.
+r"""One model engine: continuous batching over a paged KV cache, in-process.
 
 Lifecycle:
 
@@ -14,99 +14,34 @@ Lifecycle:
    changed;
 4. :meth:`Engine.generate` drives steps until given requests finish (offline use, tests).
 
-The serving roles of later components wrap this same engine.
+The serving roles use the same engine: a prefill worker adds requests with ``handoff=True``
+(they end after the first token, their prompt's KV left in the pool, written layer by layer
+while the step runs: :mod:`workers.kv_transfer`); a decode worker :meth:`Engine.reserve`\ s
+pages for a prompt before its prefill, then :meth:`Engine.adopt`\ s the request with its
+first token (the prompt's KV is pulled into the reserved pages) and decodes it; reservations
+whose lease ran out are released by :meth:`Engine.housekeeping`.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
-import os
-import socket
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace
-from kvpool.layout import KVLayout
-from kvpool.pool import KVPool
-from kvpool.store import MooncakeStore, PoolUnavailableError
 from workers.config import EngineConfig
+from workers.detokenizer import IncrementalText
 from workers.kv_cache import KVCache, blocks_for_memory
+from workers.kv_transfer import KVStreamer, Transfer, join_pool, pull_prompt
 from workers.model.loader import load_model, model_fingerprint
-from workers.model.prepare import default_model_dir
 from workers.model.rope import RotaryTable
 from workers.model_runner import ModelRunner
+from workers.outputs import EngineStats, RequestOutput, resolve_model_dir
 from workers.scheduler import Scheduler, SchedulerConfig
-from workers.sequence import FinishReason, SamplingParams, Sequence
+from workers.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
 from workers.tokenizer import Tokenizer
-
-
-@dataclass
-class RequestOutput:
-    """What one step (or a whole run) produced for one request."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    new_token_ids: list[int]
-    finished: bool
-    finish_reason: FinishReason | None = None
-    num_cached_tokens: int = 0
-    num_pool_tokens: int = 0
-    text: str | None = None
-
-
-@dataclass
-class EngineStats:
-    """Cumulative counters since start."""
-
-    steps: int = 0
-    prompt_tokens_computed: int = 0
-    prompt_tokens_cached: int = 0
-    prompt_tokens_from_pool: int = 0
-    output_tokens: int = 0
-    preemptions: int = 0
-    busy_seconds: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
-
-
-def resolve_model_dir(model: str) -> Path:
-    """The directory for ``--model`` (empty: the default model), or a clear error."""
-    path = Path(model).expanduser() if model else default_model_dir()
-    if not (path / "config.json").is_file():
-        hint = "run `kvserve prepare-model`" if not model else "point --model at a HF directory"
-        raise FileNotFoundError(f"no model at {path} ({hint})")
-    return path
-
-
-log = logging.getLogger(__name__)
-
-
-def join_pool(config: PoolConfig, namespace: Namespace, kv: KVCache, dtype: str) -> KVPool | None:
-    """Connect ``kv``'s slab to the shared pool, or ``None`` (logged) if it cannot be."""
-    if kv.slab.device.type != "cpu":
-        log.warning("the KV pool needs a host-memory KV cache for now; running without it")
-        return None
-    try:
-        store = MooncakeStore.connect(config)
-    except PoolUnavailableError as exc:
-        log.warning("running without the KV pool: %s", exc)
-        return None
-    shape = kv.slab.shape
-    layout = KVLayout(
-        num_layers=shape[0],
-        num_blocks=shape[1],
-        block_tokens=shape[3],
-        kv_heads=shape[4],
-        head_dim=shape[5],
-        dtype=dtype,
-    )
-    writer = f"{socket.gethostname()}-{os.getpid()}-{id(kv):x}"
-    return KVPool(store, namespace, layout, kv.slab.data_ptr(), writer)
 
 
 class Engine:
@@ -134,6 +69,7 @@ class Engine:
         rope = RotaryTable(cfg.rope, cfg.head_dim, self.max_model_len, self.dtype, self.device)
         self.runner = ModelRunner(model, kv, rope)
         self.pool = join_pool(pool, self.namespace, kv, config.dtype) if pool else None
+        self.num_blocks = num_blocks
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_blocks=num_blocks,
@@ -146,6 +82,11 @@ class Engine:
             self.namespace.seed,
             remote=self.pool,
         )
+        self.streamer = (
+            KVStreamer(self.pool, self.scheduler.blocks, config.kv_streaming)
+            if self.pool is not None
+            else None
+        )
         self.tokenizer = Tokenizer(self.model_dir)
         eos = set(cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -153,6 +94,10 @@ class Engine:
         self.eos_token_ids = frozenset(eos)
         self.stats = EngineStats()
         self._requests: dict[str, Sequence] = {}
+        self._texts: dict[str, IncrementalText] = {}
+        self._transfers: dict[str, Transfer] = {}
+        self.reservations: dict[str, tuple[Sequence, float]] = {}
+        """request id -> (sequence holding pages, monotonic expiry of its lease)"""
         self._ids = itertools.count()
 
     # -- requests --------------------------------------------------------------------------
@@ -161,27 +106,128 @@ class Engine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         request_id: str | None = None,
+        handoff: bool = False,
     ) -> str:
-        """Queue a request; ``ValueError`` if it is invalid or can never fit."""
+        """Queue a request; ``ValueError`` if it is invalid or can never fit.
+
+        ``handoff``: prefill only (see the module docstring); needs the pool.
+        """
+        if handoff and self.streamer is None:
+            raise ValueError("handing a prefill off to a decode worker needs the KV pool")
+        seq = self._enqueue(request_id, list(prompt_token_ids), params, len(prompt_token_ids))
+        seq.handoff = handoff
+        return seq.request_id
+
+    def _enqueue(
+        self, request_id: str | None, token_ids: list[int], params: SamplingParams, prompt: int
+    ) -> Sequence:
         request_id = request_id or f"req-{next(self._ids)}"
-        if request_id in self._requests:
+        self._check_new(request_id, token_ids)
+        seq = Sequence(request_id, token_ids, params, prompt, arrival_step=self.stats.steps)
+        self.scheduler.add(seq)
+        self._track(seq)
+        self.stats.requests += 1
+        return seq
+
+    def _check_new(self, request_id: str, prompt_token_ids: list[int]) -> None:
+        if request_id in self._requests or request_id in self.reservations:
             raise ValueError(f"request id {request_id!r} is already in use")
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        seq = Sequence(request_id, list(prompt_token_ids), params, arrival_step=self.stats.steps)
-        self.scheduler.add(seq)
-        self._requests[request_id] = seq
-        return request_id
+
+    def _track(self, seq: Sequence) -> None:
+        self._requests[seq.request_id] = seq
+        self._texts[seq.request_id] = IncrementalText(self.tokenizer, seq.params.stop)
+        self._transfers[seq.request_id] = Transfer()
+
+    def reserve(
+        self, request_id: str, prompt_token_ids: list[int], max_tokens: int, lease_s: float
+    ) -> Sequence | None:
+        """Hold pages for a prompt whose prefill runs elsewhere; ``None`` if they are not
+        free now, ``ValueError`` if the request can never fit. Local prefix hits are taken
+        (counted in ``num_cached_tokens``); the pages are released after ``lease_s``
+        unless :meth:`adopt` comes first."""
+        self._check_new(request_id, prompt_token_ids)
+        seq = Sequence(request_id, list(prompt_token_ids), SamplingParams(max_tokens=max_tokens))
+        self.scheduler.check_fits(seq)
+        blocks = self.scheduler.blocks
+        hits = blocks.match_prefix(seq)
+        n = seq.num_prompt_tokens - len(hits[0]) * blocks.block_tokens
+        if not blocks.can_allocate(seq, n, hits[0]):
+            return None
+        blocks.allocate(seq, n, hits)
+        seq.status = SeqStatus.RESERVED
+        self.reservations[request_id] = (seq, time.monotonic() + lease_s)
+        return seq
+
+    def adopt(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        first_token: int,
+        params: SamplingParams,
+    ) -> Transfer:
+        """Take over a request whose prefill ran elsewhere and produced ``first_token``.
+
+        With a live reservation, the prompt's KV is pulled from the pool into its pages
+        (what does not arrive is recomputed here); without one (expired, or never made) the
+        request is queued like a new one, its prompt reused from the pool through admission.
+        Returns the KV read. ``ValueError`` as :meth:`add_request`.
+        """
+        entry = self.reservations.pop(request_id, None)
+        if entry is not None and entry[0].token_ids != list(prompt_token_ids):
+            self.scheduler.blocks.deallocate(entry[0])
+            entry = None
+        transfer = Transfer()
+        if entry is None:
+            tokens = [*prompt_token_ids, first_token]
+            seq = self._enqueue(request_id, tokens, params, len(prompt_token_ids))
+        else:
+            seq = entry[0]
+            seq.params = params
+            if self.pool is not None:
+                transfer = pull_prompt(self.pool, self.scheduler.blocks, seq)
+                self.stats.kv_read.add(transfer)
+            self.scheduler.blocks.commit(seq)
+            seq.token_ids.append(first_token)
+            self.scheduler.resume(seq)
+            self._track(seq)
+            self.stats.requests += 1
+            self._transfers[request_id] = transfer
+        self.runner.skip_draws(seq, 1)
+        self._texts[request_id].push([first_token])
+        return transfer
 
     def abort(self, request_id: str) -> bool:
-        """End a request wherever it is; False if it is unknown or already finished."""
-        seq = self._requests.pop(request_id, None)
+        """End a request (or release a reservation) wherever it is; False if unknown."""
+        entry = self.reservations.pop(request_id, None)
+        if entry is not None:
+            self.scheduler.finish(entry[0], FinishReason.ABORT)
+            return True
+        seq = self._requests.get(request_id)
         if seq is None:
             return False
         self.scheduler.finish(seq, FinishReason.ABORT)
-        self.runner.forget(request_id)
+        self._forget(request_id)
         return True
+
+    def _forget(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+        self._texts.pop(request_id, None)
+        self._transfers.pop(request_id, None)
+        self.runner.forget(request_id)
+
+    def housekeeping(self, now: float | None = None) -> int:
+        """Release reservations whose lease ran out and expire this worker's uncollected
+        partial blocks in the pool; returns how many reservations were released."""
+        now = time.monotonic() if now is None else now
+        expired = [rid for rid, (_, until) in self.reservations.items() if until <= now]
+        for request_id in expired:
+            self.abort(request_id)
+        if self.pool is not None:
+            self.pool.sweep()
+        return len(expired)
 
     @property
     def has_unfinished(self) -> bool:
@@ -191,6 +237,20 @@ class Engine:
     def num_free_blocks(self) -> int:
         return self.scheduler.blocks.pool.num_free
 
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        """Prompt tokens still to compute, over waiting and running requests."""
+        seqs = [*self.scheduler.waiting, *self.scheduler.running]
+        return sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in seqs)
+
     # -- one step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one batch; returns an output for every request that got a token or ended."""
@@ -198,35 +258,53 @@ class Engine:
         if not batch:
             return []
         t0 = time.perf_counter()
-        for seq, n in batch.entries:
-            if seq.num_computed_tokens < seq.num_prompt_tokens:
-                self.stats.prompt_tokens_computed += min(
-                    n, seq.num_prompt_tokens - seq.num_computed_tokens
-                )
-        sampled, tokens = self.runner.execute(batch)
+        prompt_tokens = sum(
+            min(n, max(0, seq.num_prompt_tokens - seq.num_computed_tokens))
+            for seq, n in batch.entries
+        )
+        self.stats.prompt_tokens_computed += prompt_tokens
+        write = self.streamer.plan(batch.entries) if self.streamer is not None else None
+        sampled, tokens = self.runner.execute(batch, write.on_layer if write else None)
+        if write is not None:
+            self._account(write.finish(), write.owners)
         self.scheduler.update(batch)
-        if self.pool is not None and batch.committed:
-            self.pool.save([h for h, _ in batch.committed], [p for _, p in batch.committed])
         outputs = [self._append(seq, tok) for seq, tok in zip(sampled, tokens, strict=True)]
         self.stats.steps += 1
         self.stats.output_tokens += len(tokens)
         self.stats.preemptions = self.scheduler.num_preemptions
-        self.stats.busy_seconds += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self.stats.busy_seconds += elapsed
+        if prompt_tokens:
+            self.stats.prefill_seconds += elapsed
+        else:
+            self.stats.decode_steps_seconds += elapsed
+            self.stats.decode_step_tokens += len(tokens)
         return outputs
+
+    def _account(self, step: Transfer, owners: dict[str, int]) -> None:
+        """Attribute a step's writes to its requests (bytes by share of blocks; every
+        owner sees the step's full time)."""
+        total = sum(owners.values())
+        for request_id, count in owners.items():
+            if (mine := self._transfers.get(request_id)) is not None:
+                mine.add(Transfer(step.bytes * count // total, step.seconds, step.exposed_seconds))
+        self.stats.kv_write.add(step)
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
         if seq.num_output_tokens == 0:
             self.stats.prompt_tokens_cached += seq.num_cached_tokens
             self.stats.prompt_tokens_from_pool += seq.num_pool_hit_tokens
         seq.token_ids.append(token)
-        reason, text = self._finish_reason(seq, token)
+        texts = self._texts[seq.request_id]
+        delta = texts.push([token])
+        reason = FinishReason.STOP if texts.stopped else self._finish_reason(seq, token)
+        if reason is None and seq.handoff:
+            reason = FinishReason.HANDOFF
+        text = None
         if reason is not None:
-            self.scheduler.finish(seq, reason)
-            self._requests.pop(seq.request_id, None)
-            self.runner.forget(seq.request_id)
-            if text is None:
-                text = self.tokenizer.decode(seq.output_token_ids)
-        return RequestOutput(
+            delta += texts.finish()
+            text = texts.text
+        out = RequestOutput(
             request_id=seq.request_id,
             prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
             output_token_ids=seq.output_token_ids,
@@ -236,23 +314,27 @@ class Engine:
             num_cached_tokens=seq.num_cached_tokens,
             num_pool_tokens=seq.num_pool_hit_tokens,
             text=text,
+            text_delta=delta,
+            transfer=self._transfers.get(seq.request_id),
         )
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self._forget(seq.request_id)
+        return out
 
-    def _finish_reason(self, seq: Sequence, token: int) -> tuple[FinishReason | None, str | None]:
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         p = seq.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
-            return FinishReason.STOP, None
-        if p.stop:
-            text = self.tokenizer.decode(seq.output_token_ids)
-            hits = [i for i in (text.find(s) for s in p.stop) if i >= 0]
-            if hits:
-                return FinishReason.STOP, text[: min(hits)]
+            return FinishReason.STOP
         if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            return FinishReason.LENGTH, None
-        return None, None
+            return FinishReason.LENGTH
+        return None
 
     def close(self) -> None:
         """Leave the pool (if joined). The engine is not usable afterwards."""
+        if self.streamer is not None:
+            self.streamer.close()
+            self.streamer = None
         if self.pool is not None:
             self.pool.close()
             self.pool.store.close()

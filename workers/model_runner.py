@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,16 @@ class ModelRunner:
     def forget(self, request_id: str) -> None:
         """Drop a finished request's RNG."""
         self._generators.pop(request_id, None)
+
+    def skip_draws(self, seq: Sequence, count: int) -> None:
+        """Advance a seeded request's RNG past ``count`` draws made elsewhere (the first token
+        sampled by a prefill worker), so it goes on as if it had run here all along."""
+        generator = self._generator(seq)
+        if generator is None:
+            return
+        uniform = torch.ones(self.model.cfg.vocab_size, device=self.device)
+        for _ in range(count):  # a draw advances the state by the same amount for any probs
+            torch.multinomial(uniform, 1, generator=generator)
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         if seq.request_id not in self._generators:
@@ -116,11 +127,15 @@ class ModelRunner:
         return span
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int]]:
-        """Run ``batch``; returns the sequences that got a new token, and the tokens."""
+    def execute(
+        self, batch: ScheduledBatch, on_layer: Callable[[int], None] | None = None
+    ) -> tuple[list[Sequence], list[int]]:
+        """Run ``batch``; returns the sequences that got a new token, and the tokens.
+
+        ``on_layer(i)`` is called as soon as layer ``i``'s KV is in the cache."""
         step = self.prepare(batch)
         hidden = self.model(
-            step.input_ids, step.positions, self.rope, self.kv.layers, step.attention
+            step.input_ids, step.positions, self.rope, self.kv.layers, step.attention, on_layer
         )
         if not step.sampled:
             return [], []

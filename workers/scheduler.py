@@ -80,10 +80,11 @@ class Scheduler:
     # -- queue verbs -------------------------------------------------------------------
     def check_fits(self, seq: Sequence) -> None:
         """Raise ``ValueError`` if ``seq`` could never run, however idle the engine."""
-        total = seq.num_tokens + seq.params.max_tokens
+        total = seq.num_prompt_tokens + seq.params.max_tokens
         if total > self.config.max_model_len:
             raise ValueError(
-                f"prompt ({seq.num_tokens} tokens) plus max_tokens ({seq.params.max_tokens}) "
+                f"prompt ({seq.num_prompt_tokens} tokens) plus max_tokens "
+                f"({seq.params.max_tokens}) "
                 f"exceeds the model length ({self.config.max_model_len})"
             )
         # The last sampled token ends the request before its KV is ever computed.
@@ -98,6 +99,12 @@ class Scheduler:
         self.check_fits(seq)
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
+
+    def resume(self, seq: Sequence) -> None:
+        """Run ``seq``, which already holds pages (a decode worker's reservation whose prompt
+        KV arrived): it joins ``running`` whatever the sequence cap, as its pages are held."""
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """End ``seq`` (any state) and give back its pages. Idempotent."""

@@ -3,6 +3,9 @@
 Lifecycle: ``WAITING`` (queued, or preempted and put back) -> ``RUNNING`` (scheduled; its
 ``num_computed_tokens`` grows by chunks until it reaches ``len(token_ids)``, then each step
 adds one sampled token) -> ``FINISHED`` (stop, length or abort; every page is given back).
+A decode worker's request may instead start ``RESERVED``: it holds pages for its prompt
+before a remote prefill ran, then enters ``RUNNING`` with the prompt's KV pulled from the
+pool (or gives the pages back when its lease ends).
 The scheduler owns the status and the page fields; the engine appends sampled tokens.
 """
 
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 
 
 class SeqStatus(enum.Enum):
+    RESERVED = "reserved"
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -24,6 +28,8 @@ class FinishReason(enum.StrEnum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    HANDOFF = "handoff"
+    """Prefill done here; the request goes on on a decode worker (not shown to clients)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,8 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     arrival_step: int = 0
+    handoff: bool = False
+    """Prefill only: end after the first token and leave the prompt's KV in the pool."""
 
     def __post_init__(self) -> None:
         if not self.token_ids:

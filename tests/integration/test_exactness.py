@@ -10,8 +10,9 @@ import torch
 
 from tests.integration.reference import hf_greedy, hf_last_logits
 from workers.config import EngineConfig
-from workers.engine import Engine, RequestOutput
+from workers.engine import Engine
 from workers.model.prepare import make_tiny_model
+from workers.outputs import RequestOutput
 from workers.sequence import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)

@@ -7,6 +7,8 @@ kv_heads, head_dim]`` tensor per layer. q/k/v and gate/up projections are fused 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -133,12 +135,20 @@ class LlamaModel(nn.Module):
         rope: RotaryTable,
         kv_cache: list[torch.Tensor],
         batch: AttentionBatch,
+        on_layer: Callable[[int], None] | None = None,
     ) -> torch.Tensor:
-        """Hidden states ``[T, hidden]`` after the final norm, for the flattened batch."""
+        """Hidden states ``[T, hidden]`` after the final norm, for the flattened batch.
+
+        ``on_layer(i)`` is called once layer ``i``'s KV is in the cache (KV streaming).
+        """
         x = self.embed_tokens(input_ids)
         cos_sin = rope.lookup(positions)
-        for layer, layer_cache in zip(self.layers, kv_cache, strict=True):
+        for i, (layer, layer_cache) in enumerate(zip(self.layers, kv_cache, strict=True)):
             x = layer(x, cos_sin, layer_cache, batch)
+            if on_layer is not None:
+                if x.device.type == "cuda":  # the KV must be written before others read it
+                    torch.cuda.current_stream(x.device).synchronize()
+                on_layer(i)
         return self.norm(x)  # type: ignore[no-any-return]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

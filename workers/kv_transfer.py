@@ -1,0 +1,187 @@
+"""KV between one engine's pages and the shared pool, around the model's steps.
+
+Writing (every role that computes KV):
+
+1. before a step runs, :meth:`KVStreamer.plan` names the blocks the step will complete
+   (the scheduler's ``upcoming`` blocks) that the pool lacks, plus, for a request whose
+   prefill ends in this step and is handed off to a decode worker, every full block of its
+   prompt the pool lacks and its partial last block (request-scoped, under a lease);
+2. while the model runs, :meth:`StepWrite.on_layer` is called after each layer: that
+   layer's spans are put on a helper thread while the next layer computes (layer-wise
+   streaming; with streaming off, nothing moves until the step ends);
+3. after the step, :meth:`StepWrite.finish` waits for the last layers and commits the
+   blocks' metas (only then are the blocks visible as present).
+
+Reading (decode side, after a remote prefill): :func:`pull_prompt` fills a reservation's
+pages with the prompt's blocks and its partial last block, verified, and says how many
+prompt tokens are now computed; anything that fails is recomputed by the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from kvpool.config import PoolConfig
+from kvpool.hashing import Namespace
+from kvpool.layout import KVLayout
+from kvpool.pool import BlockWrite, KVPool, PendingBlock
+from kvpool.store import MooncakeStore, PoolUnavailableError
+from workers.block_manager import BlockManager
+from workers.kv_cache import KVCache
+from workers.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+def layout_of(kv: KVCache, dtype: str) -> KVLayout:
+    """The wire layout of ``kv``'s slab (the contract between engine and pool)."""
+    shape = kv.slab.shape
+    return KVLayout(
+        num_layers=shape[0],
+        num_blocks=shape[1],
+        block_tokens=shape[3],
+        kv_heads=shape[4],
+        head_dim=shape[5],
+        dtype=dtype,
+    )
+
+
+def join_pool(config: PoolConfig, namespace: Namespace, kv: KVCache, dtype: str) -> KVPool | None:
+    """Connect ``kv``'s slab to the shared pool, or ``None`` (logged) if it cannot be."""
+    if kv.slab.device.type != "cpu":
+        log.warning("the KV pool needs a host-memory KV cache for now; running without it")
+        return None
+    try:
+        store = MooncakeStore.connect(config)
+    except PoolUnavailableError as exc:
+        log.warning("running without the KV pool: %s", exc)
+        return None
+    layout = layout_of(kv, dtype)
+    writer = f"{socket.gethostname()}-{os.getpid()}-{id(kv):x}"
+    return KVPool(store, namespace, layout, kv.slab.data_ptr(), writer, config.pool_request_ttl_s)
+
+
+@dataclass
+class Transfer:
+    """KV moved for one request (or one step): bytes, time spent, time not hidden."""
+
+    bytes: int = 0
+    seconds: float = 0.0
+    exposed_seconds: float = 0.0
+
+    def add(self, other: Transfer) -> None:
+        self.bytes += other.bytes
+        self.seconds += other.seconds
+        self.exposed_seconds += other.exposed_seconds
+
+
+class StepWrite:
+    """The pool writes of one step; see the module docstring for the order of calls."""
+
+    def __init__(
+        self,
+        write: BlockWrite,
+        executor: ThreadPoolExecutor | None,
+        owners: dict[str, int],
+        leases: list[tuple[str, float]],
+    ) -> None:
+        self.write = write
+        self.executor = executor
+        self.owners = owners
+        """request id -> how many of the step's blocks are its own (for attribution)."""
+        self.leases = leases
+        self._pending: list[Future[None]] = []
+
+    def on_layer(self, layer: int) -> None:
+        """Layer ``layer`` of the step is computed (its KV is in the pages)."""
+        if self.executor is not None and self.write.blocks:
+            self._pending.append(self.executor.submit(self.write.write_layer, layer))
+
+    def finish(self) -> Transfer:
+        """Wait for the layer puts (or do them all now, without streaming) and commit."""
+        t0 = time.perf_counter()
+        if self.executor is None:
+            self.write.write_all()
+        else:
+            for future in self._pending:
+                future.result()
+            self.write.commit()
+        for request_id, expires in self.leases:
+            self.write.pool.lease(request_id, expires)
+        return Transfer(self.write.bytes, self.write.seconds, time.perf_counter() - t0)
+
+
+class KVStreamer:
+    """Plans and runs one engine's pool writes. Lifecycle: construct -> per step
+    ``plan`` -> ``on_layer``... -> ``finish`` -> :meth:`close` at shutdown."""
+
+    def __init__(self, pool: KVPool, blocks: BlockManager, streaming: bool = True) -> None:
+        self.pool = pool
+        self.blocks = blocks
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="kv-write") if streaming else None
+
+    def plan(self, entries: list[tuple[Sequence, int]]) -> StepWrite:
+        """The writes of a step that computes ``n`` tokens of each ``seq`` in ``entries``."""
+        candidates: dict[int, tuple[int, str]] = {}  # hash -> (page, owner); first one wins
+        partials: list[PendingBlock] = []
+        leases: list[tuple[str, float]] = []
+        owners: dict[str, int] = {}
+        bt = self.blocks.block_tokens
+        for seq, n in entries:
+            named = self.blocks.upcoming(seq, n)
+            if seq.handoff and seq.num_computed_tokens + n == seq.num_prompt_tokens:
+                named = list(zip(seq.block_hashes, seq.block_table, strict=False)) + named
+                if tail := seq.num_prompt_tokens % bt:
+                    page = seq.block_table[seq.num_prompt_tokens // bt]
+                    block = self.pool.partial_block(seq.request_id, page, tail)
+                    partials.append(block)
+                    leases.append((seq.request_id, block[2]["expires"]))
+                    owners[seq.request_id] = 1
+            for block_hash, page in named:
+                candidates.setdefault(block_hash, (page, seq.request_id))
+        hashes = list(candidates)
+        todo: list[PendingBlock] = []
+        for block_hash, missing in zip(hashes, self.pool.absent(hashes), strict=True):
+            if missing:
+                page, owner = candidates[block_hash]
+                todo.append((self.pool.keys.meta_key(block_hash), page, {}))
+                owners[owner] = owners.get(owner, 0) + 1
+        return StepWrite(self.pool.begin_write(todo + partials), self.executor, owners, leases)
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=True)
+
+
+def pull_prompt(pool: KVPool, blocks: BlockManager, seq: Sequence) -> Transfer:
+    """Fill reserved ``seq``'s pages past its local hits with its prompt's KV from the pool.
+
+    ``seq`` holds pages for its whole prompt and has ``num_computed_tokens`` = its local
+    hits. Loads the following full blocks (verified) and, if all of them came, the
+    request's partial last block; advances ``num_computed_tokens`` and
+    ``num_pool_tokens`` / ``num_cached_tokens`` by what arrived. Whatever did not is
+    left for the engine to compute.
+    """
+    t0 = time.perf_counter()
+    read0 = pool.stats.bytes_read
+    bt = blocks.block_tokens
+    first = seq.num_computed_tokens // bt
+    num_full = seq.num_prompt_tokens // bt
+    named = blocks.upcoming(seq, num_full * bt - seq.num_computed_tokens)
+    loaded = pool.load([h for h, _ in named], [p for _, p in named]) if named else 0
+    seq.num_pool_tokens = loaded * bt
+    tail = seq.num_prompt_tokens % bt
+    if loaded == len(named) and tail:
+        if pool.take_partial(seq.request_id, seq.block_table[num_full]) == tail:
+            seq.num_pool_tokens += tail
+    elif tail:
+        pool.drop_partial(seq.request_id)
+    seq.num_computed_tokens = first * bt + seq.num_pool_tokens
+    seq.num_cached_tokens += seq.num_pool_tokens
+    seconds = time.perf_counter() - t0
+    return Transfer(pool.stats.bytes_read - read0, seconds, seconds)

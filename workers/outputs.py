@@ -1,0 +1,59 @@
+"""What an engine hands out: per-request outputs and cumulative stats; model lookup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workers.kv_transfer import Transfer
+from workers.model.prepare import default_model_dir
+from workers.sequence import FinishReason
+
+
+@dataclass
+class RequestOutput:
+    """What one step (or a whole run) produced for one request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: FinishReason | None = None
+    num_cached_tokens: int = 0
+    num_pool_tokens: int = 0
+    text: str | None = None
+    """The whole output text, once finished (stop strings cut)."""
+    text_delta: str = ""
+    """Newly released text (incomplete characters and possible stop-string starts held)."""
+    transfer: Transfer | None = None
+    """KV this request moved to or from the pool so far (engines with a pool)."""
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters since start."""
+
+    steps: int = 0
+    requests: int = 0
+    prompt_tokens_computed: int = 0
+    prompt_tokens_cached: int = 0
+    prompt_tokens_from_pool: int = 0
+    output_tokens: int = 0
+    preemptions: int = 0
+    busy_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    """Time of steps that computed prompt tokens (for the measured prefill speed)."""
+    decode_steps_seconds: float = 0.0
+    decode_step_tokens: int = 0
+    kv_write: Transfer = field(default_factory=Transfer)
+    kv_read: Transfer = field(default_factory=Transfer)
+
+
+def resolve_model_dir(model: str) -> Path:
+    """The directory for ``--model`` (empty: the default model), or a clear error."""
+    path = Path(model).expanduser() if model else default_model_dir()
+    if not (path / "config.json").is_file():
+        hint = "run `kvserve prepare-model`" if not model else "point --model at a HF directory"
+        raise FileNotFoundError(f"no model at {path} ({hint})")
+    return path

@@ -1,0 +1,128 @@
+"""``kvserve worker``: one engine served over gRPC and registered in the cluster.
+
+Lifecycle:
+
+1. load the model and size the KV cache (:class:`workers.engine.Engine`), join the KV pool
+   (a pool that cannot be joined is logged: a ``mixed`` worker serves without it, the other
+   roles refuse to start);
+2. check the worker's KV contract against the cluster's and publish its record (Redis):
+   a mismatch stops the worker with the reason;
+3. start the engine thread, the gRPC server (``Worker`` and the standard health service,
+   SERVING from here on) and the heartbeat thread;
+4. on SIGTERM or SIGINT: health NOT_SERVING, withdraw the record, stop accepting RPCs and
+   give running ones a grace period, stop the engine thread, leave the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+
+import grpc
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvpool.config import PoolConfig
+from proto import worker_pb2_grpc
+from proto.registry import ClusterConfig, WorkerRecord
+from workers.config import EngineConfig, WorkerConfig
+from workers.engine import Engine
+from workers.engine_loop import EngineLoop
+from workers.kv_transfer import layout_of
+from workers.registration import Heartbeat
+from workers.servicer import WorkerServicer
+from workers.wire import load_report
+
+log = logging.getLogger(__name__)
+GRACE_S = 5.0
+
+
+def advertised(worker: WorkerConfig) -> str:
+    if worker.worker_advertise:
+        return worker.worker_advertise
+    host = worker.worker_host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return f"{host}:{worker.worker_port}"
+
+
+def make_record(worker: WorkerConfig, engine: Engine, address: str) -> WorkerRecord:
+    layout = layout_of(engine.runner.kv, engine.config.dtype)
+    now = time.time()
+    return WorkerRecord(
+        worker_id=worker.worker_id or address.replace(":", "-"),
+        address=address,
+        role=worker.role,
+        model=engine.model_dir.name,
+        model_dir=str(engine.model_dir),
+        contract=f"{engine.namespace.key}|{layout.wire}",
+        hash_seed=engine.namespace.seed,
+        block_tokens=engine.config.block_tokens,
+        num_layers=engine.model_config.num_layers,
+        max_model_len=engine.max_model_len,
+        started_at=now,
+        heartbeat_at=now,
+    )
+
+
+def serve(
+    worker: WorkerConfig, engine_config: EngineConfig, pool: PoolConfig, cluster: ClusterConfig
+) -> int:
+    """Run a worker until SIGTERM/SIGINT; returns the exit code."""
+    engine = Engine(engine_config, pool if worker.use_pool else None)
+    try:
+        if worker.role != "mixed" and engine.pool is None:
+            log.error("the %s role needs the KV pool, which could not be joined", worker.role)
+            return 1
+        return asyncio.run(_serve(worker, engine, cluster))
+    finally:
+        engine.close()
+
+
+async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -> int:
+    loop = EngineLoop(engine)
+    record = make_record(worker, engine, advertised(worker))
+    servicer = WorkerServicer(loop, worker.role, lambda: None)
+
+    def load() -> dict[str, object]:
+        report = loop.call(lambda e: load_report(e, servicer.role, servicer.draining))
+        from google.protobuf.json_format import MessageToDict
+
+        return MessageToDict(report.result(timeout=5), preserving_proto_field_name=True)
+
+    heartbeat = Heartbeat(cluster, record, load)
+    loop.start()
+    heartbeat.beat()  # a contract mismatch or an unreachable Redis stops us here
+
+    def republish() -> None:
+        heartbeat.record = _with_role(heartbeat.record, servicer.role)
+
+    servicer.on_change = republish
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    health_servicer = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    server.add_insecure_port(f"{worker.worker_host}:{worker.worker_port}")
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    heartbeat.start()
+    log.info("worker %s (%s) serving on %s", record.worker_id, worker.role, record.address)
+    stop = asyncio.Event()
+    aio = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        aio.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    heartbeat.stop()
+    await server.stop(GRACE_S)
+    loop.stop()
+    return 0
+
+
+def _with_role(record: WorkerRecord, role: str) -> WorkerRecord:
+    from dataclasses import replace
+
+    return replace(record, role=role)

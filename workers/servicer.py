@@ -1,0 +1,219 @@
+"""The ``Worker`` gRPC service: the router's verbs on one engine (see ``proto/worker.proto``).
+
+Each RPC runs as a coroutine on the server's event loop and talks to the engine only
+through :class:`workers.engine_loop.EngineLoop`. Outputs of a request come back through
+an asyncio queue fed from the engine thread. A request whose RPC ends early (the router
+cancelled it, its deadline passed, the connection dropped) is aborted on the engine, so
+its pages come back. Which verbs a worker takes depends on its role:
+
+- ``prefill``: ``Prefill``;
+- ``decode``: ``Reserve``, ``Generate`` (with ``first_token``, or without for a prompt
+  the router keeps local);
+- ``mixed``: all of them.
+
+A role change (``SetRole``) drains first: new work is refused with ``UNAVAILABLE`` while
+the worker finishes what it holds, then the role switches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from proto import worker_pb2 as pb
+from proto import worker_pb2_grpc
+from workers.config import ROLES
+from workers.engine import Engine
+from workers.engine_loop import EngineLoop
+from workers.outputs import RequestOutput
+from workers.wire import finish_reason, load_report, sampling_params, transfer, usage
+
+log = logging.getLogger(__name__)
+
+ACCEPTS = {
+    "Prefill": ("prefill", "mixed"),
+    "Reserve": ("decode", "mixed"),
+    "Generate": ("decode", "mixed"),
+}
+DRAIN_POLL_S = 0.05
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, loop: EngineLoop, role: str, on_change: Callable[[], None]) -> None:
+        self.loop = loop
+        self.role = role
+        self.draining = False
+        self.on_change = on_change
+        """Called after the role or the drain state changed (re-publishes the record)."""
+
+    async def _admit(self, verb: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining")
+        if self.role not in ACCEPTS[verb]:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"a {self.role} worker does not take {verb}"
+            )
+
+    async def _on_engine(self, fn: Callable[[Engine], Any]) -> Any:
+        return await asyncio.wrap_future(self.loop.call(fn))
+
+    async def _start(
+        self,
+        request_id: str,
+        fn: Callable[[Engine], Any],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> tuple[Any, asyncio.Queue[RequestOutput | None]]:
+        """Add a request on the engine with a queue for its outputs; invalid input aborts
+        the RPC with INVALID_ARGUMENT."""
+        aio = asyncio.get_running_loop()
+        outputs: asyncio.Queue[RequestOutput | None] = asyncio.Queue()
+
+        def sink(out: RequestOutput | None) -> None:
+            aio.call_soon_threadsafe(outputs.put_nowait, out)
+
+        try:
+            result = await asyncio.wrap_future(self.loop.start_request(request_id, sink, fn))
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return result, outputs
+
+    async def _cancel(self, request_id: str) -> None:
+        def abort(engine: Engine) -> bool:
+            self.loop.detach(request_id)
+            return engine.abort(request_id)
+
+        await asyncio.shield(self._on_engine(abort))
+
+    # -- verbs --------------------------------------------------------------------------------
+    async def Reserve(
+        self, request: pb.ReserveRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ReserveReply:
+        await self._admit("Reserve", context)
+        prompt = list(request.prompt_token_ids)
+        lease = (request.lease_ms or 30_000) / 1000
+
+        def reserve(engine: Engine) -> pb.ReserveReply:
+            try:
+                seq = engine.reserve(request.request_id, prompt, request.max_tokens, lease)
+            except ValueError as exc:
+                return pb.ReserveReply(ok=False, reason=str(exc))
+            if seq is None:
+                return pb.ReserveReply(ok=False, reason="no free KV pages now")
+            return pb.ReserveReply(
+                ok=True, num_pages=len(seq.block_table), local_tokens=seq.num_cached_tokens
+            )
+
+        reply: pb.ReserveReply = await self._on_engine(reserve)
+        return reply
+
+    async def Prefill(
+        self, request: pb.PrefillRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PrefillReply:
+        await self._admit("Prefill", context)
+        params = await self._params(request.params, context)
+        prompt = list(request.prompt_token_ids)
+        _, outputs = await self._start(
+            request.request_id,
+            lambda e: e.add_request(prompt, params, request.request_id, handoff=True),
+            context,
+        )
+        try:
+            out = await outputs.get()
+        except asyncio.CancelledError:
+            await self._cancel(request.request_id)
+            raise
+        if out is None:
+            await context.abort(grpc.StatusCode.INTERNAL, "the engine failed on this request")
+        return pb.PrefillReply(
+            first_token=out.new_token_ids[0],
+            text=out.text_delta,
+            finish_reason=finish_reason(out.finish_reason),
+            usage=usage(out),
+            transfer=transfer(out.transfer),
+        )
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.TokenChunk]:
+        await self._admit("Generate", context)
+        params = await self._params(request.params, context)
+        prompt = list(request.prompt_token_ids)
+        rid = request.request_id
+        if request.HasField("first_token"):
+            first = request.first_token
+            start: Callable[[Engine], Any] = lambda e: e.adopt(rid, prompt, first, params)  # noqa: E731
+        else:
+            start = lambda e: e.add_request(prompt, params, rid)  # noqa: E731
+        _, outputs = await self._start(rid, start, context)
+        first_chunk = True
+        try:
+            while True:
+                out = await outputs.get()
+                if out is None:
+                    await context.abort(grpc.StatusCode.INTERNAL, "the engine failed")
+                chunk = pb.TokenChunk(
+                    token_ids=out.new_token_ids,
+                    text=out.text_delta,
+                    finish_reason=finish_reason(out.finish_reason),
+                )
+                if first_chunk:
+                    chunk.usage.CopyFrom(usage(out))
+                    chunk.transfer.CopyFrom(transfer(out.transfer))
+                    first_chunk = False
+                yield chunk
+                if out.finished:
+                    return
+        except asyncio.CancelledError:
+            await self._cancel(rid)
+            raise
+
+    async def _params(
+        self, msg: pb.SamplingParams, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        try:
+            return sampling_params(msg)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def Abort(
+        self, request: pb.AbortRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.AbortReply:
+        rid = request.request_id
+
+        def abort(engine: Engine) -> bool:
+            self.loop.detach(rid)
+            return engine.abort(rid)
+
+        return pb.AbortReply(found=await self._on_engine(abort))
+
+    async def GetLoad(
+        self, request: pb.LoadRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.LoadReport:
+        report: pb.LoadReport = await self._on_engine(
+            lambda e: load_report(e, self.role, self.draining)
+        )
+        return report
+
+    async def SetRole(
+        self, request: pb.SetRoleRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.SetRoleReply:
+        if request.role not in ROLES:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"role must be one of {ROLES}")
+        if request.role != "mixed" and self.loop.engine.pool is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"role {request.role} needs the KV pool"
+            )
+        previous = self.role
+        if request.role != previous:
+            self.draining = True
+            self.on_change()
+            while await self._on_engine(lambda e: e.has_unfinished or bool(e.reservations)):
+                await asyncio.sleep(DRAIN_POLL_S)
+            self.role, self.draining = request.role, False
+            self.on_change()
+            log.info("role changed from %s to %s", previous, self.role)
+        return pb.SetRoleReply(role=self.role, previous=previous)

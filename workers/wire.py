@@ -1,0 +1,84 @@
+"""Conversions between the engine's types and the messages of ``proto/worker.proto``."""
+
+from __future__ import annotations
+
+from proto import worker_pb2 as pb
+from workers.engine import Engine
+from workers.kv_transfer import Transfer
+from workers.outputs import RequestOutput
+from workers.sequence import FinishReason, SamplingParams
+
+FINISH = {
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: pb.FINISH_REASON_ABORT,
+}
+
+
+def sampling_params(msg: pb.SamplingParams) -> SamplingParams:
+    """The engine's params (``ValueError`` with the offending field if invalid)."""
+    return SamplingParams(
+        max_tokens=msg.max_tokens,
+        temperature=msg.temperature,
+        top_p=msg.top_p if msg.top_p > 0 else 1.0,
+        top_k=msg.top_k,
+        seed=msg.seed if msg.HasField("seed") else None,
+        stop=tuple(msg.stop),
+        stop_token_ids=tuple(msg.stop_token_ids),
+        ignore_eos=msg.ignore_eos,
+    )
+
+
+def finish_reason(reason: FinishReason | None) -> pb.FinishReason.ValueType:
+    """The wire value; a hand-off (prefill done, decoding elsewhere) is "not finished"."""
+    if reason is None:
+        return pb.FINISH_REASON_UNSPECIFIED
+    return FINISH.get(reason, pb.FINISH_REASON_UNSPECIFIED)
+
+
+def usage(out: RequestOutput) -> pb.PromptUsage:
+    prompt = len(out.prompt_token_ids)
+    return pb.PromptUsage(
+        prompt_tokens=prompt,
+        local_tokens=out.num_cached_tokens - out.num_pool_tokens,
+        pool_tokens=out.num_pool_tokens,
+        computed_tokens=prompt - out.num_cached_tokens,
+    )
+
+
+def transfer(t: Transfer | None) -> pb.Transfer:
+    if t is None:
+        return pb.Transfer()
+    return pb.Transfer(bytes=t.bytes, seconds=t.seconds, exposed_seconds=t.exposed_seconds)
+
+
+def load_report(engine: Engine, role: str, draining: bool) -> pb.LoadReport:
+    """A snapshot of the engine's queues and counters (call on the engine thread)."""
+    s = engine.stats
+    return pb.LoadReport(
+        role=role,
+        draining=draining,
+        waiting=engine.num_waiting,
+        running=engine.num_running,
+        reserved=len(engine.reservations),
+        queued_prefill_tokens=engine.queued_prefill_tokens,
+        free_pages=engine.num_free_blocks,
+        total_pages=engine.num_blocks,
+        prefill_tokens_per_s=s.prompt_tokens_computed / s.prefill_seconds
+        if s.prefill_seconds
+        else 0.0,
+        decode_tokens_per_s=s.decode_step_tokens / s.decode_steps_seconds
+        if s.decode_steps_seconds
+        else 0.0,
+        prompt_tokens_local=s.prompt_tokens_cached - s.prompt_tokens_from_pool,
+        prompt_tokens_pool=s.prompt_tokens_from_pool,
+        prompt_tokens_computed=s.prompt_tokens_computed,
+        output_tokens=s.output_tokens,
+        kv_bytes_written=s.kv_write.bytes,
+        kv_bytes_read=s.kv_read.bytes,
+        kv_write_seconds=s.kv_write.seconds,
+        kv_read_seconds=s.kv_read.seconds,
+        kv_exposed_seconds=s.kv_write.exposed_seconds,
+        requests=s.requests,
+        pool_connected=engine.pool is not None,
+    )
