@@ -170,7 +170,7 @@ class KVPool:
         return json.dumps(meta, separators=(",", ":")).encode()
 
     # -- read ------------------------------------------------------------------------------
-    def _parse_meta(self, raw: bytes) -> BlockMeta | None:
+    def parse_meta(self, raw: bytes) -> BlockMeta | None:
         try:
             meta = json.loads(raw)
             if (
@@ -208,7 +208,7 @@ class KVPool:
         """The parsed metas of ``meta_keys`` up to the first missing or unfit one."""
         metas: list[BlockMeta] = []
         for raw in self.store.get_bytes(meta_keys):
-            meta = self._parse_meta(raw) if raw else None
+            meta = self.parse_meta(raw) if raw else None
             if meta is None:
                 break
             metas.append(meta)
@@ -230,12 +230,12 @@ class KVPool:
         self.stats.objects_read += len(keys)
         self.stats.bytes_read += sum(g for g in got if g > 0)
         for i, meta in enumerate(metas):
-            if not self._verify(got[i * per : (i + 1) * per], pages[i], meta.sums):
+            if not self.verify_block(got[i * per : (i + 1) * per], pages[i], meta.sums):
                 self._heal(meta_keys[i])
                 return i
         return len(metas)
 
-    def _verify(self, got: list[int], page: int, sums: list[int]) -> bool:
+    def verify_block(self, got: list[int], page: int, sums: list[int]) -> bool:
         size = self.layout.span_bytes
         if any(g != size for g in got):
             self.stats.short_reads += 1

@@ -182,11 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
         verb("up", _up, "run a whole cluster on this machine: pool, Redis, workers, router")
     )
     w = verb("worker", _worker, "serve one engine over gRPC (role prefill, decode or mixed)")
-    for cls in (WorkerConfig, EngineConfig, PoolConfig, ClusterConfig):
-        add_config_args(w, cls)
+    for worker_cls in (WorkerConfig, EngineConfig, PoolConfig, ClusterConfig):
+        add_config_args(w, worker_cls)
     r = verb("router", _router, "the OpenAI-compatible HTTP API and the conductor")
-    for cls in (RouterConfig, ClusterConfig, PoolConfig):
-        add_config_args(r, cls)
+    for router_cls in (RouterConfig, ClusterConfig, PoolConfig):
+        add_config_args(r, router_cls)
 
     g = verb("generate", _generate, "generate text from the model through the engine")
     g.add_argument("prompt", nargs="*", help="prompts (read from stdin if none)")

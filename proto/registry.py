@@ -64,7 +64,8 @@ class WorkerRecord:
     """What a worker tells the cluster about itself.
 
     ``model`` is the served model name; ``model_dir`` where the worker loaded it from (the
-    router reads the tokenizer there unless told otherwise). ``contract`` is the KV contract text (namespace key and KV wire layout); ``hash_seed``
+    router reads the tokenizer there unless told otherwise). ``contract`` is the KV
+    contract text (namespace key and KV wire layout); ``hash_seed``
     and ``block_tokens`` let the router compute pool keys for lookups; ``load`` is the
     latest load report (the fields of ``LoadReport`` in ``worker.proto``).
     """

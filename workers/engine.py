@@ -31,10 +31,11 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace
+from kvpool.landing import Lander, Landing
 from workers.config import EngineConfig
 from workers.detokenizer import IncrementalText
 from workers.kv_cache import KVCache, blocks_for_memory
-from workers.kv_transfer import KVStreamer, Transfer, join_pool, pull_prompt
+from workers.kv_transfer import KVStreamer, Transfer, join_pool, pull_prompt, start_landing
 from workers.model.loader import load_model, model_fingerprint
 from workers.model.rope import RotaryTable
 from workers.model_runner import ModelRunner
@@ -87,6 +88,9 @@ class Engine:
             if self.pool is not None
             else None
         )
+        self.lander = Lander() if self.pool is not None and config.kv_streaming else None
+        self.landings: dict[str, Landing] = {}
+        """request id -> the pull of a reservation's prompt KV as it lands (streaming)."""
         self.tokenizer = Tokenizer(self.model_dir)
         eos = set(cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -158,7 +162,10 @@ class Engine:
             return None
         blocks.allocate(seq, n, hits)
         seq.status = SeqStatus.RESERVED
-        self.reservations[request_id] = (seq, time.monotonic() + lease_s)
+        deadline = time.monotonic() + lease_s
+        self.reservations[request_id] = (seq, deadline)
+        if self.lander is not None and self.pool is not None:
+            self.landings[request_id] = start_landing(self.pool, self.lander, blocks, seq, deadline)
         return seq
 
     def adopt(
@@ -170,12 +177,14 @@ class Engine:
     ) -> Transfer:
         """Take over a request whose prefill ran elsewhere and produced ``first_token``.
 
-        With a live reservation, the prompt's KV is pulled from the pool into its pages
-        (what does not arrive is recomputed here); without one (expired, or never made) the
+        With a live reservation, the prompt's KV is pulled from the pool into its pages, or
+        taken from its landing, which the caller lets finish first (``landings[id].done``;
+        what has not arrived is recomputed here); without one (expired, or never made) the
         request is queued like a new one, its prompt reused from the pool through admission.
         Returns the KV read. ``ValueError`` as :meth:`add_request`.
         """
         entry = self.reservations.pop(request_id, None)
+        landing = self._stop_landing(request_id)
         if entry is not None and entry[0].token_ids != list(prompt_token_ids):
             self.scheduler.blocks.deallocate(entry[0])
             entry = None
@@ -187,14 +196,13 @@ class Engine:
             seq = entry[0]
             seq.params = params
             if self.pool is not None:
-                transfer = pull_prompt(self.pool, self.scheduler.blocks, seq)
+                transfer = pull_prompt(self.pool, self.scheduler.blocks, seq, landing)
                 self.stats.kv_read.add(transfer)
             self.scheduler.blocks.commit(seq)
             seq.token_ids.append(first_token)
             self.scheduler.resume(seq)
             self._track(seq)
             self.stats.requests += 1
-            self._transfers[request_id] = transfer
         self.runner.skip_draws(seq, 1)
         self._texts[request_id].push([first_token])
         return transfer
@@ -203,6 +211,7 @@ class Engine:
         """End a request (or release a reservation) wherever it is; False if unknown."""
         entry = self.reservations.pop(request_id, None)
         if entry is not None:
+            self._stop_landing(request_id)
             self.scheduler.finish(entry[0], FinishReason.ABORT)
             return True
         seq = self._requests.get(request_id)
@@ -211,6 +220,13 @@ class Engine:
         self.scheduler.finish(seq, FinishReason.ABORT)
         self._forget(request_id)
         return True
+
+    def _stop_landing(self, request_id: str) -> Landing | None:
+        """End the landing of a reservation (if any): its pages are ours alone again."""
+        landing = self.landings.pop(request_id, None)
+        if landing is not None and self.lander is not None:
+            self.lander.cancel(landing)
+        return landing
 
     def _forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
@@ -332,6 +348,9 @@ class Engine:
 
     def close(self) -> None:
         """Leave the pool (if joined). The engine is not usable afterwards."""
+        if self.lander is not None:
+            self.lander.close()
+            self.lander = None
         if self.streamer is not None:
             self.streamer.close()
             self.streamer = None

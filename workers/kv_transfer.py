@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace
+from kvpool.landing import Lander, Landing
 from kvpool.layout import KVLayout
 from kvpool.pool import BlockWrite, KVPool, PendingBlock
 from kvpool.store import MooncakeStore, PoolUnavailableError
@@ -158,30 +159,60 @@ class KVStreamer:
             self.executor.shutdown(wait=True)
 
 
-def pull_prompt(pool: KVPool, blocks: BlockManager, seq: Sequence) -> Transfer:
+def prompt_targets(blocks: BlockManager, seq: Sequence) -> tuple[list[tuple[int, int]], int | None]:
+    """What reserved ``seq`` needs from the pool: ``(hash, page)`` of its full prompt blocks
+    past its local hits, and the page of its partial last block (None if it has none)."""
+    bt = blocks.block_tokens
+    num_full = seq.num_prompt_tokens // bt
+    named = blocks.upcoming(seq, num_full * bt - seq.num_computed_tokens)
+    return named, seq.block_table[num_full] if seq.num_prompt_tokens % bt else None
+
+
+def start_landing(
+    pool: KVPool, lander: Lander, blocks: BlockManager, seq: Sequence, deadline: float
+) -> Landing:
+    """Begin pulling reserved ``seq``'s prompt KV as it lands (see :mod:`kvpool.landing`)."""
+    named, partial = prompt_targets(blocks, seq)
+    keys = [pool.keys.meta_key(h) for h, _ in named]
+    pages = [p for _, p in named]
+    if partial is not None:
+        keys.append(pool.keys.request_key(seq.request_id))
+        pages.append(partial)
+    return lander.add(Landing(pool, keys, pages, deadline))
+
+
+def pull_prompt(
+    pool: KVPool, blocks: BlockManager, seq: Sequence, landing: Landing | None = None
+) -> Transfer:
     """Fill reserved ``seq``'s pages past its local hits with its prompt's KV from the pool.
 
     ``seq`` holds pages for its whole prompt and has ``num_computed_tokens`` = its local
-    hits. Loads the following full blocks (verified) and, if all of them came, the
-    request's partial last block; advances ``num_computed_tokens`` and
-    ``num_pool_tokens`` / ``num_cached_tokens`` by what arrived. Whatever did not is
-    left for the engine to compute.
+    hits. Without a ``landing`` the full blocks and then the partial last block are read
+    now; with one, what it already pulled while the prefill ran is taken (the caller waits
+    for it to be over). Only leading verified blocks count, and the partial block only if
+    every full block came. Advances ``num_computed_tokens`` and ``num_pool_tokens`` /
+    ``num_cached_tokens`` by what arrived; the rest is left for the engine to compute.
     """
     t0 = time.perf_counter()
     read0 = pool.stats.bytes_read
-    bt = blocks.block_tokens
-    first = seq.num_computed_tokens // bt
-    num_full = seq.num_prompt_tokens // bt
-    named = blocks.upcoming(seq, num_full * bt - seq.num_computed_tokens)
-    loaded = pool.load([h for h, _ in named], [p for _, p in named]) if named else 0
-    seq.num_pool_tokens = loaded * bt
-    tail = seq.num_prompt_tokens % bt
-    if loaded == len(named) and tail:
-        if pool.take_partial(seq.request_id, seq.block_table[num_full]) == tail:
-            seq.num_pool_tokens += tail
-    elif tail:
-        pool.drop_partial(seq.request_id)
-    seq.num_computed_tokens = first * bt + seq.num_pool_tokens
+    tail = seq.num_prompt_tokens % blocks.block_tokens
+    named, partial_page = prompt_targets(blocks, seq)
+    partial: int | None = None
+    if landing is None:
+        loaded = pool.load([h for h, _ in named], [p for _, p in named]) if named else 0
+        if partial_page is not None and loaded == len(named):
+            partial = pool.take_partial(seq.request_id, partial_page)
+    else:
+        metas = landing.wait(0.0)
+        loaded = min(len(metas), len(named))
+        if partial_page is not None and len(metas) == len(named) + 1:
+            partial = metas[-1].tokens
+    if partial_page is not None and (partial is None or landing is not None):
+        pool.drop_partial(seq.request_id)  # (take_partial already removed it)
+    seq.num_pool_tokens = loaded * blocks.block_tokens + (tail if partial == tail else 0)
+    seq.num_computed_tokens += seq.num_pool_tokens
     seq.num_cached_tokens += seq.num_pool_tokens
     seconds = time.perf_counter() - t0
-    return Transfer(pool.stats.bytes_read - read0, seconds, seconds)
+    if landing is None:
+        return Transfer(pool.stats.bytes_read - read0, seconds, seconds)
+    return Transfer(landing.bytes, landing.read_seconds, seconds)

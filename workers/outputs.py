@@ -27,7 +27,7 @@ class RequestOutput:
     text_delta: str = ""
     """Newly released text (incomplete characters and possible stop-string starts held)."""
     transfer: Transfer | None = None
-    """KV this request moved to or from the pool so far (engines with a pool)."""
+    """KV this request wrote to the pool so far (engines with a pool)."""
 
 
 @dataclass

@@ -29,6 +29,7 @@ from proto import worker_pb2_grpc
 from workers.config import ROLES
 from workers.engine import Engine
 from workers.engine_loop import EngineLoop
+from workers.kv_transfer import Transfer
 from workers.outputs import RequestOutput
 from workers.wire import finish_reason, load_report, sampling_params, transfer, usage
 
@@ -40,6 +41,9 @@ ACCEPTS = {
     "Generate": ("decode", "mixed"),
 }
 DRAIN_POLL_S = 0.05
+LANDING_WAIT_S = 10.0
+"""After the prefill answered, its KV is committed: a landing ends within a few polls.
+One still going after this long is cancelled and what it lacks is recomputed."""
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -145,10 +149,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         rid = request.request_id
         if request.HasField("first_token"):
             first = request.first_token
+            landing = await self._on_engine(lambda e: e.landings.get(rid))
+            if landing is not None:  # wait off the engine thread; decodes go on meanwhile
+                await asyncio.to_thread(landing.done.wait, LANDING_WAIT_S)
             start: Callable[[Engine], Any] = lambda e: e.adopt(rid, prompt, first, params)  # noqa: E731
         else:
             start = lambda e: e.add_request(prompt, params, rid)  # noqa: E731
-        _, outputs = await self._start(rid, start, context)
+        started, outputs = await self._start(rid, start, context)
+        read = started if isinstance(started, Transfer) else None
         first_chunk = True
         try:
             while True:
@@ -162,7 +170,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 )
                 if first_chunk:
                     chunk.usage.CopyFrom(usage(out))
-                    chunk.transfer.CopyFrom(transfer(out.transfer))
+                    chunk.transfer.CopyFrom(transfer(read))
                     first_chunk = False
                 yield chunk
                 if out.finished:

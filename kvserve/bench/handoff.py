@@ -1,0 +1,78 @@
+"""One request handed from a prefill engine to a decode engine in this process, through the
+pool, timed phase by phase (what the router and two workers do, without gRPC).
+
+1. the decode engine reserves pages (and, when streaming, starts pulling layers as they
+   land);
+2. the prefill engine computes the prompt (``handoff=True``): its KV goes to the pool layer
+   by layer while it computes (or after, with streaming off) and it samples the first token;
+3. the decode engine adopts the request with that token (waiting for the landing to end,
+   or pulling everything now), then decodes to the end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from workers.engine import Engine
+from workers.kv_transfer import Transfer
+from workers.outputs import RequestOutput
+from workers.sequence import SamplingParams
+
+
+@dataclass
+class Handoff:
+    output_token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    prefill_seconds: float = 0.0
+    """From the prefill's start to its first token (compute plus the writes' exposed tail)."""
+    write: Transfer = field(default_factory=Transfer)
+    read: Transfer = field(default_factory=Transfer)
+    adopt_seconds: float = 0.0
+    """From the first token to the decode engine holding the prompt's KV."""
+    first: RequestOutput | None = None
+
+
+def run_until_first(engine: Engine, request_id: str) -> RequestOutput:
+    while True:
+        for out in engine.step():
+            if out.request_id == request_id:
+                return out
+
+
+def handoff(
+    prefill: Engine,
+    decode: Engine,
+    request_id: str,
+    prompt: list[int],
+    params: SamplingParams,
+    lease_s: float = 60.0,
+    landing_wait_s: float = 30.0,
+) -> Handoff:
+    """Run one request across the two engines; returns its output and timings."""
+    result = Handoff()
+    if decode.reserve(request_id, prompt, params.max_tokens, lease_s) is None:
+        raise RuntimeError("the decode engine has no free pages for this prompt")
+    t0 = time.perf_counter()
+    prefill.add_request(prompt, params, request_id, handoff=True)
+    first = run_until_first(prefill, request_id)
+    result.prefill_seconds = time.perf_counter() - t0
+    result.first = first
+    result.write = first.transfer or Transfer()
+    result.output_token_ids = list(first.new_token_ids)
+    result.text = first.text_delta
+    if first.finish_reason is not None and first.finish_reason.value != "handoff":
+        decode.abort(request_id)
+        return result
+    t1 = time.perf_counter()
+    landing = decode.landings.get(request_id)
+    if landing is not None:
+        landing.done.wait(landing_wait_s)
+    result.read = decode.adopt(request_id, prompt, first.new_token_ids[0], params)
+    result.adopt_seconds = time.perf_counter() - t1
+    while decode.has_unfinished:
+        for out in decode.step():
+            if out.request_id == request_id:
+                result.output_token_ids.extend(out.new_token_ids)
+                result.text += out.text_delta
+    return result

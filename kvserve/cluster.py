@@ -1,0 +1,233 @@
+"""A whole kvserve cluster on one machine: what to run (:class:`ClusterSpec`) and running it.
+
+Lifecycle of a :class:`Cluster`:
+
+1. ``ClusterSpec`` is validated and turned, purely, into a :class:`ClusterPlan`: every
+   worker's and the router's exact argv, ports and CPU cores;
+2. ``start()`` spawns mooncake_master (when the pool is used) and waits for its ports, then
+   redis-server and waits for PING, then every worker, then the router, each with its own
+   log file in ``log_dir``;
+3. it waits until every worker's gRPC health check says SERVING and the router's
+   ``/health`` answers 200, or raises an error naming the process that failed, with the
+   tail of its log; any failure during start stops whatever was started;
+4. the cluster serves; tests may kill or restart single workers (:meth:`Cluster.worker`,
+   :meth:`Cluster.restart_worker`);
+5. ``stop()`` terminates in reverse order (router, workers, redis, master), SIGTERM then
+   SIGKILL after a grace period; it is idempotent and also runs at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from kvpool.master import MasterConfig
+from kvserve.cluster_spec import ClusterPlan, ClusterSpec, ProcessPlan
+from kvserve.services import (
+    ManagedProcess,
+    RedisProcess,
+    master_process,
+    port_open,
+    start_master,
+)
+
+__all__ = ["Cluster", "ClusterPlan", "ClusterSpec", "ProcessPlan"]
+log = logging.getLogger("kvserve.cluster")
+
+
+def grpc_serving(address: str, timeout: float = 1.0) -> bool:
+    """Whether the worker at ``address`` reports SERVING on the standard health service."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class Cluster:
+    """Runs a :class:`ClusterSpec` (see the module docstring for the lifecycle)."""
+
+    def __init__(self, spec: ClusterSpec, available_cores: Sequence[int] | None = None) -> None:
+        self.spec = spec
+        self.plan = spec.plan(available_cores)
+        self.log_dir = spec.log_dir or Path(tempfile.mkdtemp(prefix="kvserve-cluster-"))
+        self._master: ManagedProcess | None = None
+        self._redis: RedisProcess | None = None
+        self._workers = {p.name: self._managed(p) for p in self.plan.workers}
+        self._router = self._managed(self.plan.router)
+        self._started = False
+
+    def _managed(self, p: ProcessPlan) -> ManagedProcess:
+        return ManagedProcess(p.name, p.argv, self.log_dir / f"{p.name}.log", dict(p.env), p.cores)
+
+    # -- addresses -------------------------------------------------------------------------
+
+    @property
+    def router_url(self) -> str:
+        return self.spec.router_url
+
+    @property
+    def redis_url(self) -> str:
+        return self.spec.redis_config.url
+
+    @property
+    def master(self) -> MasterConfig | None:
+        """The pool's master, or None when the cluster runs without the pool."""
+        return self.spec.master if self.spec.use_pool else None
+
+    @property
+    def worker_addresses(self) -> dict[str, list[str]]:
+        """``host:port`` of every worker by role (``prefill``, ``decode``, ``mixed``)."""
+        out: dict[str, list[str]] = {}
+        for p in self.plan.workers:
+            out.setdefault(p.role, []).append(p.address)
+        return out
+
+    @property
+    def worker_names(self) -> list[str]:
+        return list(self._workers)
+
+    def worker(self, name: str) -> ManagedProcess:
+        """One worker's process (e.g. ``cluster.worker("decode-0").kill()``)."""
+        if name not in self._workers:
+            raise KeyError(f"no worker {name!r}; workers are {self.worker_names}")
+        return self._workers[name]
+
+    def plan_of(self, name: str) -> ProcessPlan:
+        """The plan (argv, address, cores) of a worker or of the router."""
+        plans = {p.name: p for p in (*self.plan.workers, self.plan.router)}
+        if name not in plans:
+            raise KeyError(f"no planned process {name!r}; there are {sorted(plans)}")
+        return plans[name]
+
+    def process(self, name: str) -> ManagedProcess:
+        """Any process by name: a worker, ``router``, ``redis`` or ``mooncake_master``."""
+        redis = self._redis.process if self._redis is not None else None
+        extra = {"router": self._router, "redis": redis, "mooncake_master": self._master}
+        found = extra.get(name) if name in extra else self.worker(name)
+        if found is None:
+            raise KeyError(f"{name} is not running in this cluster")
+        return found
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> Cluster:
+        """Start every process and wait until all are healthy (steps 2-3)."""
+        if self._started:
+            return self
+        self._started = True
+        atexit.register(self.stop)
+        begin = time.monotonic()
+        try:
+            self._check_ports_free()
+            for note in self.plan.notes:
+                log.info("%s", note)
+            if self.spec.use_pool:  # held before starting, so stop() reaches it on any error
+                self._master = master_process(
+                    self.spec.master, self.log_dir / "mooncake_master.log"
+                )
+                start_master(self._master, self.spec.master)
+            self._redis = RedisProcess(self.spec.redis_config, self.log_dir / "redis.log")
+            self._redis.start()
+            for proc in self._workers.values():
+                proc.start()
+            self._router.start()
+            self.wait_healthy(timeout=timeout)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("cluster healthy in %.1fs (logs in %s)", time.monotonic() - begin, self.log_dir)
+        return self
+
+    def _check_ports_free(self) -> None:
+        busy = {n: p for n, p in self.spec.named_ports().items() if port_open(self.spec.host, p)}
+        if busy:
+            raise RuntimeError(
+                f"ports already in use on {self.spec.host}: {busy} (another cluster or a system "
+                f"Redis?): choose other ports, or free ones (kvserve up --free-ports)"
+            )
+
+    def wait_healthy(
+        self, names: Sequence[str] | None = None, timeout: float | None = None
+    ) -> None:
+        """Wait until the named workers (default: all) and the router are healthy."""
+        todo = {n: self.worker(n) for n in (self.worker_names if names is None else names)}
+        todo[self._router.name] = self._router
+        limit = timeout or self.spec.startup_timeout_s
+        deadline = time.monotonic() + limit
+        while todo:
+            for name, proc in list(todo.items()):
+                if not proc.running:
+                    raise proc.failure("exited before it was healthy")
+                plan = self.plan_of(name)
+                if plan.role == "router":
+                    healthy = http_ok(f"{self.router_url}/health")
+                else:
+                    healthy = grpc_serving(plan.address)
+                if healthy:
+                    del todo[name]
+            if todo and time.monotonic() > deadline:
+                name = sorted(todo)[0]
+                raise todo[name].failure(f"was not healthy within {limit:g}s")
+            if todo:
+                time.sleep(0.25)
+
+    def restart_worker(self, name: str, timeout: float | None = None) -> ManagedProcess:
+        """Start a worker again (after a kill) with the same argv, and wait until healthy."""
+        proc = self.worker(name)
+        proc.stop(self.spec.stop_grace_s)
+        proc.start()
+        self.wait_healthy([name], timeout)
+        return proc
+
+    def dead(self) -> list[str]:
+        """Names of started processes that have exited."""
+        procs = [self._master, self._redis.process if self._redis else None, self._router]
+        procs += list(self._workers.values())
+        return [p.name for p in procs if p is not None and p.pid is not None and not p.running]
+
+    def stop(self) -> None:
+        """Terminate in reverse order of start; idempotent (step 5)."""
+        grace = self.spec.stop_grace_s
+        self._router.stop(grace)
+        for proc in self._workers.values():
+            proc.terminate()  # all at once, then wait for each under the same grace
+        deadline = time.monotonic() + grace
+        for proc in self._workers.values():
+            proc.stop(max(0.1, deadline - time.monotonic()))
+        if self._redis is not None:
+            self._redis.stop(grace)
+        if self._master is not None:
+            self._master.stop(grace)
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

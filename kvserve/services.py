@@ -1,0 +1,266 @@
+"""Child processes of a one-machine cluster: a generic wrapper, Redis and mooncake_master.
+
+Lifecycle of a :class:`ManagedProcess`:
+
+1. ``start()`` spawns the command in its own session (so a terminal's Ctrl-C reaches only
+   the launcher, which then stops the children in order), optionally pinned to CPU cores
+   (``taskset`` when present, else ``sched_setaffinity`` in the child), output appended to
+   its log file;
+2. the owner waits for readiness its own way (Redis PING, ports, gRPC health, HTTP);
+3. ``stop()`` sends SIGTERM to the process group, waits ``grace`` seconds, then SIGKILLs
+   the group; it is idempotent and also sweeps any leftover member of the group.
+
+:class:`RedisProcess` and :func:`start_master` follow the same steps for ``redis-server``
+and ``mooncake_master``; both bind to loopback unless told otherwise. The master is run
+here rather than through :class:`kvpool.master.MasterProcess` because that one stays in
+the launcher's process group and would die first on Ctrl-C, before the workers using it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from kvpool.master import MasterConfig, master_command
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log file ('' if it does not exist)."""
+    try:
+        text = path.read_bytes()[-64 * 1024 :].decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class ManagedProcess:
+    """One child process with its own log file and process group (see module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cores: Sequence[int] = (),
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = dict(env or {})
+        self.cores = tuple(cores)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stopped = False  # stop() done: no more signals to a possibly reused pid
+
+    def _command(self) -> tuple[list[str], Callable[[], None] | None]:
+        if not self.cores:
+            return self.argv, None
+        taskset = shutil.which("taskset")
+        if taskset:
+            return [taskset, "-c", ",".join(map(str, self.cores)), *self.argv], None
+        cores = set(self.cores)
+        return self.argv, lambda: os.sched_setaffinity(0, cores)
+
+    def start(self) -> ManagedProcess:
+        """Spawn the command (again, if it has exited); output is appended to the log."""
+        if self.running:
+            return self
+        argv, preexec = self._command()
+        self._stopped = False
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+                preexec_fn=preexec,  # None unless taskset is missing
+            )
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status once exited (negative: killed by that signal); None while running."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the process itself (e.g. SIGKILL to simulate a crash)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(sig)
+
+    def terminate(self) -> None:
+        """SIGTERM to the whole group, without waiting (safe inside a signal handler)."""
+        if self.running:
+            self._signal_group(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self._proc is not None, f"{self.name} was never started"
+        return self._proc.wait(timeout)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; idempotent."""
+        if self._proc is None or self._stopped:
+            return
+        self._stopped = True
+        self.terminate()
+        try:
+            self._proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self._signal_group(signal.SIGKILL)
+            self._proc.wait()
+        self._signal_group(signal.SIGKILL)  # anything the child left behind in its group
+
+    def _signal_group(self, sig: int) -> None:
+        assert self._proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)
+
+    def log_tail(self, lines: int = 30) -> str:
+        return tail(self.log_path, lines)
+
+    def failure(self, what: str) -> RuntimeError:
+        """An error naming this process, its exit status and the tail of its log."""
+        code = self.returncode
+        state = "is still running" if code is None else f"exited with status {code}"
+        return RuntimeError(
+            f"{self.name} {what}: it {state}; last lines of {self.log_path}:\n{self.log_tail()}"
+        )
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """Where the cluster's Redis listens; ``password`` empty means none (loopback only)."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    password: str = ""
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+
+def redis_binary() -> str:
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").is_file() else None
+    )
+    if not found:
+        raise FileNotFoundError(
+            "redis-server not found: run scripts/setup.sh (it installs Debian's redis-server)"
+        )
+    return found
+
+
+def redis_command(cfg: RedisConfig, binary: str = "redis-server") -> list[str]:
+    """A throwaway Redis: no snapshots, no append-only file, protected mode on."""
+    argv = [binary, "--port", str(cfg.port), "--bind", cfg.host, "--save", ""]
+    argv += ["--appendonly", "no", "--protected-mode", "yes"]
+    return [*argv, "--requirepass", cfg.password] if cfg.password else argv
+
+
+class RedisProcess:
+    """``redis-server`` for one cluster: ``start()`` returns once it answers PING."""
+
+    def __init__(self, cfg: RedisConfig, log_path: Path) -> None:
+        self.cfg = cfg
+        self.process = ManagedProcess("redis", redis_command(cfg, redis_binary()), log_path)
+
+    def start(self, timeout: float = 20.0) -> RedisProcess:
+        import redis
+
+        self.process.start()
+        client = redis.Redis(
+            host=self.cfg.host,
+            port=self.cfg.port,
+            password=self.cfg.password or None,
+            socket_timeout=0.5,
+            socket_connect_timeout=0.5,
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                    if client.ping():
+                        return self
+                if not self.process.running or time.monotonic() > deadline:
+                    raise self.process.failure(f"did not answer PING on port {self.cfg.port}")
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            client.close()
+
+    @property
+    def url(self) -> str:
+        return self.cfg.url
+
+    @property
+    def running(self) -> bool:
+        return self.process.running
+
+    def stop(self, grace: float = 5.0) -> None:
+        self.process.stop(grace)
+
+    def __enter__(self) -> RedisProcess:
+        return self.start() if not self.running else self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def master_process(cfg: MasterConfig, log_path: Path) -> ManagedProcess:
+    """``mooncake_master`` as a :class:`ManagedProcess` (not started yet)."""
+    return ManagedProcess("mooncake_master", master_command(cfg), log_path)
+
+
+def start_master(proc: ManagedProcess, cfg: MasterConfig, timeout: float = 20.0) -> None:
+    """Start ``proc`` (from :func:`master_process`) and return once its RPC and metadata
+    ports accept connections; on failure it is stopped and the error names its log."""
+    try:
+        proc.start()
+        deadline = time.monotonic() + timeout
+        ports = (cfg.master_port, cfg.master_metadata_port)
+        while not all(port_open(cfg.master_host, p) for p in ports):
+            if not proc.running or time.monotonic() > deadline:
+                raise proc.failure(f"did not open its ports {ports}")
+            time.sleep(0.05)
+    except BaseException:
+        proc.stop()
+        raise

@@ -1,0 +1,182 @@
+"""``kvserve up``: a whole cluster on this machine in one command.
+
+1. The flags (each also a ``KVSERVE_*`` variable) become a :class:`ClusterSpec`; with
+   ``--free-ports`` every port is a free loopback port instead;
+2. the :class:`Cluster` starts mooncake_master, Redis, the workers (each pinned to its own
+   cores when there are enough) and the router, and waits until all are healthy;
+3. the URLs and a sample ``curl`` line go to stderr;
+4. it blocks until Ctrl-C or SIGTERM (exit 0), or until the router, Redis or the master
+   dies (exit 1; a dead worker is only reported, the router routes around it);
+5. everything is stopped in reverse order, also when start-up fails.
+
+The defaults fit a 2-core machine with SmolLM2: 1 prefill + 1 decode worker on one core
+each, 256 MiB of pool memory per worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import FrameType
+
+from kvpool.config import PoolConfig
+from kvpool.master import MasterConfig
+from kvserve.cluster import Cluster, ClusterSpec
+from kvserve.settings import add_config_args, config_from_args, env_name
+from workers.config import EngineConfig
+
+UP_POOL_SEGMENT_MIB = 256  # per worker: 2 workers + KV caches fit a 2-core, 24 GiB machine
+ROUTER_PATHS = {"OpenAI API": "/v1", "metrics": "/metrics", "cache stats": "/v1/cache/stats"}
+
+
+def _env_default(name: str, default: str) -> str:
+    return os.environ.get(env_name(name), default)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``kvserve up`` (the lead wires this into :mod:`kvserve.cli`)."""
+    g = parser.add_argument_group("cluster shape")
+    g.add_argument("--prefill", type=int, default=1, help="prefill workers (default 1)")
+    g.add_argument("--decode", type=int, default=1, help="decode workers (default 1)")
+    g.add_argument("--mixed", type=int, default=0, help="colocated prefill+decode workers")
+    g.add_argument("--host", default="127.0.0.1", help="address every process binds to")
+    g.add_argument("--router-port", type=int, default=8000)
+    g.add_argument("--worker-base-port", type=int, default=50061)
+    g.add_argument("--redis-port", type=int, default=6379)
+    g.add_argument(
+        "--free-ports", action="store_true", help="use free loopback ports for every process"
+    )
+    g.add_argument("--log-dir", default="", help="one log file per process (default: a temp dir)")
+    g.add_argument(
+        "--pin-cores",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="give each worker its own CPU cores when there are enough",
+    )
+    g.add_argument(
+        "--use-pool",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run mooncake_master and join the KV pool (--no-use-pool: mixed workers only)",
+    )
+    g.add_argument("--startup-timeout-s", type=float, default=300.0)
+    r = parser.add_argument_group("router and registry")
+    r.add_argument("--policy", default="", help="router placement policy (default: router's)")
+    r.add_argument(
+        "--disagg-threshold-tokens",
+        type=int,
+        default=None,
+        help="uncached prompt tokens at most this many stay on the decode worker",
+    )
+    r.add_argument("--cluster", default=_env_default("cluster", "kvserve"), help="registry name")
+    add_config_args(parser, EngineConfig)
+    add_config_args(parser, PoolConfig)
+    add_config_args(parser, MasterConfig)
+    if env_name("pool_segment_mib") not in os.environ:
+        parser.set_defaults(pool_segment_mib=UP_POOL_SEGMENT_MIB)
+
+
+def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
+    """The :class:`ClusterSpec` the flags describe (``--pool-master`` etc. are replaced by
+    the cluster's own master)."""
+    spec = ClusterSpec(
+        prefill=args.prefill,
+        decode=args.decode,
+        mixed=args.mixed,
+        host=args.host,
+        router_port=args.router_port,
+        worker_base_port=args.worker_base_port,
+        redis_port=args.redis_port,
+        master=config_from_args(MasterConfig, args),
+        use_pool=args.use_pool,
+        engine=config_from_args(EngineConfig, args),
+        pool=config_from_args(PoolConfig, args),
+        cluster_name=args.cluster,
+        policy=args.policy,
+        disagg_threshold_tokens=args.disagg_threshold_tokens,
+        pin_cores=args.pin_cores,
+        log_dir=Path(args.log_dir) if args.log_dir else None,
+        startup_timeout_s=args.startup_timeout_s,
+    )
+    return spec.with_free_ports() if args.free_ports else spec
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM leaves the serving loop (or start-up) exactly as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
+def _announce(cluster: Cluster, seconds: float) -> None:
+    spec = cluster.spec
+    counts = ", ".join(f"{len(a)} {role}" for role, a in cluster.worker_addresses.items())
+    lines = [f"kvserve up: cluster {spec.cluster_name!r} ready in {seconds:.1f}s ({counts})"]
+    lines += [f"  {what:<12} {cluster.router_url}{path}" for what, path in ROUTER_PATHS.items()]
+    for name in cluster.worker_names:
+        lines.append(f"  {name:<12} grpc://{cluster.plan_of(name).address}")
+    lines.append(f"  {'redis':<12} {spec.redis_config.url}")
+    if cluster.master is not None:
+        lines.append(f"  {'pool master':<12} {cluster.master.rpc_address}")
+    lines.append(f"  {'logs':<12} {cluster.log_dir}")
+    message = {"role": "user", "content": "Hello!"}
+    body = json.dumps({"model": _model_name(cluster), "messages": [message]})
+    lines.append(
+        f"try: curl -s {cluster.router_url}/v1/chat/completions "
+        f"-H 'Content-Type: application/json' -d '{body}'"
+    )
+    lines.append("(Ctrl-C stops the cluster)")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _model_name(cluster: Cluster) -> str:
+    """The first model the router serves (its ``/v1/models``), for the sample command."""
+    try:
+        with urllib.request.urlopen(f"{cluster.router_url}/v1/models", timeout=2) as resp:
+            return str(json.load(resp)["data"][0]["id"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return "default"
+
+
+def _serve(cluster: Cluster) -> int:
+    reported: set[str] = set()
+    essential = {"router", "redis", "mooncake_master"}
+    while True:
+        time.sleep(1.0)
+        for name in sorted(set(cluster.dead()) - reported):
+            reported.add(name)
+            proc = cluster.process(name)
+            print(f"kvserve up: {name} exited ({proc.log_path})", file=sys.stderr, flush=True)
+            if name in essential:
+                print(proc.log_tail(), file=sys.stderr, flush=True)
+                return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the cluster, serve until Ctrl-C/SIGTERM, stop it (steps 1-5)."""
+    logging.basicConfig(level=logging.INFO, format="kvserve up: %(message)s", stream=sys.stderr)
+    spec = spec_from_args(args)
+    cluster = Cluster(spec)
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    begin = time.monotonic()
+    try:
+        cluster.start()
+        _announce(cluster, time.monotonic() - begin)
+        return _serve(cluster)
+    except KeyboardInterrupt:
+        return 0
+    except RuntimeError as exc:
+        print(f"kvserve up: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut stop()
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("kvserve up: stopping", file=sys.stderr, flush=True)
+        cluster.stop()
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,208 @@
+"""The OpenAI-compatible HTTP API.
+
+Lifecycle of an app from :func:`create_app`:
+
+1. lifespan start: the :class:`RouterService` joins the pool for lookups (optional) and
+   starts watching the worker registry;
+2. per request: the body is read (413 past ``max_body_bytes``), parsed and checked
+   (400), the model checked (404, or 503 with no worker), the prompt tokenized and its
+   length checked (400), all before any worker is called; then placed and run as a flow;
+3. streamed answers are server-sent events; a client that disconnects, before or after
+   the first event, cancels the flow, which aborts the request on every worker;
+4. lifespan end: the registry watch stops, channels close, the pool is left.
+
+Every error body is OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from kvpool.config import PoolConfig
+from proto.registry import ClusterConfig
+from router.config import RouterConfig
+from router.errors import APIError, invalid
+from router.flow import Chunk, sampling_params
+from router.openai_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    parse_request,
+)
+from router.pool_stats import pool_stats
+from router.responses import Formatter
+from router.service import RouterService
+from router.streaming import ClientGoneError, collect, sse_events, until_disconnected
+
+
+def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -> FastAPI:
+    """The router's ASGI app; ``app.state.service`` is its :class:`RouterService`."""
+    service = RouterService(router, cluster, pool)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="kvserve router", lifespan=lifespan)
+    app.state.service = service
+    _add_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        started = time.monotonic()
+        req = parse_request(CompletionRequest, await read_body(request, router.max_body_bytes))
+        req.check()
+        service.check_model(req.model)
+        tok = await service.tokenizer()
+        prompt = req.prompt_input()
+        ids = tok.encode(prompt) if isinstance(prompt, str) else prompt
+        if any(t >= tok.vocab_size for t in ids):
+            raise invalid(f"token ids must be below {tok.vocab_size}", "prompt", "invalid_value")
+        max_tokens = service.check_length(len(ids), req.max_tokens or 16, "prompt")
+        return await _run(request, service, req, ids, max_tokens, started, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        started = time.monotonic()
+        body = await read_body(request, router.max_body_bytes)
+        req = parse_request(ChatCompletionRequest, body)
+        req.check()
+        service.check_model(req.model)
+        tok = await service.tokenizer()
+        try:
+            ids = tok.encode_chat([m.to_template() for m in req.messages])
+        except ValueError as exc:
+            raise invalid(str(exc), "messages") from None
+        max_tokens = service.check_length(len(ids), req.output_limit, "messages")
+        return await _run(request, service, req, ids, max_tokens, started, chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        name = service.model_name()
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": service.started_at,
+                "owned_by": "kvserve",
+                "max_model_len": service.max_model_len(),
+            }
+        ]
+        return {"object": "list", "data": data if name else []}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        serving = service.serving()
+        if serving:
+            return JSONResponse({"status": "ok", "workers": len(service.view.live())})
+        reason = f"no decode-capable worker is registered in cluster {cluster.cluster!r}"
+        return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/cache/stats")
+    async def cache_stats() -> dict[str, Any]:
+        out = service.cache_stats.report()
+        out["pool_lookup"] = {"enabled": router.pool_lookup, "connected": service.pool.connected}
+        if router.master_metrics_url:
+            out["pool"] = await pool_stats(router.master_metrics_url)
+        return out
+
+    return app
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body; 413 once it exceeds ``limit`` bytes (declared or actual)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"request body exceeds {limit} bytes", None, "request_too_large")
+
+
+async def _run(
+    request: Request,
+    service: RouterService,
+    req: SamplingFields,
+    ids: list[int],
+    max_tokens: int,
+    started: float,
+    chat: bool,
+) -> Response:
+    """Place and run the request; stream it or answer it whole."""
+    params = sampling_params(
+        max_tokens=max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        seed=req.seed,
+        stop=req.stop_list,
+    )
+    plan = await service.plan(ids, params, started)
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    fmt = Formatter(chat, prefix + plan.request_id, req.model, req.include_usage)
+    chunks = service.flow(plan).chunks()
+    try:
+        if not req.stream:
+            text, finish, usage = await until_disconnected(request, collect(chunks))
+            return JSONResponse(fmt.response(text, finish, usage))
+        first: Chunk = await until_disconnected(request, anext(chunks))
+    except ClientGoneError:
+        return Response(status_code=499)
+    except APIError as exc:
+        exc.counted = True  # by the flow
+        raise
+    except StopAsyncIteration:
+        raise APIError(502, "the worker returned nothing") from None
+    return StreamingResponse(
+        sse_events(first, chunks, fmt),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Request-Id": plan.request_id},
+    )
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    service: RouterService = app.state.service
+
+    async def api_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, APIError)
+        if not exc.counted:
+            service.metrics.count_request("rejected")
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = "not_found" if exc.status_code == 404 else None
+        err = APIError(exc.status_code, str(exc.detail), None, code)
+        return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
+
+    async def internal_error(_: Request, exc: Exception) -> Response:
+        err = APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+        return JSONResponse(err.body(), status_code=500)
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, internal_error)

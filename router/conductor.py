@@ -1,0 +1,213 @@
+"""Placement: which worker prefills a request and which one decodes it. Pure: no I/O.
+
+Every policy sees the same inputs, a :class:`PlacementRequest` (prompt length, how much of
+it the pool holds, optional per-worker local-cache hints) and one :class:`WorkerLoad` per
+live worker, and answers a :class:`Placement`. The shared rules live in
+:meth:`Policy.place`; a policy only ranks candidates.
+
+Worker roles: ``prefill`` workers only prefill (then hand the KV over through the pool);
+``decode`` workers decode, and prefill short prompts themselves; ``mixed`` workers do the
+whole request by themselves and are used only when no decode worker is live.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_PREFILL_TOKENS_PER_S = 2000.0
+"""Prefill speed assumed for a worker that has not measured its own yet (reports 0)."""
+
+POOL_FETCH_S_PER_TOKEN = 2e-5
+"""Seconds to load one prompt token's KV (all layers) from the pool into a worker.
+
+A deliberately rough constant: about 50k tokens/s, i.e. a few GB/s for a small model over
+TCP, which makes a pool hit far cheaper than recomputing on CPU yet not free. It only
+breaks ties between prefill workers whose local caches differ, so it needs no precision.
+"""
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """A worker as the conductor sees it (the fields of its latest ``LoadReport``)."""
+
+    worker_id: str
+    role: str
+    draining: bool = False
+    waiting: int = 0
+    running: int = 0
+    queued_prefill_tokens: int = 0
+    free_pages: int = 0
+    total_pages: int = 0
+    prefill_tokens_per_s: float = 0.0
+
+    @property
+    def prefill_speed(self) -> float:
+        speed = self.prefill_tokens_per_s
+        return speed if speed > 0 else DEFAULT_PREFILL_TOKENS_PER_S
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """``pooled_tokens``: leading prompt tokens the pool holds; ``local_tokens``: per
+    worker id, leading prompt tokens that worker's own prefix cache holds (hints)."""
+
+    prompt_tokens: int
+    pooled_tokens: int = 0
+    local_tokens: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def uncached_tokens(self) -> int:
+        return max(0, self.prompt_tokens - self.pooled_tokens)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """``prefill``: the prefill worker, or None when the decode worker prefills itself.
+    ``decode``: decode (or mixed) workers, best first; the flow tries them in order."""
+
+    prefill: str | None
+    decode: tuple[str, ...]
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None
+
+
+class Policy(ABC):
+    """A placement policy.
+
+    Contract of :meth:`place`, which every policy shares:
+
+    1. draining workers are never chosen;
+    2. decode candidates are the decode workers; only when there is none, the mixed ones;
+       no candidate at all gives None ("not now": the caller answers 503);
+    3. no prefill worker is used (the decode worker prefills locally) when the candidates
+       are mixed workers, when no prefill worker is live, or when the uncached part of the
+       prompt is at most ``disagg_threshold_tokens`` (conditional disaggregation);
+    4. otherwise :meth:`pick_prefill` chooses among the prefill workers;
+    5. :meth:`rank_decode` orders every decode candidate, best first.
+
+    Subclasses must return one of the given candidates (and every one of them, for
+    :meth:`rank_decode`); they may keep state (a counter, a seeded generator).
+    """
+
+    def __init__(self, disagg_threshold_tokens: int = 0) -> None:
+        self.disagg_threshold_tokens = disagg_threshold_tokens
+
+    def place(self, request: PlacementRequest, workers: Sequence[WorkerLoad]) -> Placement | None:
+        live = sorted((w for w in workers if not w.draining), key=lambda w: w.worker_id)
+        decoders = [w for w in live if w.role == "decode"]
+        mixed = not decoders
+        candidates = decoders or [w for w in live if w.role == "mixed"]
+        if not candidates:
+            return None
+        prefillers = [w for w in live if w.role == "prefill"]
+        local = mixed or not prefillers or request.uncached_tokens <= self.disagg_threshold_tokens
+        prefill = None if local else self.pick_prefill(request, prefillers).worker_id
+        ranked = self.rank_decode(request, candidates)
+        return Placement(prefill, tuple(w.worker_id for w in ranked))
+
+    @abstractmethod
+    def pick_prefill(self, request: PlacementRequest, candidates: list[WorkerLoad]) -> WorkerLoad:
+        """One of ``candidates`` (non-empty, sorted by worker id)."""
+
+    @abstractmethod
+    def rank_decode(
+        self, request: PlacementRequest, candidates: list[WorkerLoad]
+    ) -> list[WorkerLoad]:
+        """A permutation of ``candidates`` (non-empty, sorted by worker id), best first."""
+
+
+class RandomPolicy(Policy):
+    """Uniformly random choices from a seeded generator (reproducible)."""
+
+    def __init__(self, disagg_threshold_tokens: int = 0, seed: int = 0) -> None:
+        super().__init__(disagg_threshold_tokens)
+        self._rng = random.Random(seed)
+
+    def pick_prefill(self, request: PlacementRequest, candidates: list[WorkerLoad]) -> WorkerLoad:
+        return self._rng.choice(candidates)
+
+    def rank_decode(
+        self, request: PlacementRequest, candidates: list[WorkerLoad]
+    ) -> list[WorkerLoad]:
+        return self._rng.sample(candidates, len(candidates))
+
+
+class RoundRobinPolicy(Policy):
+    """Takes workers in worker-id order, one step further each request (per pool)."""
+
+    def __init__(self, disagg_threshold_tokens: int = 0) -> None:
+        super().__init__(disagg_threshold_tokens)
+        self._next_prefill = 0
+        self._next_decode = 0
+
+    def pick_prefill(self, request: PlacementRequest, candidates: list[WorkerLoad]) -> WorkerLoad:
+        chosen = candidates[self._next_prefill % len(candidates)]
+        self._next_prefill += 1
+        return chosen
+
+    def rank_decode(
+        self, request: PlacementRequest, candidates: list[WorkerLoad]
+    ) -> list[WorkerLoad]:
+        start = self._next_decode % len(candidates)
+        self._next_decode += 1
+        return candidates[start:] + candidates[:start]
+
+
+class LeastLoadedPolicy(Policy):
+    """Prefill: fewest queued prefill tokens, then fewest running + waiting requests.
+    Decode: fewest running + waiting requests, then fewest queued prefill tokens."""
+
+    def pick_prefill(self, request: PlacementRequest, candidates: list[WorkerLoad]) -> WorkerLoad:
+        return min(candidates, key=lambda w: (w.queued_prefill_tokens, w.running + w.waiting))
+
+    def rank_decode(
+        self, request: PlacementRequest, candidates: list[WorkerLoad]
+    ) -> list[WorkerLoad]:
+        return sorted(candidates, key=lambda w: (w.running + w.waiting, w.queued_prefill_tokens))
+
+
+def predicted_ttft(request: PlacementRequest, worker: WorkerLoad) -> float:
+    """Seconds until ``worker`` would produce the first token of ``request``.
+
+    Queue wait (its queued prefill tokens at its speed) + the tokens neither its local
+    cache nor the pool holds, at its speed + the pooled tokens its local cache lacks, at
+    :data:`POOL_FETCH_S_PER_TOKEN`.
+    """
+    local = min(request.local_tokens.get(worker.worker_id, 0), request.prompt_tokens)
+    cached = max(local, min(request.pooled_tokens, request.prompt_tokens))
+    fetched = max(0, cached - local)
+    speed = worker.prefill_speed
+    queue_s = worker.queued_prefill_tokens / speed
+    compute_s = (request.prompt_tokens - cached) / speed
+    return queue_s + compute_s + fetched * POOL_FETCH_S_PER_TOKEN
+
+
+class CacheAwarePolicy(Policy):
+    """Prefill: lowest :func:`predicted_ttft`. Decode: most free KV pages (room for the
+    request and its batch mates, hence steady inter-token latency), then fewest running."""
+
+    def pick_prefill(self, request: PlacementRequest, candidates: list[WorkerLoad]) -> WorkerLoad:
+        return min(candidates, key=lambda w: predicted_ttft(request, w))
+
+    def rank_decode(
+        self, request: PlacementRequest, candidates: list[WorkerLoad]
+    ) -> list[WorkerLoad]:
+        return sorted(candidates, key=lambda w: (-w.free_pages, w.running + w.waiting))
+
+
+def make_policy(name: str, disagg_threshold_tokens: int, seed: int = 0) -> Policy:
+    """The policy called ``name`` (one of :data:`router.config.POLICIES`)."""
+    if name == "random":
+        return RandomPolicy(disagg_threshold_tokens, seed)
+    if name == "round_robin":
+        return RoundRobinPolicy(disagg_threshold_tokens)
+    if name == "least_loaded":
+        return LeastLoadedPolicy(disagg_threshold_tokens)
+    if name == "cache_aware":
+        return CacheAwarePolicy(disagg_threshold_tokens)
+    raise ValueError(f"unknown policy {name!r}")

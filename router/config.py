@@ -1,0 +1,93 @@
+"""The router's own settings (flags ``--router-port`` etc., env ``KVSERVE_*``).
+
+The router's full configuration is this :class:`RouterConfig` plus
+:class:`proto.registry.ClusterConfig` (where the worker registry lives) plus
+:class:`kvpool.config.PoolConfig` (``pool_master`` / ``pool_metadata_server``: the router
+joins the pool as a pure client, with no segment of its own, for prefix lookups).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+POLICIES = ("random", "round_robin", "least_loaded", "cache_aware")
+MAX_LEASE_S = 3600.0
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """How the router serves and places requests.
+
+    - ``router_host`` / ``router_port``: where the OpenAI-compatible HTTP API listens.
+    - ``policy``: placement policy of the conductor (one of :data:`POLICIES`).
+    - ``disagg_threshold_tokens``: when the part of a prompt that is not in the pool is at
+      most this many tokens, the decode worker prefills it itself (conditional
+      disaggregation); 0 disaggregates every request when a prefill worker exists.
+    - ``reserve_lease_s``: a decode reservation is freed if prefill does not arrive in time.
+    - ``request_timeout_s``: end-to-end deadline of one request (every RPC shares it).
+    - ``served_model_name``: the model name clients must use; empty = the workers' ``model``.
+    - ``tokenizer_dir``: local model directory with the tokenizer and chat template; empty =
+      the ``model_dir`` that workers register (no hub access, ever).
+    - ``max_body_bytes``: larger request bodies get HTTP 413.
+    - ``pool_lookup``: ask the pool how much of each prompt it holds (when it cannot be
+      joined, the router logs it and counts every lookup as 0).
+    - ``master_metrics_url``: ``http://host:port/metrics`` of ``mooncake_master`` for the
+      pool figures of ``/v1/cache/stats``; empty = omit them.
+    """
+
+    router_host: str = "127.0.0.1"
+    router_port: int = 8000
+    policy: str = "cache_aware"
+    disagg_threshold_tokens: int = 256
+    reserve_lease_s: float = 30.0
+    request_timeout_s: float = 600.0
+    served_model_name: str = ""
+    tokenizer_dir: str = ""
+    max_body_bytes: int = 1 << 20
+    pool_lookup: bool = True
+    master_metrics_url: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.router_host:
+            raise ValueError("router_host must be an address to bind, e.g. 127.0.0.1")
+        if not 1 <= self.router_port <= 65535:
+            raise ValueError(f"router_port must be in 1..65535, got {self.router_port}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.disagg_threshold_tokens < 0:
+            raise ValueError("disagg_threshold_tokens must be >= 0 (0 = always disaggregate)")
+        if not 0 < self.reserve_lease_s <= MAX_LEASE_S:
+            raise ValueError(f"reserve_lease_s must be in (0, {MAX_LEASE_S:g}] seconds")
+        if self.request_timeout_s <= 0:
+            raise ValueError("request_timeout_s must be positive (seconds)")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be at least 1024")
+        if self.tokenizer_dir and not (Path(self.tokenizer_dir) / "tokenizer.json").is_file():
+            raise ValueError(
+                f"tokenizer_dir {self.tokenizer_dir!r} has no tokenizer.json: point it at a "
+                "local Hugging Face model directory, or leave it empty to use the workers' one"
+            )
+        if self.master_metrics_url:
+            master_metrics_address(self.master_metrics_url)  # raises when malformed
+
+    @property
+    def reserve_lease_ms(self) -> int:
+        return max(1, round(self.reserve_lease_s * 1000))
+
+
+def master_metrics_address(url: str) -> tuple[str, int]:
+    """``(host, port)`` of a ``http://host:port[/metrics]`` URL; raises ValueError else."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/", "/metrics"):
+        raise ValueError(
+            f"master_metrics_url must look like http://127.0.0.1:9003/metrics, got {url!r}"
+        )
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"master_metrics_url has a bad port: {url!r}") from exc
+    if port is None:
+        raise ValueError(f"master_metrics_url needs an explicit port, got {url!r}")
+    return parts.hostname, port

@@ -1,0 +1,299 @@
+"""One request's life across the workers, as an async generator of :class:`Chunk`.
+
+Disaggregated (the plan names a prefill worker):
+
+1. ``Reserve`` on the first decode candidate that accepts (pages held under a lease);
+   a refusal or an unreachable worker moves on to the next; none left is a 503;
+2. ``Prefill`` on the prefill worker; its first token is yielded at once (the TTFT);
+3. if the first token already finished the request, ``Abort`` frees the reservation on the
+   decode worker and the flow ends; else
+4. ``Generate`` with ``first_token`` on the decode worker; its chunks are yielded.
+
+Local (no prefill worker: conditional disaggregation, or a mixed worker):
+``Generate`` without ``first_token`` on the first candidate, which prefills by itself.
+
+Whatever ends the flow early (the consumer cancels or stops iterating, i.e. the client
+went away; the deadline passes; an RPC fails; a worker aborts), ``Abort(request_id)`` goes
+to every worker the request touched (shielded from the cancellation) before the flow
+re-raises. RPC failures become :class:`router.errors.APIError` with a status to show.
+The last chunk carries ``finish_reason`` and :class:`Usage`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import anyio
+import grpc
+
+from proto import worker_pb2 as pb
+from router.errors import APIError, unavailable
+from router.workers import LiveWorker
+
+log = logging.getLogger(__name__)
+
+ABORT_TIMEOUT_S = 2.0
+FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """New text and tokens; on the last chunk, ``finish_reason`` and ``usage`` are set."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+class FlowObserver(Protocol):
+    """What a flow reports, as it happens (metrics and cache statistics)."""
+
+    def on_prefill(self, worker_id: str, usage: pb.PromptUsage) -> None: ...
+    def on_transfer(self, direction: str, transfer: pb.Transfer) -> None: ...
+    def on_first_token(self, mode: str, worker_id: str, seconds: float) -> None: ...
+    def on_chunk(self, mode: str, worker_id: str, gap_s: float, tokens: int) -> None: ...
+    def on_finish(self, mode: str, worker_id: str, status: str, seconds: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class FlowPlan:
+    """Everything a flow needs, fixed before any worker is called.
+
+    ``request_id`` is the router's own (uuid4 hex: never from a client, never with '/');
+    ``decode``: the decode (or mixed) candidates, best first; ``started_at``: when the
+    request arrived (``clock`` time; TTFT and the deadline count from it).
+    """
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    params: pb.SamplingParams
+    prefill: LiveWorker | None
+    decode: tuple[LiveWorker, ...]
+    lease_ms: int
+    timeout_s: float
+    started_at: float
+    clock: Callable[[], float] = field(default=time.monotonic)
+
+    @property
+    def mode(self) -> str:
+        return "local" if self.prefill is None else "disagg"
+
+
+def sampling_params(
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    stop: Sequence[str],
+) -> pb.SamplingParams:
+    """The wire form of an OpenAI request's sampling fields (top_k <= 0 means off)."""
+    params = pb.SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=max(0, top_k),
+        stop=list(stop),
+    )
+    if seed is not None:
+        params.seed = seed
+    return params
+
+
+class RequestFlow:
+    """Lifecycle: built from a plan -> :meth:`chunks` iterated once -> done."""
+
+    def __init__(self, plan: FlowPlan, observer: FlowObserver) -> None:
+        self.plan = plan
+        self.observer = observer
+        self._involved: dict[str, LiveWorker] = {}
+        self._decoder: LiveWorker | None = plan.decode[0] if plan.decode else None
+        self._cached_tokens = 0
+        self._completion_tokens = 0
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        plan = self.plan
+        status = "error"
+        try:
+            body = self._local() if plan.prefill is None else self._disaggregated(plan.prefill)
+            async with contextlib.aclosing(body):
+                async for chunk in body:
+                    yield chunk
+            status = "ok"
+        except grpc.aio.AioRpcError as exc:
+            status = "timeout" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else "error"
+            await self._abort_all()
+            raise rpc_error(exc) from None
+        except BaseException as exc:  # cancelled, closed by the consumer, or failed
+            status = _status_of(exc)
+            await self._abort_all()
+            raise
+        finally:
+            worker = self._decoder.worker_id if self._decoder else ""
+            elapsed = plan.clock() - plan.started_at
+            self.observer.on_finish(plan.mode, worker, status, elapsed)
+
+    async def _disaggregated(self, prefill: LiveWorker) -> AsyncGenerator[Chunk, None]:
+        decoder = await self._reserve()
+        self._involved[prefill.worker_id] = prefill
+        request = pb.PrefillRequest(
+            request_id=self.plan.request_id,
+            prompt_token_ids=self.plan.prompt_token_ids,
+            params=self.plan.params,
+        )
+        reply = await prefill.stub.Prefill(request, timeout=self._time_left())
+        self._prefilled(prefill.worker_id, reply.usage)
+        if reply.HasField("transfer"):
+            self.observer.on_transfer("write", reply.transfer)
+        self.observer.on_first_token("disagg", prefill.worker_id, self._elapsed())
+        self._completion_tokens = 1
+        finish = self._finish_reason(reply.finish_reason)
+        if finish is not None:
+            await self._abort([decoder])  # nothing to decode: free the reservation now
+            yield Chunk(reply.text, (reply.first_token,), finish, self._usage())
+            return
+        yield Chunk(reply.text, (reply.first_token,))
+        async for chunk in self._generate(decoder, reply.first_token):
+            yield chunk
+
+    async def _local(self) -> AsyncGenerator[Chunk, None]:
+        if self._decoder is None:
+            raise unavailable("no worker can serve this request now")
+        async for chunk in self._generate(self._decoder, None):
+            yield chunk
+
+    async def _reserve(self) -> LiveWorker:
+        plan = self.plan
+        reasons: list[str] = []
+        request = pb.ReserveRequest(
+            request_id=plan.request_id,
+            prompt_token_ids=plan.prompt_token_ids,
+            max_tokens=plan.params.max_tokens,
+            lease_ms=plan.lease_ms,
+        )
+        for worker in plan.decode:
+            self._involved[worker.worker_id] = worker  # a failed call may still hold pages
+            try:
+                reply = await worker.stub.Reserve(request, timeout=self._time_left())
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                reasons.append(f"{worker.worker_id}: {exc.code().name}")
+                continue
+            if reply.ok:
+                self._decoder = worker
+                return worker
+            del self._involved[worker.worker_id]  # refused: it holds nothing
+            reasons.append(f"{worker.worker_id}: {reply.reason or 'refused'}")
+        raise unavailable(
+            "no decode worker could reserve KV cache for this request ("
+            + "; ".join(reasons)
+            + "); retry later"
+        )
+
+    async def _generate(self, worker: LiveWorker, first_token: int | None) -> AsyncIterator[Chunk]:
+        plan = self.plan
+        self._involved[worker.worker_id] = worker
+        request = pb.GenerateRequest(
+            request_id=plan.request_id, prompt_token_ids=plan.prompt_token_ids, params=plan.params
+        )
+        if first_token is not None:
+            request.first_token = first_token
+        call = worker.stub.Generate(request, timeout=self._time_left())
+        last = plan.clock()
+        awaiting_prefill = first_token is None
+        try:
+            async for msg in call:
+                now = plan.clock()
+                if awaiting_prefill:
+                    awaiting_prefill = False
+                    self._prefilled(worker.worker_id, msg.usage)
+                    self.observer.on_first_token("local", worker.worker_id, self._elapsed())
+                elif msg.token_ids:
+                    gap = now - last
+                    self.observer.on_chunk(plan.mode, worker.worker_id, gap, len(msg.token_ids))
+                last = now
+                if msg.HasField("transfer") and msg.transfer.bytes:
+                    self.observer.on_transfer("read", msg.transfer)
+                self._completion_tokens += len(msg.token_ids)
+                finish = self._finish_reason(msg.finish_reason)
+                usage = self._usage() if finish else None
+                yield Chunk(msg.text, tuple(msg.token_ids), finish, usage)
+                if finish is not None:
+                    return
+        finally:
+            call.cancel()  # a no-op once the stream has ended
+        raise APIError(502, f"worker {worker.worker_id} ended the stream before finishing")
+
+    def _prefilled(self, worker_id: str, usage: pb.PromptUsage) -> None:
+        self._cached_tokens = usage.local_tokens + usage.pool_tokens
+        self.observer.on_prefill(worker_id, usage)
+
+    def _finish_reason(self, reason: pb.FinishReason.ValueType) -> str | None:
+        if reason == pb.FINISH_REASON_ABORT:
+            raise unavailable("a worker aborted the request (draining or out of memory)")
+        return FINISH_REASONS.get(reason)
+
+    def _usage(self) -> Usage:
+        return Usage(len(self.plan.prompt_token_ids), self._completion_tokens, self._cached_tokens)
+
+    def _elapsed(self) -> float:
+        return self.plan.clock() - self.plan.started_at
+
+    def _time_left(self) -> float:
+        left = self.plan.timeout_s - self._elapsed()
+        if left <= 0:
+            raise APIError(504, "the request timed out", None, "timeout")
+        return left
+
+    async def _abort_all(self) -> None:
+        await self._abort(list(self._involved.values()))
+
+    async def _abort(self, workers: list[LiveWorker]) -> None:
+        """``Abort`` on ``workers``, concurrently; shielded so a cancelled request still
+        frees its pages; failures are logged (the worker's lease frees them anyway)."""
+        request = pb.AbortRequest(request_id=self.plan.request_id)
+        with anyio.CancelScope(shield=True):
+            results = await asyncio.gather(
+                *(w.stub.Abort(request, timeout=ABORT_TIMEOUT_S) for w in workers),
+                return_exceptions=True,
+            )
+        for worker, result in zip(workers, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("abort of %s on %s failed: %s", self.plan.request_id,
+                            worker.worker_id, result)  # fmt: skip
+
+
+def _status_of(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return "cancelled"
+    if isinstance(exc, APIError) and exc.status == 504:
+        return "timeout"
+    return "error"
+
+
+def rpc_error(exc: grpc.aio.AioRpcError) -> APIError:
+    """The client-facing error for a failed worker call."""
+    code = exc.code()
+    detail = exc.details() or code.name
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
+        return APIError(400, f"a worker rejected the request: {detail}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return APIError(504, "the request timed out", None, "timeout")
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+        return unavailable(f"a worker is unavailable: {detail}")
+    return APIError(500, f"a worker failed: {detail}")

@@ -1,0 +1,109 @@
+"""Prometheus metrics of one router (one registry per app, never the global one).
+
+Latency histograms carry ``mode`` (``disagg``: remote prefill then decode; ``local``: the
+decode or mixed worker prefilled itself) and ``worker``: for TTFT the worker that made the
+first token, for ITL and end-to-end the worker that decoded. ITL is observed once per
+streamed chunk: the gap since the previous chunk divided by the chunk's tokens.
+Worker gauges mirror the latest load report of each live worker (a worker that leaves
+the registry leaves the gauges too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from proto import worker_pb2
+
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 600.0,
+)  # fmt: skip
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 5.0)
+
+WORKER_GAUGES = (
+    "queued_prefill_tokens",
+    "running",
+    "waiting",
+    "reserved",
+    "free_pages",
+    "total_pages",
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+)
+
+
+class RouterMetrics:
+    """Lifecycle: one per app -> ``observe_*``/``count_*`` from request flows and
+    :meth:`update_workers` from each registry poll -> :meth:`render` for ``/metrics``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        labels = ("mode", "worker")
+        self.ttft = Histogram(
+            "kvserve_ttft_seconds", "Time to first token", labels, registry=r,
+            buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "kvserve_itl_seconds", "Inter-token latency", labels, registry=r, buckets=ITL_BUCKETS
+        )
+        self.e2e = Histogram(
+            "kvserve_e2e_seconds", "Request latency, end to end", labels, registry=r,
+            buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "kvserve_prompt_tokens", "Prompt tokens by where their KV came from",
+            ("source", "worker"), registry=r,
+        )  # fmt: skip
+        self.requests = Counter(
+            "kvserve_requests", "Finished requests by status", ("status",), registry=r
+        )
+        self.kv_bytes = Counter(
+            "kvserve_kv_bytes", "KV bytes moved to/from the pool", ("direction",), registry=r
+        )
+        self.kv_seconds = Counter(
+            "kvserve_kv_seconds", "Time spent moving KV to/from the pool", ("direction",),
+            registry=r,
+        )  # fmt: skip
+        self.worker_gauges = {
+            name: Gauge(f"kvserve_worker_{name}", f"Worker load report: {name}", ("worker",),
+                        registry=r)
+            for name in WORKER_GAUGES
+        }  # fmt: skip
+        self._workers: set[str] = set()
+
+    def observe_prefill(self, worker: str, usage: worker_pb2.PromptUsage) -> None:
+        self.prompt_tokens.labels("local", worker).inc(usage.local_tokens)
+        self.prompt_tokens.labels("pool", worker).inc(usage.pool_tokens)
+        self.prompt_tokens.labels("computed", worker).inc(usage.computed_tokens)
+
+    def observe_transfer(self, direction: str, transfer: worker_pb2.Transfer) -> None:
+        self.kv_bytes.labels(direction).inc(transfer.bytes)
+        self.kv_seconds.labels(direction).inc(max(0.0, transfer.seconds))
+
+    def count_request(self, status: str) -> None:
+        self.requests.labels(status).inc()
+
+    def update_workers(self, loads: Iterable[tuple[str, dict[str, object]]]) -> None:
+        """Set the worker gauges from ``(worker id, load report)`` pairs; drop the others."""
+        seen: set[str] = set()
+        for worker, load in loads:
+            seen.add(worker)
+            for name, gauge in self.worker_gauges.items():
+                gauge.labels(worker).set(_number(load.get(name, 0)))
+        for gone in self._workers - seen:
+            for gauge in self.worker_gauges.values():
+                gauge.remove(gone)
+        self._workers = seen
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _number(value: object) -> float:
+    """A load report field as a number (protobuf's JSON form writes 64-bit ints as text)."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0

@@ -1,0 +1,152 @@
+"""The router without HTTP: from validated fields to a placed :class:`RequestFlow`.
+
+Lifecycle of :class:`RouterService`:
+
+1. built by the app with the three configs; ``start()`` starts joining the pool as a
+   lookup client (optional, in the background) and starts the worker view (first
+   registry poll included);
+2. per request, before any worker is called: :meth:`check_model` (404/503),
+   :meth:`tokenizer` (loaded once from the local model directory), :meth:`check_length`
+   (400), then :meth:`plan` (pool lookup, conductor placement; 503 when nobody can serve);
+3. :meth:`flow` runs the plan; its chunks report to the shared metrics and cache stats;
+4. ``stop()`` ends the worker view and leaves the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvpool.config import PoolConfig
+from proto import worker_pb2 as pb
+from proto.registry import ClusterConfig
+from router.cache_stats import CacheStats
+from router.conductor import PlacementRequest, make_policy
+from router.config import RouterConfig
+from router.errors import APIError, invalid, unavailable
+from router.flow import FlowPlan, RequestFlow
+from router.metrics import RouterMetrics
+from router.pool_lookup import PoolLookup
+from router.telemetry import Telemetry
+from router.tokenizer import PromptTokenizer
+from router.workers import LiveWorker, WorkerView
+
+
+class RouterService:
+    def __init__(self, router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -> None:
+        self.config = router
+        self.cluster = cluster
+        self.metrics = RouterMetrics()
+        self.cache_stats = CacheStats()
+        self.telemetry = Telemetry(self.metrics, self.cache_stats)
+        self.view = WorkerView(cluster, on_poll=self._on_poll)
+        self.pool = PoolLookup(pool, enabled=router.pool_lookup)
+        self.policy = make_policy(router.policy, router.disagg_threshold_tokens)
+        self.started_at = int(time.time())
+        self._tokenizer: PromptTokenizer | None = None
+        self._tokenizer_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        self.pool.start()
+        await self.view.start()
+
+    async def stop(self) -> None:
+        await self.view.stop()
+        await self.pool.close()
+
+    def serving(self) -> list[LiveWorker]:
+        """Live workers that can take a request end to end (decode or mixed, not draining)."""
+        return [w for w in self.view.live() if w.serves_requests]
+
+    def model_name(self) -> str | None:
+        """The served model name: configured, else the workers' (None: nobody to ask)."""
+        if self.config.served_model_name:
+            return self.config.served_model_name
+        live = self.view.live()
+        return live[0].record.model if live else None
+
+    def max_model_len(self) -> int | None:
+        lengths = [w.record.max_model_len for w in self.view.live() if w.record.max_model_len > 0]
+        return min(lengths) if lengths else None
+
+    def check_model(self, requested: str) -> None:
+        """404 for another model; 503 when no worker could serve a request now."""
+        if not self.serving():
+            raise unavailable(
+                f"no decode-capable worker is registered in cluster {self.cluster.cluster!r}"
+            )
+        name = self.model_name()
+        if requested != name:
+            raise APIError(
+                404,
+                f"The model '{requested}' does not exist (this server serves '{name}')",
+                "model",
+                "model_not_found",
+            )
+
+    async def tokenizer(self) -> PromptTokenizer:
+        async with self._tokenizer_lock:
+            if self._tokenizer is None:
+                self._tokenizer = await asyncio.to_thread(PromptTokenizer, self._tokenizer_dir())
+            return self._tokenizer
+
+    def _tokenizer_dir(self) -> Path:
+        if self.config.tokenizer_dir:
+            return Path(self.config.tokenizer_dir)
+        live = self.view.live()
+        if not live:
+            raise unavailable("no worker registered to tell where the tokenizer is")
+        return Path(live[0].record.model_dir)
+
+    def check_length(self, prompt_tokens: int, max_tokens: int | None, param: str) -> int:
+        """The output limit to use (``max_tokens``, or what the context leaves); 400 when
+        the prompt is empty or prompt + output exceeds the model's context length."""
+        if prompt_tokens == 0:
+            raise invalid("the prompt is empty", param, "invalid_value")
+        limit = self.max_model_len()
+        if limit is None:
+            if max_tokens is None:
+                raise invalid("max_tokens is required: the model length is unknown", "max_tokens")
+            return max_tokens
+        wanted = max_tokens if max_tokens is not None else max(1, limit - prompt_tokens)
+        if prompt_tokens + wanted > limit:
+            raise invalid(
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {prompt_tokens + wanted} tokens ({prompt_tokens} in the "
+                f"{param}, {wanted} in the completion). Please reduce the length of the "
+                f"{param} or completion.",
+                param,
+                "context_length_exceeded",
+            )
+        return wanted
+
+    async def plan(
+        self, prompt_token_ids: Sequence[int], params: pb.SamplingParams, started_at: float
+    ) -> FlowPlan:
+        """Look the prompt up in the pool and place it; 503 when nobody can serve it."""
+        live = self.view.live()
+        pooled = await self.pool.pooled_tokens(prompt_token_ids, live[0].record) if live else 0
+        request = PlacementRequest(prompt_tokens=len(prompt_token_ids), pooled_tokens=pooled)
+        placement = self.policy.place(request, [w.load() for w in live])
+        if placement is None:
+            raise unavailable("no decode-capable worker can take a request now")
+        by_id = {w.worker_id: w for w in live}
+        return FlowPlan(
+            request_id=uuid.uuid4().hex,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            prefill=by_id[placement.prefill] if placement.prefill else None,
+            decode=tuple(by_id[d] for d in placement.decode),
+            lease_ms=self.config.reserve_lease_ms,
+            timeout_s=self.config.request_timeout_s,
+            started_at=started_at,
+        )
+
+    def flow(self, plan: FlowPlan) -> RequestFlow:
+        return RequestFlow(plan, self.telemetry)
+
+    def _on_poll(self, live: list[LiveWorker]) -> None:
+        self.metrics.update_workers((w.worker_id, w.record.load) for w in live)

@@ -1,0 +1,41 @@
+"""The :class:`router.flow.FlowObserver` of the app: flows report to metrics and cache stats."""
+
+from __future__ import annotations
+
+from proto import worker_pb2 as pb
+from router.cache_stats import CacheStats, PrefillRecord
+from router.metrics import RouterMetrics
+
+
+class Telemetry:
+    def __init__(self, metrics: RouterMetrics, cache_stats: CacheStats) -> None:
+        self.metrics = metrics
+        self.cache_stats = cache_stats
+
+    def on_prefill(self, worker_id: str, usage: pb.PromptUsage) -> None:
+        self.metrics.observe_prefill(worker_id, usage)
+        parts = usage.local_tokens + usage.pool_tokens + usage.computed_tokens
+        prompt = usage.prompt_tokens or parts
+        self.cache_stats.record(
+            PrefillRecord(
+                worker_id=worker_id,
+                prompt_tokens=prompt,
+                local_tokens=usage.local_tokens,
+                pool_tokens=usage.pool_tokens,
+                computed_tokens=usage.computed_tokens,
+            )
+        )
+
+    def on_transfer(self, direction: str, transfer: pb.Transfer) -> None:
+        self.metrics.observe_transfer(direction, transfer)
+
+    def on_first_token(self, mode: str, worker_id: str, seconds: float) -> None:
+        self.metrics.ttft.labels(mode, worker_id).observe(seconds)
+
+    def on_chunk(self, mode: str, worker_id: str, gap_s: float, tokens: int) -> None:
+        self.metrics.itl.labels(mode, worker_id).observe(gap_s / max(1, tokens))
+
+    def on_finish(self, mode: str, worker_id: str, status: str, seconds: float) -> None:
+        self.metrics.count_request(status)
+        if status == "ok":
+            self.metrics.e2e.labels(mode, worker_id).observe(seconds)

@@ -1,0 +1,177 @@
+"""The router's live view of the workers, from the Redis registry.
+
+Lifecycle of :class:`WorkerView`:
+
+1. ``start()`` polls the registry once (so a router that starts next to a running
+   cluster serves at once), then keeps polling every ``poll_s`` in a task;
+2. each poll reads every record (``proto.registry.list_workers``, in a thread: redis-py's
+   blocking client) and opens one ``grpc.aio`` channel + stub per new worker address;
+3. :meth:`live` gives the workers whose record was seen by a poll within
+   ``heartbeat_ttl_s``: a worker that stops heartbeating, or a registry that stops
+   answering, takes workers out of routing within that time;
+4. a channel whose address has not been seen for ``channel_grace_s`` is closed (in-flight
+   calls to a vanished worker get that long to end by themselves);
+5. ``stop()`` ends polling and closes every channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import redis
+
+from proto.registry import ClusterConfig, WorkerRecord, list_workers
+from proto.worker_pb2_grpc import WorkerStub
+from router.conductor import WorkerLoad
+
+if TYPE_CHECKING:  # typing-only class of the generated stubs
+    from proto.worker_pb2_grpc import WorkerAsyncStub
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+CHANNEL_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class LiveWorker:
+    """A registered worker and the stub to call it."""
+
+    record: WorkerRecord
+    stub: WorkerAsyncStub
+
+    @property
+    def worker_id(self) -> str:
+        return self.record.worker_id
+
+    @property
+    def role(self) -> str:
+        """The role in the latest load report (roles change at run time), else the record's."""
+        return str(self.record.load.get("role") or self.record.role)
+
+    @property
+    def serves_requests(self) -> bool:
+        """Can decode (decode or mixed role) and is not draining."""
+        return self.role in ("decode", "mixed") and not self.record.load.get("draining", False)
+
+    def load(self) -> WorkerLoad:
+        """The conductor's view; missing fields are 0 (protobuf's JSON form omits defaults
+        and writes 64-bit integers as strings, hence the conversions)."""
+        get = self.record.load.get
+        return WorkerLoad(
+            worker_id=self.worker_id,
+            role=self.role,
+            draining=bool(get("draining", False)),
+            waiting=int(get("waiting", 0)),
+            running=int(get("running", 0)),
+            queued_prefill_tokens=int(float(get("queued_prefill_tokens", 0))),
+            free_pages=int(get("free_pages", 0)),
+            total_pages=int(get("total_pages", 0)),
+            prefill_tokens_per_s=float(get("prefill_tokens_per_s", 0.0)),
+        )
+
+
+@dataclass
+class _Channel:
+    channel: grpc.aio.Channel
+    stub: WorkerAsyncStub
+    seen_at: float
+
+
+class WorkerView:
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        on_poll: Callable[[list[LiveWorker]], None] | None = None,
+        poll_s: float = POLL_S,
+        channel_grace_s: float = CHANNEL_GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._cluster = cluster
+        self._on_poll = on_poll
+        self._poll_s = poll_s
+        self._grace_s = channel_grace_s
+        self._clock = clock
+        self._redis: redis.Redis = redis.Redis.from_url(cluster.redis_url)
+        self._channels: dict[str, _Channel] = {}
+        self._seen: dict[str, tuple[float, WorkerRecord]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.poll_once()
+        self._task = asyncio.create_task(self._run(), name="worker-view")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for entry in self._channels.values():
+            await entry.channel.close(None)
+        self._channels.clear()
+        self._seen.clear()
+        self._redis.close()
+
+    def live(self) -> list[LiveWorker]:
+        """Workers heard from within ``heartbeat_ttl_s``, sorted by worker id."""
+        horizon = self._clock() - self._cluster.heartbeat_ttl_s
+        out: list[LiveWorker] = []
+        for seen_at, record in sorted(self._seen.values(), key=lambda x: x[1].worker_id):
+            entry = self._channels.get(record.address)
+            if seen_at >= horizon and entry is not None:
+                out.append(LiveWorker(record, entry.stub))
+        return out
+
+    def get(self, worker_id: str) -> LiveWorker | None:
+        return next((w for w in self.live() if w.worker_id == worker_id), None)
+
+    async def poll_once(self) -> None:
+        """Read the registry and refresh the view (a failed read keeps the last view)."""
+        try:
+            records = await asyncio.to_thread(list_workers, self._redis, self._cluster.keys)
+        except redis.RedisError as exc:
+            log.warning("worker registry at %s unreadable: %s", self._cluster.redis_url, exc)
+            records = None
+        now = self._clock()
+        if records is not None:
+            self._seen = {r.worker_id: (now, r) for r in records}
+            for r in records:
+                self._channel(r.address, now)
+        await self._close_stale(now)
+        if self._on_poll is not None:
+            self._on_poll(self.live())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_s)
+            try:
+                await self.poll_once()
+            except Exception:  # keep polling whatever one poll hit
+                log.exception("worker registry poll failed")
+
+    def _channel(self, address: str, now: float) -> None:
+        entry = self._channels.get(address)
+        if entry is None:
+            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            entry = _Channel(channel, WorkerStub(channel), now)
+            self._channels[address] = entry
+        entry.seen_at = now
+
+    async def _close_stale(self, now: float) -> None:
+        stale = [a for a, e in self._channels.items() if now - e.seen_at > self._grace_s]
+        for address in stale:
+            await self._channels.pop(address).channel.close(None)
+
+
+_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+]

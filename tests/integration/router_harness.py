@@ -1,0 +1,200 @@
+"""Stub workers and a router harness for the router's integration tests.
+
+The stub workers are real ``grpc.aio`` servers and deterministic: output token ``i`` of a
+prompt ``p`` is ``p[i % len(p)] + 1`` and its text is ``" t<id>"``. They record every call
+(method, request id). :class:`Harness` runs them and the router (uvicorn) on one event loop
+in a thread, registered in a real Redis; everything binds 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import openai
+import redis
+import uvicorn
+from typing_extensions import override
+
+from kvpool.config import PoolConfig
+from kvpool.master import free_local_ports
+from proto import worker_pb2 as pb
+from proto.registry import ClusterConfig, WorkerRecord, publish
+from proto.worker_pb2_grpc import WorkerServicer, add_WorkerServicer_to_server
+from router.app import create_app
+from router.config import RouterConfig
+
+MODEL = "smol-test"
+LENGTH = pb.FINISH_REASON_LENGTH
+UNFINISHED = pb.FINISH_REASON_UNSPECIFIED
+
+
+def out_token(prompt: list[int], i: int) -> int:
+    return prompt[i % len(prompt)] + 1
+
+
+def expected_text(prompt: list[int], n: int) -> str:
+    return "".join(f" t{out_token(prompt, i)}" for i in range(n))
+
+
+def prompt_usage(n: int) -> pb.PromptUsage:
+    local, pool = min(1, n - 1), (n - 1) // 2
+    return pb.PromptUsage(
+        prompt_tokens=n, local_tokens=local, pool_tokens=pool, computed_tokens=n - local - pool
+    )
+
+
+class StubWorker(WorkerServicer):
+    def __init__(self, worker_id: str, role: str, free_pages: int = 100) -> None:
+        self.worker_id, self.role, self.free_pages = worker_id, role, free_pages
+        self.delay_s = 0.0
+        self.refuse = False
+        self.calls: list[tuple[str, str]] = []
+        self.first_tokens: dict[str, int] = {}
+
+    def called(self, method: str) -> list[str]:
+        return [rid for m, rid in self.calls if m == method]
+
+    @override
+    async def Reserve(self, request: pb.ReserveRequest, context: Any) -> pb.ReserveReply:
+        self.calls.append(("Reserve", request.request_id))
+        return pb.ReserveReply(ok=not self.refuse, reason="full" if self.refuse else "")
+
+    @override
+    async def Prefill(self, request: pb.PrefillRequest, context: Any) -> pb.PrefillReply:
+        self.calls.append(("Prefill", request.request_id))
+        prompt = list(request.prompt_token_ids)
+        first = out_token(prompt, 0)
+        return pb.PrefillReply(
+            first_token=first,
+            text=f" t{first}",
+            finish_reason=LENGTH if request.params.max_tokens == 1 else UNFINISHED,
+            usage=prompt_usage(len(prompt)),
+            transfer=pb.Transfer(bytes=1000, seconds=0.5),
+        )
+
+    @override
+    async def Generate(
+        self, request: pb.GenerateRequest, context: Any
+    ) -> AsyncIterator[pb.TokenChunk]:
+        self.calls.append(("Generate", request.request_id))
+        prompt, n = list(request.prompt_token_ids), request.params.max_tokens
+        remote = request.HasField("first_token")
+        if remote:
+            self.first_tokens[request.request_id] = request.first_token
+        for i in range(1 if remote else 0, n):
+            await asyncio.sleep(self.delay_s)
+            tok = out_token(prompt, i)
+            chunk = pb.TokenChunk(token_ids=[tok], text=f" t{tok}")
+            if i == n - 1:
+                chunk.finish_reason = LENGTH
+            if i == (1 if remote else 0):
+                chunk.usage.CopyFrom(prompt_usage(len(prompt)))
+                if remote:
+                    chunk.transfer.CopyFrom(pb.Transfer(bytes=700, seconds=0.25))
+            yield chunk
+
+    @override
+    async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortReply:
+        self.calls.append(("Abort", request.request_id))
+        return pb.AbortReply(found=True)
+
+    @override
+    async def GetLoad(self, request: pb.LoadRequest, context: Any) -> pb.LoadReport:
+        return pb.LoadReport(role=self.role)
+
+    @override
+    async def SetRole(self, request: pb.SetRoleRequest, context: Any) -> pb.SetRoleReply:
+        return pb.SetRoleReply(role=self.role, previous=self.role)
+
+
+class Harness:
+    """Stub workers (gRPC) and the router (uvicorn) on one event loop in a thread."""
+
+    def __init__(self, redis_url: str, model_dir: Path, stubs: list[StubWorker]) -> None:
+        self.cluster = ClusterConfig(redis_url=redis_url, cluster=f"rt{uuid.uuid4().hex[:8]}")
+        self.model_dir, self.stubs = model_dir, {s.worker_id: s for s in stubs}
+        (self.port,) = free_local_ports(1)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.servers: list[grpc.aio.Server] = []
+        self.web: uvicorn.Server | None = None
+        self.web_task: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> Harness:
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    async def _start(self) -> None:
+        client = redis.Redis.from_url(self.cluster.redis_url)
+        for stub in self.stubs.values():
+            server = grpc.aio.server()
+            add_WorkerServicer_to_server(stub, server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            self.servers.append(server)
+            publish(client, self.cluster.keys, self._record(stub, port), ttl_s=120)
+        client.close()
+        config = RouterConfig(router_port=self.port, disagg_threshold_tokens=4, pool_lookup=False)
+        app = create_app(config, self.cluster, PoolConfig())
+        self.web = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.web_task = asyncio.create_task(self.web.serve())
+        while not self.web.started:
+            await asyncio.sleep(0.02)
+
+    async def _stop(self) -> None:
+        if self.web is not None and self.web_task is not None:
+            self.web.should_exit = True
+            await self.web_task
+        for server in self.servers:
+            await server.stop(None)
+
+    def _record(self, stub: StubWorker, port: int) -> WorkerRecord:
+        now = time.time()
+        return WorkerRecord(
+            worker_id=stub.worker_id, address=f"127.0.0.1:{port}", role=stub.role, model=MODEL,
+            model_dir=str(self.model_dir), contract="stub", hash_seed=1, block_tokens=16,
+            num_layers=2, max_model_len=2048, started_at=now, heartbeat_at=now,
+            load={"role": stub.role, "free_pages": stub.free_pages, "total_pages": 200,
+                  "queued_prefill_tokens": str(stub.free_pages // 10)},  # uint64: JSON text
+        )  # fmt: skip
+
+    def client(self) -> openai.OpenAI:
+        base = f"http://127.0.0.1:{self.port}/v1"
+        return openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=20)
+
+    def get(self, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            method = "GET" if body is None else "POST"
+            headers = {"Content-Type": "application/json"}
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())

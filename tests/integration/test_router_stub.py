@@ -1,0 +1,264 @@
+"""The router against a real Redis and real gRPC stub workers, through the official client.
+
+See :mod:`tests.integration.router_harness` for the stubs' deterministic tokens.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import redis
+from transformers import AutoTokenizer
+
+from kvpool.master import free_local_ports
+from tests.integration.router_harness import (
+    MODEL,
+    Harness,
+    StubWorker,
+    expected_text,
+    wait_for,
+)
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    (port,) = free_local_ports(1)
+    cmd = ["/usr/bin/redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+           "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    try:
+        for _ in range(100):
+            try:
+                if client.ping():
+                    break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        yield url
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def harness(redis_url: str, default_model_dir: Path) -> Iterator[Harness]:
+    stubs = [StubWorker("p1", "prefill"), StubWorker("d1", "decode", 200),
+             StubWorker("d2", "decode", 100)]  # fmt: skip
+    with Harness(redis_url, default_model_dir, stubs) as h:
+        yield h
+
+
+def test_disaggregated_completion(harness: Harness) -> None:
+    prompt = [10, 20, 30, 40, 50, 60]
+    out = harness.client().completions.create(model=MODEL, prompt=prompt, max_tokens=5)
+    assert out.choices[0].text == expected_text(prompt, 5)
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage is not None and out.usage.prompt_tokens == 6
+    assert out.usage.completion_tokens == 5 and out.usage.total_tokens == 11
+    assert out.usage.prompt_tokens_details is not None
+    assert out.usage.prompt_tokens_details.cached_tokens == 3  # 1 local + 2 pool
+    p1, d1 = harness.stubs["p1"], harness.stubs["d1"]
+    rid = p1.called("Prefill")[-1]
+    assert len(rid) == 32 and "/" not in rid and out.id == f"cmpl-{rid}"
+    assert d1.called("Reserve")[-1] == rid and d1.called("Generate")[-1] == rid
+    assert d1.first_tokens[rid] == 11
+    assert rid not in d1.called("Abort") + p1.called("Abort")
+
+
+def test_short_prompt_is_prefilled_by_the_decode_worker(harness: Harness) -> None:
+    d1 = harness.stubs["d1"]
+    reserves = len(d1.called("Reserve"))
+    out = harness.client().completions.create(model=MODEL, prompt=[[7, 8]], max_tokens=3)
+    assert out.choices[0].text == expected_text([7, 8], 3)
+    assert out.usage is not None and out.usage.prompt_tokens_details is not None
+    assert out.usage.prompt_tokens_details.cached_tokens == 1
+    assert len(d1.called("Reserve")) == reserves  # no reservation: local prefill
+    assert d1.called("Generate")[-1] not in d1.first_tokens
+
+
+def test_first_token_that_finishes_frees_the_reservation(harness: Harness) -> None:
+    out = harness.client().completions.create(model=MODEL, prompt=[5] * 9, max_tokens=1)
+    assert out.choices[0].text == " t6" and out.choices[0].finish_reason == "length"
+    rid = harness.stubs["p1"].called("Prefill")[-1]
+    assert harness.stubs["d1"].called("Abort")[-1] == rid
+
+
+def test_streaming_completion_with_usage(harness: Harness) -> None:
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    stream = harness.client().completions.create(
+        model=MODEL, prompt=prompt, max_tokens=6, stream=True,
+        stream_options={"include_usage": True}, extra_body={"top_k": 5},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected_text(prompt, 6)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 6
+
+
+def test_chat_plain_and_streamed(harness: Harness, default_model_dir: Path) -> None:
+    messages: Any = [{"role": "user", "content": "Hello there"}]
+    tok = AutoTokenizer.from_pretrained(str(default_model_dir), local_files_only=True)
+    ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                       return_dict=False))  # fmt: skip
+    client = harness.client()
+    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, seed=1)
+    assert out.choices[0].message.content == expected_text(ids, 4)
+    assert out.choices[0].message.role == "assistant"
+    assert out.usage is not None and out.usage.prompt_tokens == len(ids)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=4, stream=True
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected_text(ids, 4)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_errors_in_openai_format(harness: Harness) -> None:
+    client = harness.client()
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, n=2)
+    assert bad.value.body == {"message": "only n=1 is supported", "type": "invalid_request_error",
+                              "param": "n", "code": "unsupported_value"}  # fmt: skip
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model="other", prompt="hi", max_tokens=2)
+    assert missing.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as long:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=5000)
+    assert long.value.code == "context_length_exceeded"
+    status, body = harness.get("/v1/completions", b'{"model": "' + b"x" * (2 << 20) + b'"}')
+    assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
+    status, body = harness.get("/v1/completions", b"{")
+    assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+def test_refused_reservation_moves_to_the_next_decoder(harness: Harness) -> None:
+    d1, d2 = harness.stubs["d1"], harness.stubs["d2"]
+    d1.refuse = True
+    try:
+        out = harness.client().completions.create(model=MODEL, prompt=[9] * 8, max_tokens=2)
+        assert out.choices[0].text == expected_text([9] * 8, 2)
+        rid = d2.called("Generate")[-1]
+        assert d1.called("Reserve")[-1] == rid and rid not in d1.called("Generate")
+        d2.refuse = True
+        with pytest.raises(openai.InternalServerError) as full:
+            harness.client().completions.create(model=MODEL, prompt=[9] * 8, max_tokens=2)
+        assert full.value.status_code == 503 and "reserve" in full.value.message
+    finally:
+        d1.refuse = d2.refuse = False
+
+
+@pytest.mark.parametrize("prompt", [[1, 2], [11, 12, 13, 14, 15, 16]])
+def test_closing_a_stream_aborts_on_every_worker(harness: Harness, prompt: list[int]) -> None:
+    p1, d1 = harness.stubs["p1"], harness.stubs["d1"]
+    d1.delay_s = 0.05
+    try:
+        stream = harness.client().completions.create(
+            model=MODEL, prompt=prompt, max_tokens=500, stream=True
+        )
+        for i, _ in enumerate(stream):
+            if i == 3:
+                break
+        stream.close()
+        rid = d1.called("Generate")[-1]
+        assert wait_for(lambda: rid in d1.called("Abort"))
+        disaggregated = rid in d1.first_tokens
+        assert disaggregated == (len(prompt) > 4)
+        assert (rid in p1.called("Abort")) == disaggregated
+    finally:
+        d1.delay_s = 0.0
+
+
+def test_health_stats_and_metrics(harness: Harness) -> None:
+    harness.client().completions.create(model=MODEL, prompt=[2] * 10, max_tokens=2)
+    status, body = harness.get("/health")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    models = harness.client().models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    status, body = harness.get("/v1/cache/stats")
+    stats = json.loads(body)
+    overall = stats["since_start"]["overall"]
+    assert status == 200 and overall["requests"] >= 1
+    assert (
+        overall["prompt_tokens"]
+        == overall["local_tokens"] + overall["pool_tokens"] + (overall["computed_tokens"])
+    )
+    assert stats["since_start"]["workers"]["p1"]["request_rates"]["pool"] == 1.0
+    assert stats["pool_lookup"] == {"enabled": False, "connected": False}
+    status, body = harness.get("/metrics")
+    text = body.decode()
+    assert 'kvserve_requests_total{status="ok"}' in text
+    assert 'kvserve_prompt_tokens_total{source="pool",worker="p1"}' in text
+    assert 'kvserve_kv_bytes_total{direction="write"}' in text
+    assert 'kvserve_ttft_seconds_count{mode="disagg",worker="p1"}' in text
+    assert 'kvserve_worker_free_pages{worker="d1"} 200.0' in text
+    assert 'kvserve_worker_queued_prefill_tokens{worker="d1"} 20.0' in text
+
+
+def test_health_without_workers(redis_url: str, default_model_dir: Path) -> None:
+    with Harness(redis_url, default_model_dir, [StubWorker("p9", "prefill")]) as h:
+        status, body = h.get("/health")
+        assert status == 503 and "no decode-capable worker" in json.loads(body)["reason"]
+        with pytest.raises(openai.InternalServerError) as none:
+            h.client().completions.create(model=MODEL, prompt="hi", max_tokens=2)
+        assert none.value.status_code == 503
+
+
+def test_client_gone_before_the_answer_aborts(harness: Harness) -> None:
+    d1 = harness.stubs["d1"]
+    d1.delay_s = 0.05
+    try:
+        client = harness.client().with_options(timeout=0.5)
+        with pytest.raises(openai.APITimeoutError):
+            client.completions.create(model=MODEL, prompt=[4, 4], max_tokens=500)
+        rid = d1.called("Generate")[-1]
+        assert wait_for(lambda: rid in d1.called("Abort"))
+    finally:
+        d1.delay_s = 0.0
+
+
+def test_serve_runs_until_sigterm(redis_url: str) -> None:
+    (port,) = free_local_ports(1)
+    code = (
+        "from kvpool.config import PoolConfig; from proto.registry import ClusterConfig; "
+        "from router.config import RouterConfig; from router.main import serve; "
+        f"serve(RouterConfig(router_port={port}, pool_lookup=False), "
+        f"ClusterConfig(redis_url={redis_url!r}, cluster='empty'), PoolConfig())"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        assert wait_for(lambda: _port_answers(port), timeout=15)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 503
+        conn.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
+def _port_answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,199 @@
+"""ClusterSpec -> ClusterPlan: exact argv, ports, core slices and validation (pure)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+import pytest
+
+import kvserve.cli as cli
+from kvpool.config import PoolConfig
+from kvpool.master import MasterConfig
+from kvserve.cluster_spec import ClusterSpec, config_argv, split_cores
+from kvserve.services import RedisConfig, redis_command
+from kvserve.settings import config_from_args
+from proto.registry import ClusterConfig
+from workers.config import EngineConfig
+
+REGISTRY = ["--redis-url", "redis://127.0.0.1:6379/0", "--cluster", "kvserve"]
+REGISTRY += ["--heartbeat-s", "1.0", "--heartbeat-ttl-s", "3.0"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    some_name: str = "a"
+    count: int = 2
+    ratio: float = 0.5
+    on: bool = True
+    off: bool = False
+
+
+def flag(argv: tuple[str, ...], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def spec(**kw: Any) -> ClusterSpec:
+    kw.setdefault("engine", EngineConfig(model="/m"))
+    return ClusterSpec(python="py", **kw)
+
+
+def worker_argv(role: str, port: int, name: str, threads: int) -> list[str]:
+    """Every engine and pool field is forwarded (their values are checked below and by the
+    round trip through the real CLI); the registry flags are the contract, spelled out."""
+    head = ["py", "-m", "kvserve", "worker", "--role", role, "--worker-host", "127.0.0.1"]
+    head += ["--worker-port", str(port), "--worker-id", name]
+    engine = config_argv(EngineConfig(model="/m", threads=threads))
+    return [*head, *engine, *config_argv(spec().pool_config), *REGISTRY]
+
+
+def test_config_argv_spells_every_field_as_its_flag() -> None:
+    assert config_argv(Example()) == [
+        *["--some-name", "a", "--count", "2", "--ratio", "0.5", "--on", "--no-off"]
+    ]
+
+
+def test_two_cores_one_prefill_one_decode_pins_one_core_each() -> None:
+    plan = spec().plan([0, 1])
+    prefill, decode = plan.workers
+    assert list(prefill.argv) == worker_argv("prefill", 50061, "prefill-0", 1)
+    assert list(decode.argv) == worker_argv("decode", 50062, "decode-0", 1)
+    assert (flag(decode.argv, "--model"), flag(decode.argv, "--threads")) == ("/m", "1")
+    assert flag(decode.argv, "--pool-master") == "127.0.0.1:50051"
+    assert flag(decode.argv, "--pool-metadata-server") == "http://127.0.0.1:8080/metadata"
+    assert flag(decode.argv, "--pool-local-hostname") == "127.0.0.1"
+    assert flag(decode.argv, "--pool-segment-mib") == "256"
+    assert (prefill.cores, decode.cores) == ((0,), (1,))
+    assert dict(decode.env) == {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    assert decode.address == "127.0.0.1:50062"
+    assert not plan.shared_cores and plan.notes == ()
+    router = ["py", "-m", "kvserve", "router", "--router-host", "127.0.0.1"]
+    router += ["--router-port", "8000", *REGISTRY, *config_argv(spec().pool_config)]
+    router += ["--master-metrics-url", "http://127.0.0.1:9003/metrics"]
+    assert list(plan.router.argv) == router
+    assert plan.router.cores == () and plan.router.port == 8000
+
+
+def test_more_workers_than_cores_share_all_cores() -> None:
+    plan = spec(prefill=2).plan([0, 1])
+    assert [w.name for w in plan.workers] == ["prefill-0", "prefill-1", "decode-0"]
+    assert [w.port for w in plan.workers] == [50061, 50062, 50063]
+    assert plan.shared_cores and all(w.cores == (0, 1) for w in plan.workers)
+    assert all(flag(w.argv, "--threads") == "1" for w in plan.workers)
+    assert "3 workers share 2 cores" in plan.notes[0]
+
+
+def test_sixteen_cores_are_split_into_contiguous_slices() -> None:
+    plan = spec().plan(range(16))
+    assert [w.cores for w in plan.workers] == [tuple(range(8)), tuple(range(8, 16))]
+    assert all(flag(w.argv, "--threads") == "8" for w in plan.workers)
+    plan = spec(prefill=3, decode=2).plan(range(16))
+    assert [len(w.cores) for w in plan.workers] == [4, 3, 3, 3, 3]
+    assert sorted(c for w in plan.workers for c in w.cores) == list(range(16))
+
+
+def test_threads_and_pinning_overrides() -> None:
+    unpinned = spec(pin_cores=False).plan(range(16))
+    assert all(w.cores == () for w in unpinned.workers)
+    assert flag(unpinned.workers[0].argv, "--threads") == "8"
+    for kw in ({"threads_per_worker": 3}, {"engine": EngineConfig(model="/m", threads=3)}):
+        w = spec(**kw).plan(range(16)).workers[0]
+        assert flag(w.argv, "--threads") == "3" and len(w.cores) == 8
+
+
+def test_mixed_only_without_pool() -> None:
+    plan = spec(prefill=0, decode=0, mixed=2, use_pool=False, policy="round_robin").plan([0, 1])
+    assert [w.name for w in plan.workers] == ["mixed-0", "mixed-1"]
+    assert "--no-use-pool" in plan.workers[0].argv
+    assert "--pool-master" not in plan.workers[0].argv
+    assert plan.router.argv[-3:] == ("--no-pool-lookup", "--policy", "round_robin")
+
+
+def test_router_options_and_extra_args_come_last() -> None:
+    s = spec(disagg_threshold_tokens=0, router_args=("--x",), worker_args=("--y",))
+    plan = s.plan([0, 1])
+    assert plan.router.argv[-3:] == ("--disagg-threshold-tokens", "0", "--x")
+    assert plan.workers[0].argv[-1] == "--y"
+
+
+def test_pool_and_registry_point_at_this_clusters_services() -> None:
+    pool = PoolConfig(pool_master="elsewhere:1", pool_local_hostname="10.0.0.1")
+    s = spec(pool=pool, redis_port=7000, redis_password="pw", cluster_name="c1")
+    assert s.pool_config.pool_master == s.master.rpc_address
+    assert s.pool_config.pool_local_hostname == "127.0.0.1"
+    assert s.cluster_config.redis_url == "redis://:pw@127.0.0.1:7000/0"
+    assert s.cluster_config.cluster == "c1"
+
+
+def test_free_ports_are_distinct_and_cover_every_process() -> None:
+    s = spec(prefill=2, decode=2).with_free_ports()
+    ports = [s.router_port, s.redis_port, *s.worker_ports]
+    m = s.master
+    ports += [m.master_port, m.master_metadata_port, m.master_metrics_port]
+    assert len(set(ports)) == 9 and len(s.worker_ports) == 4
+    assert [w.port for w in s.plan([0]).workers] == list(s.worker_ports)
+
+
+def test_split_cores() -> None:
+    assert split_cores([3, 1, 2], 2) == ([(1, 2), (3,)], False)
+    assert split_cores([0], 2) == ([(0,), (0,)], True)
+
+
+def test_redis_command() -> None:
+    argv = redis_command(RedisConfig(port=7001), "redis-server")
+    assert argv == [
+        *["redis-server", "--port", "7001", "--bind", "127.0.0.1", "--save", ""],
+        *["--appendonly", "no", "--protected-mode", "yes"],
+    ]
+    assert redis_command(RedisConfig(password="s"))[-2:] == ["--requirepass", "s"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"decode": 0}, "decode-capable"),
+        ({"prefill": 0, "decode": 0, "mixed": 0}, "decode-capable"),
+        ({"decode": -1, "mixed": 1}, ">= 0"),
+        ({"decode": 0, "mixed": 1}, "set decode >= 1"),
+        ({"use_pool": False}, "through the pool"),
+        ({"router_port": 50062}, "distinct"),
+        ({"redis_port": 70000}, "1..65535"),
+        ({"master": MasterConfig(master_port=8000)}, "distinct"),
+        ({"worker_ports": (1, 2, 3)}, "3 ports for 2 workers"),
+        ({"threads_per_worker": -1}, "threads_per_worker"),
+        ({"cores": (0, 0)}, "distinct CPU"),
+        ({"cluster_name": "a:b"}, "cluster"),
+        ({"heartbeat_s": 5.0}, "heartbeat"),
+        ({"disagg_threshold_tokens": -1}, "disagg_threshold_tokens"),
+        ({"stop_grace_s": 0.0}, "positive"),
+    ],
+)
+def test_invalid_specs_say_what_to_change(kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        spec(**kw)
+
+
+def test_no_pool_ports_are_checked_without_the_pool() -> None:
+    s = spec(prefill=0, mixed=1, decode=0, use_pool=False, master=MasterConfig(master_port=8000))
+    assert s.plan([0]).workers[0].name == "mixed-0"
+
+
+def _parse(argv: tuple[str, ...]) -> argparse.Namespace:
+    assert argv[:3] == ("py", "-m", "kvserve")
+    return cli.build_parser().parse_args(list(argv[3:]))
+
+
+def test_argv_round_trips_through_the_real_cli() -> None:
+    """Once ``worker`` and ``router`` are verbs of kvserve.cli, the argv means the spec."""
+    s = spec(disagg_threshold_tokens=64, policy="cache_aware")
+    plan = s.plan([0, 1])
+    ns = _parse(plan.workers[1].argv)
+    assert (ns.role, ns.worker_port, ns.worker_id) == ("decode", 50062, "decode-0")
+    assert config_from_args(EngineConfig, ns) == dataclasses.replace(s.engine, threads=1)
+    assert config_from_args(PoolConfig, ns) == s.pool_config
+    assert config_from_args(ClusterConfig, ns) == s.cluster_config
+    ns = _parse(plan.router.argv)
+    assert (ns.router_port, ns.policy, ns.disagg_threshold_tokens) == (8000, "cache_aware", 64)
+    assert config_from_args(ClusterConfig, ns) == s.cluster_config
+    assert ns.master_metrics_url == s.master.metrics_url

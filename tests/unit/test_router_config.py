@@ -1,0 +1,51 @@
+"""RouterConfig: validation, and flags/env through kvserve.settings."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from kvserve.settings import add_config_args, config_from_args
+from router.config import RouterConfig, master_metrics_address
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"router_port": 0}, "router_port"),
+        ({"policy": "fastest"}, "policy must be one of"),
+        ({"disagg_threshold_tokens": -1}, "disagg_threshold_tokens"),
+        ({"reserve_lease_s": 0.0}, "reserve_lease_s"),
+        ({"request_timeout_s": -1.0}, "request_timeout_s"),
+        ({"max_body_bytes": 10}, "max_body_bytes"),
+        ({"tokenizer_dir": "/nonexistent"}, "no tokenizer.json"),
+        ({"master_metrics_url": "127.0.0.1:9003"}, "master_metrics_url"),
+        ({"master_metrics_url": "http://127.0.0.1/metrics"}, "explicit port"),
+    ],
+)
+def test_rejects_bad_values(fields: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        RouterConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_defaults_and_helpers(tmp_path: Path) -> None:
+    cfg = RouterConfig()
+    assert (cfg.router_host, cfg.router_port, cfg.policy) == ("127.0.0.1", 8000, "cache_aware")
+    assert cfg.reserve_lease_ms == 30000
+    assert master_metrics_address("http://10.0.0.2:9003/metrics") == ("10.0.0.2", 9003)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert RouterConfig(tokenizer_dir=str(tmp_path)).tokenizer_dir == str(tmp_path)
+
+
+def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSERVE_POLICY", "round_robin")
+    monkeypatch.setenv("KVSERVE_POOL_LOOKUP", "false")
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, RouterConfig)
+    ns = parser.parse_args(["--router-port", "9100", "--disagg-threshold-tokens", "0"])
+    cfg = config_from_args(RouterConfig, ns)
+    assert cfg == RouterConfig(
+        router_port=9100, policy="round_robin", disagg_threshold_tokens=0, pool_lookup=False
+    )
