@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 WINDOW = 256
 """(block, layer) objects polled per round for one landing."""
 POLL_S = 0.002
+MAX_POLL_S = 0.032
+"""Rounds that find nothing new back off up to this (polling competes with the compute of
+a prefill on the same cores); :meth:`Lander.nudge` polls at once."""
 
 
 class Landing:
@@ -45,11 +48,15 @@ class Landing:
         self.metas: list[BlockMeta | None] | None = None
         self.verified: list[BlockMeta] = []
         self.read_seconds = 0.0
+        """Time in reads (the transfer itself; polls not included)."""
         self.bytes = 0
         self.done = threading.Event()
+        self.progressed = False
 
     def step(self) -> bool:
-        """One round of polling and reading; True when the landing is over."""
+        """One round of polling and reading; True when the landing is over (``progressed``
+        says whether this round read anything)."""
+        self.progressed = False
         if time.monotonic() > self.deadline:
             self._verify(self.metas or [])
             return True
@@ -58,13 +65,13 @@ class Landing:
         return self._poll_metas()
 
     def _read_landed(self) -> bool:
-        t0 = time.perf_counter()
         window = self.pending[:WINDOW]
         keys = [f"{self.meta_keys[i]}/{layer}" for i, layer in window]
         ready = [
             w for w, flag in zip(window, self.pool.store.exists(keys), strict=True) if flag == 1
         ]
         if ready:
+            t0 = time.perf_counter()
             size = self.pool.layout.span_bytes
             base, layout = self.pool.slab_ptr, self.pool.layout
             got = self.pool.store.get_into(
@@ -77,7 +84,8 @@ class Landing:
                 self.bytes += max(n, 0)
             done = set(ready)
             self.pending = [w for w in self.pending if w not in done]
-        self.read_seconds += time.perf_counter() - t0
+            self.read_seconds += time.perf_counter() - t0
+            self.progressed = True
         return False
 
     def _poll_metas(self) -> bool:
@@ -134,8 +142,14 @@ class Lander:
                 self._active.remove(landing)
             landing.done.set()
 
+    def nudge(self) -> None:
+        """Poll now (a prefill just answered: its KV is all in the pool)."""
+        self._wake.set()
+
     def _run(self) -> None:
+        delay = POLL_S
         while not self._closed:
+            progressed = False
             with self._lock:
                 for landing in list(self._active):
                     try:
@@ -143,15 +157,14 @@ class Lander:
                     except Exception:
                         log.exception("landing KV from the pool failed; it will be recomputed")
                         over = True
+                    progressed |= landing.progressed
                     if over:
                         self._active.remove(landing)
                         landing.done.set()
                 idle = not self._active
-            if idle:
-                self._wake.wait(1.0)
-                self._wake.clear()
-            else:
-                time.sleep(POLL_S)
+            delay = POLL_S if progressed else min(2 * delay, MAX_POLL_S)
+            self._wake.wait(1.0 if idle else delay)
+            self._wake.clear()
 
     def close(self) -> None:
         with self._lock:

@@ -147,6 +147,13 @@ def _up(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _bench_overlap(args: argparse.Namespace) -> int:
+    from kvserve.bench.overlap import run_bench
+
+    run_bench(args, config_from_args(EngineConfig, args))
+    return 0
+
+
 def _bench_pool(args: argparse.Namespace) -> int:
     from kvserve.bench.pool import run_bench
 
@@ -245,6 +252,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="serving workload: this many requests per unit of concurrency",
     )
     add_config_args(b, EngineConfig)
+
+    bo = verb(
+        "overlap",
+        _bench_overlap,
+        "share of KV transfer hidden by layer-wise streaming (vs transfer after prefill)",
+        bench_verbs,
+    )
+    bo.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    bo.add_argument("--repeat", type=int, default=3)
+    bo.add_argument("--seed", type=int, default=0)
+    bo.add_argument("--segment-mib", type=int, default=1024, help="pool memory per engine")
+    add_config_args(bo, EngineConfig)
 
     bp = verb("pool", _bench_pool, "KV pool put/get GB/s against memcpy", bench_verbs)
     bp.add_argument("--sizes-kib", type=int, nargs="+", default=[16, 64, 256, 1024, 4096])

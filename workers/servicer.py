@@ -151,6 +151,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             first = request.first_token
             landing = await self._on_engine(lambda e: e.landings.get(rid))
             if landing is not None:  # wait off the engine thread; decodes go on meanwhile
+                if self.loop.engine.lander is not None:
+                    self.loop.engine.lander.nudge()
                 await asyncio.to_thread(landing.done.wait, LANDING_WAIT_S)
             start: Callable[[Engine], Any] = lambda e: e.adopt(rid, prompt, first, params)  # noqa: E731
         else:
