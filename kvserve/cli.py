@@ -154,6 +154,13 @@ def _bench_overlap(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_prefix(args: argparse.Namespace) -> int:
+    from kvserve.bench.prefix import run_bench
+
+    run_bench(args, config_from_args(EngineConfig, args))
+    return 0
+
+
 def _bench_pool(args: argparse.Namespace) -> int:
     from kvserve.bench.pool import run_bench
 
@@ -264,6 +271,19 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--seed", type=int, default=0)
     bo.add_argument("--segment-mib", type=int, default=1024, help="pool memory per engine")
     add_config_args(bo, EngineConfig)
+
+    bx = verb(
+        "prefix",
+        _bench_prefix,
+        "TTFT of a prompt whose prefix is in the pool, on another prefill worker, vs cold",
+        bench_verbs,
+    )
+    bx.add_argument("--prefix", type=int, default=2048, help="shared prefix tokens")
+    bx.add_argument("--tail", type=int, default=32, help="tokens after the prefix")
+    bx.add_argument("--repeat", type=int, default=4)
+    bx.add_argument("--seed", type=int, default=0)
+    bx.add_argument("--segment-mib", type=int, default=512, help="pool memory per worker")
+    add_config_args(bx, EngineConfig)
 
     bp = verb("pool", _bench_pool, "KV pool put/get GB/s against memcpy", bench_verbs)
     bp.add_argument("--sizes-kib", type=int, nargs="+", default=[16, 64, 256, 1024, 4096])

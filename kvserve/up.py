@@ -67,6 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run mooncake_master and join the KV pool (--no-use-pool: mixed workers only)",
     )
     g.add_argument("--startup-timeout-s", type=float, default=300.0)
+    g.add_argument(
+        "--ask",
+        default="",
+        help="once healthy, send this chat message through the router and print the answer",
+    )
+    g.add_argument(
+        "--exit-after-ask", action="store_true", help="stop the cluster after --ask answered"
+    )
     r = parser.add_argument_group("router and registry")
     r.add_argument("--policy", default="", help="router placement policy (default: router's)")
     r.add_argument(
@@ -134,6 +142,24 @@ def _announce(cluster: Cluster, seconds: float) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
+def ask(cluster: Cluster, question: str, max_tokens: int = 64) -> str:
+    """The answer to one chat message, greedy, through the router's OpenAI API."""
+    body = {
+        "model": _model_name(cluster),
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    request = urllib.request.Request(
+        cluster.router_url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        reply = json.load(response)
+    return str(reply["choices"][0]["message"]["content"])
+
+
 def _model_name(cluster: Cluster) -> str:
     """The first model the router serves (its ``/v1/models``), for the sample command."""
     try:
@@ -167,6 +193,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         cluster.start()
         _announce(cluster, time.monotonic() - begin)
+        if args.ask:
+            print(ask(cluster, args.ask), flush=True)
+            if args.exit_after_ask:
+                return 0
         return _serve(cluster)
     except KeyboardInterrupt:
         return 0

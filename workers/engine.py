@@ -372,4 +372,6 @@ class Engine:
             for out in self.step():
                 if out.finished:
                     done[out.request_id] = out
+        if self.streamer is not None:
+            self.streamer.flush()  # their KV is published in the pool when this returns
         return [done[i] for i in ids]

@@ -9,8 +9,10 @@ Writing (every role that computes KV):
 2. while the model runs, :meth:`StepWrite.on_layer` is called after each layer: that
    layer's spans are put on a helper thread while the next layer computes (layer-wise
    streaming; with streaming off, nothing moves until the step ends);
-3. after the step, :meth:`StepWrite.finish` waits for the last layers and commits the
-   blocks' metas (only then are the blocks visible as present).
+3. after the step, :meth:`StepWrite.finish` waits for the last layers (from then on the
+   pages may change hands) and queues the commit of the blocks' metas on the same helper
+   thread: the next step computes meanwhile, and the blocks become visible as present a
+   moment later (a decode worker waits for the metas anyway).
 
 Reading (decode side, after a remote prefill): :func:`pull_prompt` fills a reservation's
 pages with the prompt's blocks and its partial last block, verified, and says how many
@@ -90,9 +92,12 @@ class StepWrite:
         executor: ThreadPoolExecutor | None,
         owners: dict[str, int],
         leases: list[tuple[str, float]],
+        in_flight: set[str] | None = None,
     ) -> None:
         self.write = write
         self.executor = executor
+        self.in_flight = in_flight if in_flight is not None else set()
+        """Meta keys whose commit is queued (shared with the streamer; read by ``plan``)."""
         self.owners = owners
         """request id -> how many of the step's blocks are its own (for attribution)."""
         self.leases = leases
@@ -104,17 +109,27 @@ class StepWrite:
             self._pending.append(self.executor.submit(self.write.write_layer, layer))
 
     def finish(self) -> Transfer:
-        """Wait for the layer puts (or do them all now, without streaming) and commit."""
+        """Wait for the layer puts and queue the commit (without streaming: write and commit
+        everything now)."""
         t0 = time.perf_counter()
+        for request_id, expires in self.leases:
+            self.write.pool.lease(request_id, expires)
         if self.executor is None:
             self.write.write_all()
         else:
-            for future in self._pending:
-                future.result()
-            self.write.commit()
-        for request_id, expires in self.leases:
-            self.write.pool.lease(request_id, expires)
+            for layer_write in self._pending:
+                layer_write.result()
+            if self.write.blocks:
+                keys = {meta for meta, _, _ in self.write.blocks}
+                self.in_flight.update(keys)
+                commit = self.executor.submit(self.write.commit)
+                commit.add_done_callback(lambda f: self._committed(f, keys))
         return Transfer(self.write.bytes, self.write.seconds, time.perf_counter() - t0)
+
+    def _committed(self, future: Future[int], keys: set[str]) -> None:
+        self.in_flight.difference_update(keys)
+        if (exc := future.exception()) is not None:
+            log.error("committing KV blocks to the pool failed: %s", exc)
 
 
 class KVStreamer:
@@ -125,6 +140,9 @@ class KVStreamer:
         self.pool = pool
         self.blocks = blocks
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="kv-write") if streaming else None
+        self.in_flight: set[str] = set()
+        """Meta keys of blocks whose layers are in and whose commit is queued: present in a
+        moment, so never rewritten (nor their layers healed away) meanwhile."""
 
     def plan(self, entries: list[tuple[Sequence, int]]) -> StepWrite:
         """The writes of a step that computes ``n`` tokens of each ``seq`` in ``entries``."""
@@ -144,7 +162,8 @@ class KVStreamer:
                     leases.append((seq.request_id, block[2]["expires"]))
                     owners[seq.request_id] = 1
             for block_hash, page in named:
-                candidates.setdefault(block_hash, (page, seq.request_id))
+                if self.pool.keys.meta_key(block_hash) not in self.in_flight:
+                    candidates.setdefault(block_hash, (page, seq.request_id))
         hashes = list(candidates)
         todo: list[PendingBlock] = []
         for block_hash, missing in zip(hashes, self.pool.absent(hashes), strict=True):
@@ -152,7 +171,13 @@ class KVStreamer:
                 page, owner = candidates[block_hash]
                 todo.append((self.pool.keys.meta_key(block_hash), page, {}))
                 owners[owner] = owners.get(owner, 0) + 1
-        return StepWrite(self.pool.begin_write(todo + partials), self.executor, owners, leases)
+        write = self.pool.begin_write(todo + partials)
+        return StepWrite(write, self.executor, owners, leases, self.in_flight)
+
+    def flush(self) -> None:
+        """Wait until every queued write and commit is done (tests, shutdown)."""
+        if self.executor is not None:
+            self.executor.submit(lambda: None).result()
 
     def close(self) -> None:
         if self.executor is not None:

@@ -20,14 +20,17 @@ import logging
 import signal
 import socket
 import time
+from dataclasses import replace
 
 import grpc
+import redis
+from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvpool.config import PoolConfig
 from proto import worker_pb2_grpc
-from proto.registry import ClusterConfig, WorkerRecord
+from proto.registry import ClusterConfig, ContractMismatchError, WorkerRecord
 from workers.config import EngineConfig, WorkerConfig
 from workers.engine import Engine
 from workers.engine_loop import EngineLoop
@@ -89,16 +92,23 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
 
     def load() -> dict[str, object]:
         report = loop.call(lambda e: load_report(e, servicer.role, servicer.draining))
-        from google.protobuf.json_format import MessageToDict
-
         return MessageToDict(report.result(timeout=5), preserving_proto_field_name=True)
 
     heartbeat = Heartbeat(cluster, record, load)
     loop.start()
-    heartbeat.beat()  # a contract mismatch or an unreachable Redis stops us here
+    try:
+        heartbeat.beat()
+    except (ContractMismatchError, redis.RedisError, OSError) as exc:
+        log.error("cannot join cluster %r at %s: %s", cluster.cluster, cluster.redis_url, exc)
+        loop.stop()
+        return 1
 
-    def republish() -> None:
-        heartbeat.record = _with_role(heartbeat.record, servicer.role)
+    def republish() -> None:  # a role or drain change is visible at once, not a beat later
+        heartbeat.record = replace(heartbeat.record, role=servicer.role)
+        try:
+            heartbeat.beat()
+        except (redis.RedisError, OSError) as exc:
+            log.warning("could not publish the role change now: %s", exc)
 
     servicer.on_change = republish
     server = grpc.aio.server()
@@ -120,9 +130,3 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
     await server.stop(GRACE_S)
     loop.stop()
     return 0
-
-
-def _with_role(record: WorkerRecord, role: str) -> WorkerRecord:
-    from dataclasses import replace
-
-    return replace(record, role=role)

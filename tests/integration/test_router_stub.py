@@ -11,17 +11,16 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-import redis
 from transformers import AutoTokenizer
 
 from kvpool.master import free_local_ports
+from kvserve.services import RedisConfig, RedisProcess
 from tests.integration.router_harness import (
     MODEL,
     Harness,
@@ -34,23 +33,9 @@ from tests.integration.router_harness import (
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     (port,) = free_local_ports(1)
-    cmd = ["/usr/bin/redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-           "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    try:
-        for _ in range(100):
-            try:
-                if client.ping():
-                    break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        yield url
-    finally:
-        client.close()
-        proc.terminate()
-        proc.wait(10)
+    log = tmp_path_factory.mktemp("redis") / "redis.log"
+    with RedisProcess(RedisConfig(port=port), log) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="module")

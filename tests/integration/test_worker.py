@@ -1,0 +1,119 @@
+"""One real worker process (``kvserve worker``) against real Redis and mooncake_master:
+registration and its record, the role change that drains first, the refusal of a worker
+whose KV contract differs from the cluster's, and a clean exit that withdraws the record."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvpool.master import MasterConfig, free_local_ports
+from kvserve.services import ManagedProcess, RedisConfig, RedisProcess
+from proto import worker_pb2 as pb
+from proto import worker_pb2_grpc
+from proto.registry import Keys, WorkerRecord, list_workers
+from tests.integration.pool_fixtures import running_master
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, MasterConfig]]:
+    log_dir = tmp_path_factory.mktemp("services")
+    (port,) = free_local_ports(1)
+    with (
+        RedisProcess(RedisConfig(port=port), log_dir / "redis.log") as redis_proc,
+        running_master(log_dir) as master,
+    ):
+        yield redis_proc.url, master
+
+
+def worker(
+    name: str, model: Path, services: tuple[str, MasterConfig], log_dir: Path, *extra: str
+) -> tuple[ManagedProcess, str]:
+    redis_url, master = services
+    (port,) = free_local_ports(1)
+    argv = [sys.executable, "-m", "kvserve", "worker", "--worker-port", str(port),
+            "--worker-id", name, "--model", str(model), "--redis-url", redis_url,
+            "--pool-master", master.rpc_address, "--pool-metadata-server", master.metadata_url,
+            "--pool-segment-mib", "32", "--pool-local-buffer-mib", "16", "--kv-cache-mib", "16",
+            "--block-tokens", "16", "--threads", "1", *extra]  # fmt: skip
+    return ManagedProcess(name, argv, log_dir / f"{name}.log").start(), f"127.0.0.1:{port}"
+
+
+def wait_serving(address: str, proc: ManagedProcess, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            assert proc.running, proc.log_tail()
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise AssertionError(f"worker not serving: {proc.log_tail()}")
+
+
+def record(redis_url: str, worker_id: str) -> WorkerRecord | None:
+    client = redis.Redis.from_url(redis_url)
+    return next((r for r in list_workers(client, Keys()) if r.worker_id == worker_id), None)
+
+
+def test_worker_registers_drains_on_role_change_refuses_misfits_and_withdraws(
+    services: tuple[str, MasterConfig], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    redis_url = services[0]
+    proc, address = worker("w-mixed", tiny_model_dir, services, tmp_path, "--role", "mixed")
+    try:
+        wait_serving(address, proc)
+        rec = record(redis_url, "w-mixed")
+        assert rec is not None and rec.role == "mixed" and rec.address == address
+        assert rec.block_tokens == 16 and "|" in rec.contract and rec.load["role"] == "mixed"
+
+        channel = grpc.insecure_channel(address)
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        params = pb.SamplingParams(max_tokens=300, temperature=0, ignore_eos=True)
+        request = pb.GenerateRequest(request_id="long", prompt_token_ids=[5, 6, 7], params=params)
+        chunks: list[pb.TokenChunk] = []
+        streaming = threading.Thread(target=lambda: chunks.extend(stub.Generate(request)))
+        streaming.start()
+        while not chunks:
+            time.sleep(0.01)
+        changed: list[pb.SetRoleReply] = []
+        switching = threading.Thread(
+            target=lambda: changed.append(stub.SetRole(pb.SetRoleRequest(role="decode")))
+        )
+        switching.start()
+        while not ((r := record(redis_url, "w-mixed")) and r.load.get("draining")):
+            time.sleep(0.02)
+        with pytest.raises(grpc.RpcError) as refused:  # new work waits for the next role
+            list(stub.Generate(pb.GenerateRequest(request_id="new", prompt_token_ids=[1],
+                                                  params=params)))  # fmt: skip
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        switching.join(60)
+        streaming.join(60)
+        # The request in flight ran to its end before the role changed.
+        assert sum(len(c.token_ids) for c in chunks) == 300
+        assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        assert changed and changed[0].role == "decode" and changed[0].previous == "mixed"
+        rec = record(redis_url, "w-mixed")
+        assert rec is not None and rec.role == "decode"
+        channel.close()
+
+        misfit, _ = worker("w-misfit", tiny_model_dir, services, tmp_path, "--block-tokens", "32")
+        assert misfit.wait(120) == 1
+        assert "contract differs" in misfit.log_tail(50)
+        assert record(redis_url, "w-misfit") is None
+    finally:
+        proc.terminate()
+    assert proc.wait(30) == 0
+    assert record(redis_url, "w-mixed") is None
