@@ -12,18 +12,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpool.hashing import Namespace
+from kvpool.hashing import HASH_VERSION, Namespace
 from kvpool.store import MooncakeStore
 
 
 @dataclass(frozen=True)
 class KeySpace:
-    namespace: Namespace
+    """Pool keys of one namespace: its ``seed`` (the digest of the namespace, which a worker
+    record carries) and hash version fix the tag."""
+
+    seed: int
     num_layers: int
+    hash_version: int = HASH_VERSION
+
+    @classmethod
+    def of(cls, namespace: Namespace, num_layers: int) -> KeySpace:
+        return cls(namespace.seed, num_layers, namespace.hash_version)
 
     @property
     def tag(self) -> str:
-        return f"kv{self.namespace.hash_version}.{self.namespace.seed:016x}"
+        return f"kv{self.hash_version}.{self.seed:016x}"
 
     def meta_key(self, block_hash: int) -> str:
         return f"{self.tag}/b/{block_hash:016x}"

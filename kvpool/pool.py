@@ -102,7 +102,7 @@ class KVPool:
         self.slab_ptr = slab_ptr
         self.writer = writer
         self.request_ttl_s = request_ttl_s
-        self.keys = KeySpace(namespace, layout.num_layers)
+        self.keys = KeySpace.of(namespace, layout.num_layers)
         self.stats = PoolStats()
         self._leases: list[tuple[float, str]] = []  # (expiry, request id), a heap
         store.register(slab_ptr, layout.slab_bytes)

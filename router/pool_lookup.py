@@ -21,11 +21,9 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import cast
 
 from kvpool.config import PoolConfig
-from kvpool.hashing import HASH_VERSION, Namespace, hash_chain
+from kvpool.hashing import hash_chain
 from kvpool.keys import KeySpace, longest_prefix
 from kvpool.store import MooncakeStore, PoolUnavailableError
 from proto.registry import WorkerRecord
@@ -33,18 +31,9 @@ from proto.registry import WorkerRecord
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class _SeedNamespace:
-    """The two namespace facts a :class:`KeySpace` reads (its tag): a worker record
-    carries the namespace's seed, not its full text, and both sides share HASH_VERSION."""
-
-    seed: int
-    hash_version: int = HASH_VERSION
-
-
 def record_keys(record: WorkerRecord) -> KeySpace:
     """The pool key space of the cluster that ``record`` belongs to."""
-    return KeySpace(cast(Namespace, _SeedNamespace(record.hash_seed)), record.num_layers)
+    return KeySpace(record.hash_seed, record.num_layers)
 
 
 class PoolLookup:

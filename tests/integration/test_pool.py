@@ -300,6 +300,6 @@ def test_router_style_lookup_needs_no_kv_memory(master: MasterConfig) -> None:
         )
     )
     try:
-        assert longest_prefix(router, KeySpace(NAMESPACE, LAYOUT.num_layers), hashes) == 3
+        assert longest_prefix(router, KeySpace.of(NAMESPACE, LAYOUT.num_layers), hashes) == 3
     finally:
         router.close()

@@ -31,7 +31,7 @@ RECORD = WorkerRecord(
 
 
 def test_record_keys_match_the_workers_key_space() -> None:
-    workers = KeySpace(NAMESPACE, LAYOUT.num_layers)
+    workers = KeySpace.of(NAMESPACE, LAYOUT.num_layers)
     assert record_keys(RECORD).block_keys(7) == workers.block_keys(7)
 
 
