@@ -57,6 +57,7 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
 
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
+    placement: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         spec = ClusterSpec(
             prefill=2,
@@ -68,6 +69,8 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
             log_dir=Path(tmp),
         ).with_free_ports()
         with Cluster(spec).start() as cluster:
+            plan = cluster.plan
+            placement = {"shared_cores": plan.shared_cores, "notes": list(plan.notes)}
             client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key="-")
             model = client.models.list().data[0].id
             vocab = 49152
@@ -98,6 +101,7 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
             "block_tokens": config.block_tokens,
             "max_num_batched_tokens": config.max_num_batched_tokens,
             "deployment": "2 prefill + 1 decode workers, round robin, all disaggregated",
+            "placement": placement,
             "repeat": args.repeat,
             "seed": args.seed,
         },
