@@ -31,17 +31,17 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace
-from kvpool.landing import Lander, Landing
 from workers.config import EngineConfig
 from workers.detokenizer import IncrementalText
 from workers.kv_cache import KVCache, blocks_for_memory
-from workers.kv_transfer import KVStreamer, Transfer, join_pool, pull_prompt, start_landing
+from workers.kv_transfer import KVStreamer, Transfer, join_pool, pull_prompt
 from workers.model.loader import load_model, model_fingerprint
 from workers.model.rope import RotaryTable
 from workers.model_runner import ModelRunner
 from workers.outputs import EngineStats, RequestOutput, resolve_model_dir
+from workers.reservations import Reservations
 from workers.scheduler import Scheduler, SchedulerConfig
-from workers.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
+from workers.sequence import FinishReason, SamplingParams, Sequence
 from workers.tokenizer import Tokenizer
 
 
@@ -88,9 +88,7 @@ class Engine:
             if self.pool is not None
             else None
         )
-        self.lander = Lander() if self.pool is not None and config.kv_streaming else None
-        self.landings: dict[str, Landing] = {}
-        """request id -> the pull of a reservation's prompt KV as it lands (streaming)."""
+        self.reservations = Reservations(self.scheduler, self.pool, config.kv_streaming)
         self.tokenizer = Tokenizer(self.model_dir)
         eos = set(cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -100,8 +98,6 @@ class Engine:
         self._requests: dict[str, Sequence] = {}
         self._texts: dict[str, IncrementalText] = {}
         self._transfers: dict[str, Transfer] = {}
-        self.reservations: dict[str, tuple[Sequence, float]] = {}
-        """request id -> (sequence holding pages, monotonic expiry of its lease)"""
         self._ids = itertools.count()
 
     # -- requests --------------------------------------------------------------------------
@@ -148,25 +144,11 @@ class Engine:
     def reserve(
         self, request_id: str, prompt_token_ids: list[int], max_tokens: int, lease_s: float
     ) -> Sequence | None:
-        """Hold pages for a prompt whose prefill runs elsewhere; ``None`` if they are not
-        free now, ``ValueError`` if the request can never fit. Local prefix hits are taken
-        (counted in ``num_cached_tokens``); the pages are released after ``lease_s``
-        unless :meth:`adopt` comes first."""
+        """Hold pages for a prompt whose prefill runs elsewhere (see
+        :mod:`workers.reservations`); ``None`` if they are not free now, ``ValueError`` if
+        the request can never fit. Released after ``lease_s`` unless :meth:`adopt` comes."""
         self._check_new(request_id, prompt_token_ids)
-        seq = Sequence(request_id, list(prompt_token_ids), SamplingParams(max_tokens=max_tokens))
-        self.scheduler.check_fits(seq)
-        blocks = self.scheduler.blocks
-        hits = blocks.match_prefix(seq)
-        n = seq.num_prompt_tokens - len(hits[0]) * blocks.block_tokens
-        if not blocks.can_allocate(seq, n, hits[0]):
-            return None
-        blocks.allocate(seq, n, hits)
-        seq.status = SeqStatus.RESERVED
-        deadline = time.monotonic() + lease_s
-        self.reservations[request_id] = (seq, deadline)
-        if self.lander is not None and self.pool is not None:
-            self.landings[request_id] = start_landing(self.pool, self.lander, blocks, seq, deadline)
-        return seq
+        return self.reservations.reserve(request_id, prompt_token_ids, max_tokens, lease_s)
 
     def adopt(
         self,
@@ -178,22 +160,17 @@ class Engine:
         """Take over a request whose prefill ran elsewhere and produced ``first_token``.
 
         With a live reservation, the prompt's KV is pulled from the pool into its pages, or
-        taken from its landing, which the caller lets finish first (``landings[id].done``;
-        what has not arrived is recomputed here); without one (expired, or never made) the
-        request is queued like a new one, its prompt reused from the pool through admission.
-        Returns the KV read. ``ValueError`` as :meth:`add_request`.
+        taken from its landing, which the caller lets finish first
+        (``reservations.landing(id).done``; what has not arrived is recomputed here);
+        without one (expired, or never made) the request is queued like a new one, its
+        prompt reused from the pool through admission. Returns the KV read.
         """
-        entry = self.reservations.pop(request_id, None)
-        landing = self._stop_landing(request_id)
-        if entry is not None and entry[0].token_ids != list(prompt_token_ids):
-            self.scheduler.blocks.deallocate(entry[0])
-            entry = None
+        seq, landing = self.reservations.take(request_id, prompt_token_ids)
         transfer = Transfer()
-        if entry is None:
+        if seq is None:
             tokens = [*prompt_token_ids, first_token]
             seq = self._enqueue(request_id, tokens, params, len(prompt_token_ids))
         else:
-            seq = entry[0]
             seq.params = params
             if self.pool is not None:
                 transfer = pull_prompt(self.pool, self.scheduler.blocks, seq, landing)
@@ -209,10 +186,7 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """End a request (or release a reservation) wherever it is; False if unknown."""
-        entry = self.reservations.pop(request_id, None)
-        if entry is not None:
-            self._stop_landing(request_id)
-            self.scheduler.finish(entry[0], FinishReason.ABORT)
+        if self.reservations.release(request_id):
             return True
         seq = self._requests.get(request_id)
         if seq is None:
@@ -220,13 +194,6 @@ class Engine:
         self.scheduler.finish(seq, FinishReason.ABORT)
         self._forget(request_id)
         return True
-
-    def _stop_landing(self, request_id: str) -> Landing | None:
-        """End the landing of a reservation (if any): its pages are ours alone again."""
-        landing = self.landings.pop(request_id, None)
-        if landing is not None and self.lander is not None:
-            self.lander.cancel(landing)
-        return landing
 
     def _forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
@@ -237,13 +204,10 @@ class Engine:
     def housekeeping(self, now: float | None = None) -> int:
         """Release reservations whose lease ran out and expire this worker's uncollected
         partial blocks in the pool; returns how many reservations were released."""
-        now = time.monotonic() if now is None else now
-        expired = [rid for rid, (_, until) in self.reservations.items() if until <= now]
-        for request_id in expired:
-            self.abort(request_id)
+        expired = self.reservations.expire(now)
         if self.pool is not None:
             self.pool.sweep()
-        return len(expired)
+        return expired
 
     @property
     def has_unfinished(self) -> bool:
@@ -348,9 +312,7 @@ class Engine:
 
     def close(self) -> None:
         """Leave the pool (if joined). The engine is not usable afterwards."""
-        if self.lander is not None:
-            self.lander.close()
-            self.lander = None
+        self.reservations.close()
         if self.streamer is not None:
             self.streamer.close()
             self.streamer = None

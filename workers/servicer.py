@@ -149,10 +149,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         rid = request.request_id
         if request.HasField("first_token"):
             first = request.first_token
-            landing = await self._on_engine(lambda e: e.landings.get(rid))
+            landing = await self._on_engine(lambda e: e.reservations.landing(rid))
             if landing is not None:  # wait off the engine thread; decodes go on meanwhile
-                if self.loop.engine.lander is not None:
-                    self.loop.engine.lander.nudge()
+                self.loop.engine.reservations.nudge()
                 await asyncio.to_thread(landing.done.wait, LANDING_WAIT_S)
             start: Callable[[Engine], Any] = lambda e: e.adopt(rid, prompt, first, params)  # noqa: E731
         else:

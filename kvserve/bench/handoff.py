@@ -65,9 +65,9 @@ def handoff(
         decode.abort(request_id)
         return result
     t1 = time.perf_counter()
-    landing = decode.landings.get(request_id)
-    if landing is not None and decode.lander is not None:
-        decode.lander.nudge()
+    landing = decode.reservations.landing(request_id)
+    if landing is not None:
+        decode.reservations.nudge()
         landing.done.wait(landing_wait_s)
     result.read = decode.adopt(request_id, prompt, first.new_token_ids[0], params)
     result.adopt_seconds = time.perf_counter() - t1

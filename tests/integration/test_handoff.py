@@ -119,4 +119,4 @@ def test_abort_releases_a_reservation_and_its_landing(pair: tuple[Engine, Engine
     _, decode = pair
     assert decode.reserve("aborted", prompt(13, 60), 4, lease_s=30.0) is not None
     assert decode.abort("aborted")
-    assert idle(decode) and not decode.landings
+    assert idle(decode) and decode.reservations.landing("aborted") is None
