@@ -161,6 +161,18 @@ def _bench_prefix(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_serve(args: argparse.Namespace) -> int:
+    from kvserve.bench.serve import run
+
+    return run(args)
+
+
+def _bench_trace(args: argparse.Namespace) -> int:
+    from kvserve.bench.trace import run
+
+    return run(args)
+
+
 def _bench_pool(args: argparse.Namespace) -> int:
     from kvserve.bench.pool import run_bench
 
@@ -284,6 +296,26 @@ def build_parser() -> argparse.ArgumentParser:
     bx.add_argument("--seed", type=int, default=0)
     bx.add_argument("--segment-mib", type=int, default=512, help="pool memory per worker")
     add_config_args(bx, EngineConfig)
+
+    from kvserve.bench.loadgen.options import add_arguments as add_serve_arguments
+    from kvserve.bench.trace import add_arguments as add_trace_arguments
+
+    add_serve_arguments(
+        verb(
+            "serve",
+            _bench_serve,
+            "serving load (any OpenAI-compatible server): latency, SLO attainment, goodput",
+            bench_verbs,
+        )
+    )
+    add_trace_arguments(
+        verb(
+            "trace",
+            _bench_trace,
+            "prefix hit rate of a Mooncake trace: real pool vs LRU, local caches vs shared",
+            bench_verbs,
+        )
+    )
 
     bp = verb("pool", _bench_pool, "KV pool put/get GB/s against memcpy", bench_verbs)
     bp.add_argument("--sizes-kib", type=int, nargs="+", default=[16, 64, 256, 1024, 4096])

@@ -17,8 +17,6 @@ import subprocess
 import sys
 from typing import Any
 
-import torch
-
 
 def commit() -> str:
     """The current git commit (with ``+dirty`` if the tree has changes), or ``unknown``."""
@@ -38,6 +36,8 @@ def commit() -> str:
 
 
 def base_conditions() -> dict[str, Any]:
+    import torch  # here, so that importing a bench module (for its flags) stays cheap
+
     return {
         "commit": commit(),
         "torch": torch.__version__,

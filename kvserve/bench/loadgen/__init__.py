@@ -1,0 +1,21 @@
+"""The serving load generator: workloads, arrivals, an async OpenAI client, metrics, SLOs.
+
+Pure modules (:mod:`.workloads`, :mod:`.arrivals`, :mod:`.metrics`, :mod:`.slo`) import no
+I/O library and no torch, so a simulator can reuse the requests and the JSON schema;
+:mod:`.client` talks HTTP (aiohttp) and :mod:`.plots` draws (matplotlib, lazily).
+"""
+
+from kvserve.bench.loadgen.metrics import RequestRecord, RunSummary, summarize
+from kvserve.bench.loadgen.slo import AbsoluteSlo, RelativeSlo, SloTargets, sweep_goodput
+from kvserve.bench.loadgen.workloads import RequestSpec
+
+__all__ = [
+    "AbsoluteSlo",
+    "RelativeSlo",
+    "RequestRecord",
+    "RequestSpec",
+    "RunSummary",
+    "SloTargets",
+    "summarize",
+    "sweep_goodput",
+]

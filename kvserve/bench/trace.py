@@ -1,0 +1,234 @@
+"""``kvserve bench trace``: prefix hit rates of a Mooncake-format trace, without a model.
+
+1. Read the trace (``--trace``, at most ``--max-requests``) and name every block in the
+   pool's key space (:func:`kvserve.bench.tracesim.block_chain`).
+2. Per capacity (``--capacities``, in blocks): an offline exact LRU replay (the baseline)
+   and, unless ``--no-pool``, a replay through a real ``mooncake_master`` holding that many
+   blocks, with its own eviction (:mod:`kvserve.bench.tracepool`). Also one unbounded LRU
+   replay: the trace's own ceiling.
+3. Per capacity C, worker count N (``--workers``) and router policy (``--policies``): N
+   prefill workers with local caches of C/N blocks against one shared cache of C blocks,
+   requests placed by ``router.conductor`` (:mod:`kvserve.bench.tracecluster`).
+4. Print one JSON object; with ``--out``, also PNG plots (needs matplotlib).
+
+Headline: real-pool token hit rate over the offline LRU's at the largest capacity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvserve.bench.report import emit, log
+from kvserve.bench.tracecluster import HINT_SUFFIX, cluster_replay
+from kvserve.bench.tracesim import BLOCK_TOKENS, block_chain, load_trace, lru_replay
+
+POLICIES = ("random", "round_robin", "least_loaded", "cache_aware", "cache_aware" + HINT_SUFFIX)
+UNBOUNDED = 1 << 62
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``kvserve bench trace``."""
+    parser.add_argument("--trace", type=Path, required=True, help="Mooncake-format JSONL")
+    parser.add_argument("--max-requests", type=int, default=0, help="0: the whole trace")
+    parser.add_argument(
+        "--capacities", type=int, nargs="+", default=[1000, 4000, 16000], help="in blocks"
+    )
+    parser.add_argument(
+        "--block-bytes", type=int, default=65536, help="bytes of each pool object of a block"
+    )
+    parser.add_argument(
+        "--layers", type=int, default=0, help="layer objects per block besides its meta object"
+    )
+    parser.add_argument("--eviction-high-watermark", type=float, default=0.9)
+    parser.add_argument("--eviction-ratio", type=float, default=0.05)
+    parser.add_argument("--put-retries", type=int, default=5, help="per failed put batch")
+    parser.add_argument("--no-pool", action="store_true", help="skip the real-pool replay")
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=50000.0,
+        help="modelled prefill speed of each worker (queue model of the cluster replay); "
+        "the default lets 2 workers keep up with the trace's ~60k prompt tokens/s",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random policy")
+    parser.add_argument("--out", type=Path, default=None, help="folder for PNG plots")
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if min(args.capacities) < 1 or min(args.workers) < 1 or args.max_requests < 0:
+        raise ValueError("capacities and workers must be positive, max-requests >= 0")
+    if args.prefill_tokens_per_s <= 0:
+        raise ValueError("prefill-tokens-per-s must be positive")
+    if not args.trace.is_file():
+        raise FileNotFoundError(f"trace {args.trace} not found")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark described by ``args`` (see :func:`add_arguments`); returns 0."""
+    _validate(args)
+    requests = load_trace(args.trace, args.max_requests or None)
+    chains = [block_chain(r.hash_ids) for r in requests]
+    log(f"trace: {len(requests)} requests, {sum(map(len, chains))} blocks")
+    capacities = sorted(set(args.capacities))
+    ceiling, _ = lru_replay(requests, chains, UNBOUNDED)
+    rows: list[dict[str, Any]] = [{"section": "ceiling", "lru": ceiling.row()}]
+    settings = None
+    if not args.no_pool:
+        from kvserve.bench.tracepool import PoolReplaySettings
+
+        settings = PoolReplaySettings(
+            args.block_bytes,
+            args.layers,
+            args.eviction_high_watermark,
+            args.eviction_ratio,
+            args.put_retries,
+        )
+    lru_rate: dict[int, float] = {}
+    for capacity in capacities:
+        lru, _ = lru_replay(requests, chains, capacity)
+        lru_rate[capacity] = lru.token_hit_rate
+        row: dict[str, Any] = {"section": "capacity", "capacity_blocks": capacity}
+        row["lru"] = lru.row()
+        if settings is not None:
+            from kvserve.bench.tracepool import pool_replay
+
+            replay = pool_replay(requests, chains, capacity, settings, Path(tempfile.gettempdir()))
+            row["pool"] = replay.row(settings)
+            row["pool_vs_lru_tokens"] = _ratio(replay.hits.token_hit_rate, lru.token_hit_rate)
+        log(f"capacity {capacity}: {row}")
+        rows.append(row)
+    for capacity in capacities:
+        for workers in sorted(set(args.workers)):
+            for policy in args.policies:
+                rows.append(_cluster_row(args, requests, chains, capacity, workers, policy))
+                rows[-1]["lru_token_hit_rate"] = round(lru_rate[capacity], 4)
+                log(f"cluster: {rows[-1]}")
+    emit("trace", _conditions(args, len(requests), capacities, settings), rows, _headline(rows))
+    if args.out is not None:
+        plot(rows, args.out)
+    return 0
+
+
+def _cluster_row(
+    args: argparse.Namespace,
+    requests: list[Any],
+    chains: list[list[int]],
+    capacity: int,
+    workers: int,
+    policy: str,
+) -> dict[str, Any]:
+    speed = args.prefill_tokens_per_s
+    local = cluster_replay(requests, chains, workers, capacity, policy, False, speed, args.seed)
+    shared = cluster_replay(requests, chains, workers, capacity, policy, True, speed, args.seed)
+    return {
+        "section": "cluster",
+        "capacity_blocks": capacity,
+        "workers": workers,
+        "local_blocks_per_worker": capacity // workers,
+        "policy": policy,
+        "local_token_hit_rate": round(local.hits.token_hit_rate, 4),
+        "shared_token_hit_rate": round(shared.hits.token_hit_rate, 4),
+        "local_vs_shared_tokens": _ratio(local.hits.token_hit_rate, shared.hits.token_hit_rate),
+        "local_block_hit_rate": round(local.hits.block_hit_rate, 4),
+        "shared_block_hit_rate": round(shared.hits.block_hit_rate, 4),
+        "requests_per_worker_local": local.per_worker,
+        "model_ttft_s_median_local": round(statistics.median(local.ttft_s), 3),
+        "model_ttft_s_median_shared": round(statistics.median(shared.ttft_s), 3),
+        "model_ttft_s_mean_local": round(statistics.fmean(local.ttft_s), 3),
+        "model_ttft_s_mean_shared": round(statistics.fmean(shared.ttft_s), 3),
+    }
+
+
+def _ratio(value: float, baseline: float) -> float | None:
+    return round(value / baseline, 4) if baseline else None
+
+
+def _conditions(
+    args: argparse.Namespace, n: int, capacities: list[int], settings: Any
+) -> dict[str, Any]:
+    return {
+        "trace": str(args.trace),
+        "requests": n,
+        "capacities_blocks": capacities,
+        "block_tokens": BLOCK_TOKENS,
+        "block_bytes": args.block_bytes,
+        "objects_per_block": 1 + args.layers,
+        "real_pool": settings is not None,
+        "eviction_high_watermark": args.eviction_high_watermark,
+        "eviction_ratio": args.eviction_ratio,
+        "put_retries": args.put_retries,
+        "workers": sorted(set(args.workers)),
+        "policies": args.policies,
+        "prefill_tokens_per_s": args.prefill_tokens_per_s,
+        "seed": args.seed,
+        "repetitions": 1,
+        "keys": "hash_block(parent, [trace hash id]) chained from ROOT_PARENT, namespace "
+        "mooncake-trace/none/bt512; KeySpace meta key (+ layer keys) per block",
+        "hits": "leading blocks present before the request; partial last block counted "
+        "with its tokens",
+        "cluster_model": "FIFO per prefill worker at prefill_tokens_per_s over uncached "
+        "tokens; pages held until prefill ends; local caches = BlockPool(C // N), shared = "
+        "one BlockPool(C); placement by router.conductor with a dummy decode worker",
+    }
+
+
+def _headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    top = max((r for r in rows if r["section"] == "capacity"), key=lambda r: r["capacity_blocks"])
+    lru = top["lru"]["token_hit_rate"]
+    pool = top["pool"]["token_hit_rate"] if "pool" in top else None
+    return {
+        "metric": "real-pool prefix hit rate (tokens) / offline LRU, largest capacity",
+        "capacity_blocks": top["capacity_blocks"],
+        "value": pool,
+        "baseline": lru,
+        "ratio": _ratio(pool, lru) if pool is not None else None,
+        "target": 1.0,
+    }
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
+    """Write ``hit_rate_vs_capacity.png`` and ``local_vs_shared.png`` into ``out``; without
+    matplotlib, log and write nothing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("plots skipped: matplotlib is not installed")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    caps = [r for r in rows if r["section"] == "capacity"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [r["capacity_blocks"] for r in caps]
+    ax.plot(xs, [r["lru"]["token_hit_rate"] for r in caps], "o-", label="offline LRU")
+    if all("pool" in r for r in caps):
+        ax.plot(xs, [r["pool"]["token_hit_rate"] for r in caps], "s-", label="Mooncake pool")
+    ax.set(xscale="log", xlabel="capacity (blocks)", ylabel="prefix hit rate (tokens)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "hit_rate_vs_capacity.png", dpi=120)
+    plt.close(fig)
+    cluster = [r for r in rows if r["section"] == "cluster"]
+    top = max(r["capacity_blocks"] for r in cluster) if cluster else 0
+    cluster = [r for r in cluster if r["capacity_blocks"] == top]
+    if not cluster:
+        return
+    fig, ax = plt.subplots(figsize=(max(6, len(cluster) * 0.8), 4))
+    labels = [f"{r['policy']}\nN={r['workers']}" for r in cluster]
+    pos = list(range(len(cluster)))
+    for shift, kind in ((-0.2, "local"), (0.2, "shared")):
+        heights = [r[f"{kind}_token_hit_rate"] for r in cluster]
+        ax.bar([p + shift for p in pos], heights, 0.4, label=kind)
+    ax.set_xticks(pos, labels, rotation=30, ha="right", fontsize=7)
+    ax.set(ylabel="prefix hit rate (tokens)", title=f"capacity {top} blocks")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "local_vs_shared.png", dpi=120)
+    plt.close(fig)

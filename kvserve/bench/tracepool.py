@@ -1,0 +1,188 @@
+"""Replay a trace's prefix blocks through a real ``mooncake_master`` (its key space and its
+own eviction), without running any model.
+
+Lifecycle of :func:`pool_replay` (one call per capacity, nothing shared between calls):
+
+1. start a ``mooncake_master`` on free loopback ports with the given eviction settings
+   (its log goes to ``log_dir``);
+2. join it as the one pool member, contributing a segment that holds ``capacity`` blocks
+   (:func:`segment_mib`; the pool refuses segments under 16 MiB, so small capacities are
+   rounded up: the reported ``pool_capacity_blocks`` says what the master really had);
+3. per request, in trace order: ``kvpool.keys.longest_prefix`` over its block chain (one
+   batched existence call; the master also refreshes the lease of every object it finds,
+   which is what makes its eviction approximately LRU) gives the hits; then every block
+   after the hits is put (``batch_put_from`` out of one registered buffer): its layer
+   objects first, then its meta object, as ``kvpool.pool`` commits. A block is
+   ``1 + layers`` objects of ``block_bytes`` each, holding no real KV (only existence
+   matters here). Puts of objects that exist succeed without overwriting. Eviction is
+   asynchronous, so a put may fail for want of space (code -200) until the master has
+   evicted: failed objects are retried with a doubling backoff, and the blocks still
+   missing after ``put_retries`` retries are counted as ``put_failed_blocks``;
+4. read the master's counters (``kvpool.master.master_stats``), leave the pool, stop the
+   master.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvpool.config import PoolConfig
+from kvpool.keys import KeySpace, longest_prefix
+from kvpool.master import MasterConfig, MasterProcess, MasterStats, free_local_ports, master_stats
+from kvpool.store import MooncakeStore
+from kvserve.bench.tracesim import TRACE_NAMESPACE, HitCount, TraceRequest
+
+MIN_SEGMENT_MIB = 16
+"""The smallest segment the pool accepted on these machines."""
+
+FIRST_BACKOFF_S = 0.005
+
+
+def segment_mib(capacity: int, objects_per_block: int, block_bytes: int) -> int:
+    """MiB of pool segment that holds ``capacity`` blocks (at least the pool's minimum)."""
+    need = capacity * objects_per_block * block_bytes
+    return max(MIN_SEGMENT_MIB, -(-need // (1 << 20)))
+
+
+@dataclass(frozen=True)
+class PoolReplaySettings:
+    """How the real-pool replay runs (every field goes into the benchmark's conditions)."""
+
+    block_bytes: int = 65536
+    layers: int = 0
+    eviction_high_watermark: float = 0.9
+    eviction_ratio: float = 0.05
+    put_retries: int = 5
+
+    def __post_init__(self) -> None:
+        if self.block_bytes < 1 or self.layers < 0 or self.put_retries < 0:
+            raise ValueError("block_bytes must be positive, layers and put_retries >= 0")
+        MasterConfig(
+            master_eviction_high_watermark=self.eviction_high_watermark,
+            master_eviction_ratio=self.eviction_ratio,
+        )  # validates the eviction settings with the master's own messages
+
+    @property
+    def objects_per_block(self) -> int:
+        return 1 + self.layers
+
+
+@dataclass
+class PoolReplay:
+    """What one real-pool replay saw."""
+
+    hits: HitCount
+    segment_mib: int
+    stats: MasterStats
+    put_objects: int = 0
+    put_retries: int = 0
+    put_failed_blocks: int = 0
+    seconds: float = 0.0
+
+    def row(self, settings: PoolReplaySettings) -> dict[str, Any]:
+        per_block = settings.objects_per_block * settings.block_bytes
+        return {
+            **self.hits.row(),
+            "segment_mib": self.segment_mib,
+            "pool_capacity_blocks": self.stats.capacity_bytes // per_block,
+            "put_objects": self.put_objects,
+            "put_retries": self.put_retries,
+            "put_failed_blocks": self.put_failed_blocks,
+            "master_keys_end": self.stats.key_count,
+            "master_evicted_keys": self.stats.evicted_keys,
+            "master_evicted_bytes": self.stats.evicted_bytes,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+class _Writer:
+    """Puts blocks' objects from one registered buffer, with retries; counts what it did."""
+
+    def __init__(self, store: MooncakeStore, buf: np.ndarray, settings: PoolReplaySettings):
+        self.store = store
+        self.buf = buf
+        self.settings = settings
+        self.objects = 0
+        self.retries = 0
+
+    def put(self, keys: list[str]) -> set[str]:
+        """Put ``keys`` (at most the buffer's worth); returns the keys that still failed."""
+        size = self.settings.block_bytes
+        base = self.buf.ctypes.data
+        pending = keys
+        delay = FIRST_BACKOFF_S
+        for attempt in range(self.settings.put_retries + 1):
+            if attempt:
+                self.retries += 1
+                time.sleep(delay)
+                delay *= 2
+            ptrs = [base + i * size for i in range(len(pending))]
+            codes = self.store.put_from(pending, ptrs, [size] * len(pending))
+            self.objects += sum(1 for c in codes if c == 0)
+            pending = [k for k, c in zip(pending, codes, strict=True) if c != 0]
+            if not pending:
+                break
+        return set(pending)
+
+    def put_blocks(self, keys: KeySpace, hashes: Sequence[int]) -> int:
+        """Layers first, then the meta of each block whose layers all landed; returns how
+        many blocks are still not present."""
+        metas = [keys.meta_key(h) for h in hashes]
+        layer_failed = self.put([k for m in metas for k in keys.layer_keys(m)])
+        whole = [m for m in metas if not any(k in layer_failed for k in keys.layer_keys(m))]
+        meta_failed = self.put(whole)
+        return len(metas) - len(whole) + len(meta_failed)
+
+
+def pool_replay(
+    requests: Sequence[TraceRequest],
+    chains: Sequence[Sequence[int]],
+    capacity: int,
+    settings: PoolReplaySettings,
+    log_dir: Path,
+) -> PoolReplay:
+    """Replay ``requests`` (with their :func:`~kvserve.bench.tracesim.block_chain`) through
+    a fresh master whose pool holds about ``capacity`` blocks; see the module docstring."""
+    keys = KeySpace.of(TRACE_NAMESPACE, settings.layers)
+    rpc, meta, metrics = free_local_ports(3)
+    cfg = MasterConfig(
+        master_port=rpc,
+        master_metadata_port=meta,
+        master_metrics_port=metrics,
+        master_eviction_high_watermark=settings.eviction_high_watermark,
+        master_eviction_ratio=settings.eviction_ratio,
+    )
+    mib = segment_mib(capacity, settings.objects_per_block, settings.block_bytes)
+    longest = max((len(c) for c in chains), default=1)
+    hits = HitCount()
+    with MasterProcess(cfg, log_dir / f"mooncake_master-trace-{capacity}-{rpc}.log"):
+        store = MooncakeStore.connect(
+            PoolConfig(
+                pool_master=cfg.rpc_address,
+                pool_metadata_server=cfg.metadata_url,
+                pool_segment_mib=mib,
+                pool_local_buffer_mib=16,
+            )
+        )
+        buf = np.zeros(longest * settings.objects_per_block * settings.block_bytes, np.uint8)
+        store.register(buf.ctypes.data, buf.nbytes)
+        writer = _Writer(store, buf, settings)
+        failed = 0
+        t0 = time.perf_counter()
+        try:
+            for request, chain in zip(requests, chains, strict=True):
+                hit = longest_prefix(store, keys, list(chain))
+                hits.add(request, hit)
+                failed += writer.put_blocks(keys, chain[hit:])
+            seconds = time.perf_counter() - t0
+            stats = master_stats(cfg)
+        finally:
+            store.unregister(buf.ctypes.data)
+            store.close()
+    return PoolReplay(hits, mib, stats, writer.objects, writer.retries, failed, seconds)

@@ -1,0 +1,185 @@
+"""Pure replay of a Mooncake-format trace's prefix blocks: parsing, offline LRU, hit counts.
+
+A trace line is ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids":
+[...]}`` with one id per 512-token block of the prompt (the last one usually partial);
+equal ids at the same position mean the whole prefix up to that block is identical.
+
+Mapping into the pool's key space (:func:`block_chain`): block ``i`` of a request is named
+``h_i = hash_block(h_{i-1}, [hash_ids[i]], seed)`` from ``ROOT_PARENT``, i.e. the trace id
+stands in for the block's 512 tokens as one "token" of the real chained hash, under the
+namespace :data:`TRACE_NAMESPACE` (its own seed, so trace keys never collide with a real
+model's). Equal id prefixes therefore give equal hashes, and ``KeySpace.meta_key(h)`` is a
+real pool key. Every block of the trace, the partial last one included, is a cacheable unit
+here (the trace names it; the engine itself would recompute a partial last block).
+
+Hit semantics everywhere (LRU, real pool, local caches): a request's hits are the longest
+run of its *leading* blocks present before it runs; tokens are weighted 512 per block except
+the last, which carries ``input_length - 512 * (blocks - 1)``. Then every block of the
+request is inserted or refreshed, in chain order (as the engine frees a block table).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvpool.hashing import ROOT_PARENT, Namespace, hash_block
+
+BLOCK_TOKENS = 512
+"""Tokens per trace block (the Mooncake trace's fixed block size)."""
+
+TRACE_NAMESPACE = Namespace(model="mooncake-trace", dtype="none", block_tokens=BLOCK_TOKENS)
+"""The namespace every trace block key lives in (its seed chains :func:`block_chain`)."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One trace line. ``timestamp_ms``: arrival from the trace start."""
+
+    timestamp_ms: int
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        need = -(-self.input_length // BLOCK_TOKENS)
+        if self.input_length < 1 or len(self.hash_ids) != need:
+            raise ValueError(
+                f"trace line has {len(self.hash_ids)} hash_ids for input_length "
+                f"{self.input_length}; expected ceil(input_length / {BLOCK_TOKENS}) = {need}"
+            )
+
+    def block_tokens(self) -> list[int]:
+        """Tokens each block stands for: 512, except the (possibly partial) last one."""
+        n = len(self.hash_ids)
+        return [BLOCK_TOKENS] * (n - 1) + [self.input_length - BLOCK_TOKENS * (n - 1)]
+
+
+def parse_trace(lines: Iterable[str], max_requests: int | None = None) -> list[TraceRequest]:
+    """Requests of the non-blank JSONL ``lines``, in file order, at most ``max_requests``."""
+    out: list[TraceRequest] = []
+    for number, line in enumerate(lines, 1):
+        if max_requests is not None and len(out) >= max_requests:
+            break
+        if not line.strip():
+            continue
+        try:
+            row: dict[str, Any] = json.loads(line)
+            out.append(
+                TraceRequest(
+                    int(row["timestamp"]),
+                    int(row["input_length"]),
+                    int(row.get("output_length", 0)),
+                    tuple(int(i) for i in row["hash_ids"]),
+                )
+            )
+        except (KeyError, TypeError, json.JSONDecodeError, ValueError) as exc:
+            raise ValueError(f"trace line {number}: {exc}") from exc
+    return out
+
+
+def load_trace(path: Path, max_requests: int | None = None) -> list[TraceRequest]:
+    with path.open() as f:
+        return parse_trace(f, max_requests)
+
+
+def block_chain(hash_ids: Sequence[int], seed: int = TRACE_NAMESPACE.seed) -> list[int]:
+    """The chained pool hashes of a request's blocks (see the module docstring)."""
+    out: list[int] = []
+    parent = ROOT_PARENT
+    for block_id in hash_ids:
+        if not 0 <= block_id < 1 << 32:
+            raise ValueError(f"hash id {block_id} does not fit the 4-byte token encoding")
+        parent = hash_block(parent, [block_id], seed)
+        out.append(parent)
+    return out
+
+
+@dataclass
+class HitCount:
+    """Prefix hits over a replay, by blocks and by tokens."""
+
+    requests: int = 0
+    blocks: int = 0
+    hit_blocks: int = 0
+    tokens: int = 0
+    hit_tokens: int = 0
+
+    def add(self, request: TraceRequest, hits: int) -> None:
+        """Count one request whose first ``hits`` blocks were present."""
+        weights = request.block_tokens()
+        self.requests += 1
+        self.blocks += len(weights)
+        self.hit_blocks += hits
+        self.tokens += request.input_length
+        self.hit_tokens += sum(weights[:hits])
+
+    @property
+    def block_hit_rate(self) -> float:
+        return self.hit_blocks / self.blocks if self.blocks else 0.0
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.tokens if self.tokens else 0.0
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "blocks": self.blocks,
+            "hit_blocks": self.hit_blocks,
+            "block_hit_rate": round(self.block_hit_rate, 4),
+            "tokens": self.tokens,
+            "hit_tokens": self.hit_tokens,
+            "token_hit_rate": round(self.token_hit_rate, 4),
+        }
+
+
+def leading(chain: Sequence[int], present: Callable[[int], bool]) -> int:
+    """How many leading hashes of ``chain`` satisfy ``present``."""
+    return next((i for i, h in enumerate(chain) if not present(h)), len(chain))
+
+
+class LRUCache:
+    """An exact LRU set of block hashes holding at most ``capacity`` of them."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self.capacity = capacity
+        self.evictions = 0
+        self._order: OrderedDict[int, None] = OrderedDict()
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self._order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def touch(self, chain: Iterable[int]) -> None:
+        """Insert or refresh each hash in order (the last is the most recent), evicting the
+        least recently used beyond capacity."""
+        for h in chain:
+            if h in self._order:
+                self._order.move_to_end(h)
+            else:
+                self._order[h] = None
+                if len(self._order) > self.capacity:
+                    self._order.popitem(last=False)
+                    self.evictions += 1
+
+
+def lru_replay(
+    requests: Sequence[TraceRequest], chains: Sequence[Sequence[int]], capacity: int
+) -> tuple[HitCount, LRUCache]:
+    """Offline LRU of ``capacity`` blocks over the trace in order: count leading hits, then
+    touch every block of the request. Returns the counts and the final cache."""
+    cache = LRUCache(capacity)
+    count = HitCount()
+    for request, chain in zip(requests, chains, strict=True):
+        count.add(request, leading(chain, cache.__contains__))
+        cache.touch(chain)
+    return count, cache
