@@ -167,6 +167,12 @@ def _bench_serve(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _bench_compare(args: argparse.Namespace) -> int:
+    from kvserve.bench.compare import run
+
+    return run(args)
+
+
 def _bench_trace(args: argparse.Namespace) -> int:
     from kvserve.bench.trace import run
 
@@ -297,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     bx.add_argument("--segment-mib", type=int, default=512, help="pool memory per worker")
     add_config_args(bx, EngineConfig)
 
+    from kvserve.bench.compare import add_arguments as add_compare_arguments
     from kvserve.bench.loadgen.options import add_arguments as add_serve_arguments
     from kvserve.bench.trace import add_arguments as add_trace_arguments
 
@@ -305,6 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
             "serve",
             _bench_serve,
             "serving load (any OpenAI-compatible server): latency, SLO attainment, goodput",
+            bench_verbs,
+        )
+    )
+    add_compare_arguments(
+        verb(
+            "compare",
+            _bench_compare,
+            "one workload on deployments it starts itself (1p1d vs 2m): goodput ratio",
             bench_verbs,
         )
     )

@@ -1,0 +1,150 @@
+"""``kvserve bench compare``: one workload, the same cores, deployments started by the tool.
+
+1. Each deployment of ``--deployments`` (default ``1p1d 2m``: 1 prefill + 1 decode worker
+   against 2 mixed workers with chunked prefill; any ``<n>p<m>d<k>m`` split) is started as a
+   cluster on this machine (:mod:`kvserve.cluster`: free loopback ports, each worker pinned
+   to its own cores where there are enough, the same engine settings for every worker);
+2. the serving benchmark's sweep (:func:`kvserve.bench.serve.serve_bench`) runs against its
+   router with the same seed, requests, arrival process, rates and absolute SLOs;
+3. the cluster is stopped and the next deployment starts.
+
+The headline is the ratio of DistServe goodputs (the highest rate with at least 90% of
+requests meeting both SLOs, interpolated) of the first deployment to the second, with both
+attainment curves in the results (and plotted side by side with ``--out``). Absolute SLOs
+are required so both deployments are held to the same targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvpool.config import PoolConfig
+from kvserve.bench.loadgen import options as opt
+from kvserve.bench.report import emit, log
+from kvserve.settings import add_config_args, config_from_args
+from workers.config import EngineConfig
+
+SPLIT = re.compile(r"^(?:(\d+)p)?(?:(\d+)d)?(?:(\d+)m)?$")
+
+
+def parse_deployment(text: str) -> tuple[int, int, int]:
+    """``"1p1d"`` -> (prefill, decode, mixed) = (1, 1, 0); ``"2m"`` -> (0, 0, 2)."""
+    match = SPLIT.match(text)
+    if not match or not text:
+        raise ValueError(f"deployment must look like 1p1d, 2m or 1p1d1m, got {text!r}")
+    prefill, decode, mixed = (int(g) if g else 0 for g in match.groups())
+    return prefill, decode, mixed
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--deployments", nargs="+", default=["1p1d", "2m"])
+    parser.add_argument("--policy", default="cache_aware", help="router policy")
+    parser.add_argument(
+        "--disagg-threshold-tokens", type=int, default=None, help="router's (default 256)"
+    )
+    parser.add_argument("--segment-mib", type=int, default=256, help="pool memory per worker")
+    opt.add_workload_arguments(parser)
+    opt.add_load_arguments(parser)
+    opt.add_report_arguments(parser)
+    add_config_args(parser, EngineConfig)
+
+
+def _serve_args(args: argparse.Namespace, url: str, name: str) -> argparse.Namespace:
+    serve = copy.copy(args)
+    serve.url, serve.model, serve.out = url, "", None
+    serve.deployment = [*args.deployment, f"workers={name}", f"policy={args.policy}"]
+    return serve
+
+
+def run_deployment(args: argparse.Namespace, name: str, engine: EngineConfig) -> dict[str, Any]:
+    """Start deployment ``name``, run the sweep against it, stop it; the serve result."""
+    from kvserve.bench.serve import serve_bench
+    from kvserve.cluster import Cluster, ClusterSpec
+
+    prefill, decode, mixed = parse_deployment(name)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = ClusterSpec(
+            prefill=prefill,
+            decode=decode,
+            mixed=mixed,
+            engine=engine,
+            pool=PoolConfig(pool_segment_mib=args.segment_mib),
+            policy=args.policy,
+            disagg_threshold_tokens=args.disagg_threshold_tokens,
+            log_dir=Path(tmp),
+        ).with_free_ports()
+        with Cluster(spec).start() as cluster:
+            log(f"bench compare: {name} up ({'; '.join(cluster.plan.notes) or 'pinned'})")
+            result = asyncio.run(serve_bench(_serve_args(args, cluster.router_url, name)))
+            result["placement"] = {
+                "shared_cores": cluster.plan.shared_cores,
+                "workers": {p.name: list(p.cores) for p in cluster.plan.workers},
+            }
+    return result
+
+
+def goodput(result: dict[str, Any]) -> float | None:
+    sweep = result["sweep"]
+    return None if sweep is None else sweep.interpolated_rate
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.slo_ttft_s is None and args.slo_tpot_s is None and args.slo_tbt_s is None:
+        raise ValueError("bench compare needs absolute SLOs: --slo-ttft-s and --slo-tpot-s")
+    engine = config_from_args(EngineConfig, args)
+    results = {name: run_deployment(args, name, engine) for name in args.deployments}
+    rows = [
+        {
+            "deployment": name,
+            "goodput_rps": goodput(r),
+            "highest_passing_rate": r["sweep"].highest_passing_rate if r["sweep"] else None,
+            "attainment_by_rate": [[opt.json_rate(x), a] for x, a in r["points"]],
+            "placement": r["placement"],
+            "runs": r["rows"],
+        }
+        for name, r in results.items()
+    ]
+    first, second = (goodput(results[n]) for n in args.deployments[:2])
+    ratio = first / second if first is not None and second else None
+    if args.out is not None:
+        write_plots(args.out, results)
+    conditions = next(iter(results.values()))["conditions"]
+    conditions = {
+        **{k: v for k, v in conditions.items() if k not in ("url", "deployment")},
+        "deployments": args.deployments,
+        "policy": args.policy,
+        "engine": dict(vars(engine)),
+        "same_cores": "every deployment on this machine's cores, one after the other",
+    }
+    emit(
+        "compare",
+        conditions,
+        rows,
+        {
+            "metric": f"goodput {args.deployments[0]} / goodput {args.deployments[1]} "
+            "(DistServe: highest rate with >= 90% SLO attainment, interpolated)",
+            "value": first,
+            "baseline": second,
+            "ratio": ratio,
+            "target": 1.5 if args.workload == "prefill-heavy" else None,
+        },
+    )
+    return 0
+
+
+def write_plots(out: Path, results: dict[str, dict[str, Any]]) -> None:
+    from kvserve.bench.loadgen import plots
+
+    out.mkdir(parents=True, exist_ok=True)
+    series = [(name, r["points"]) for name, r in results.items()]
+    plots.attainment_vs_rate(series, out / "attainment_vs_rate.png")
+    bars = [(name, goodput(r)) for name, r in results.items()]
+    plots.goodput_bars(bars, out / "goodput.png", "goodput (req/s)")
+    runs = [(f"{name} {label}", recs) for name, r in results.items() for label, recs in r["runs"]]
+    plots.latency_cdfs(runs, out / "latency_cdf.png")
