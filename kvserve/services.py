@@ -5,7 +5,8 @@ Lifecycle of a :class:`ManagedProcess`:
 1. ``start()`` spawns the command in its own session (so a terminal's Ctrl-C reaches only
    the launcher, which then stops the children in order), optionally pinned to CPU cores
    (``taskset`` when present, else ``sched_setaffinity`` in the child), output appended to
-   its log file;
+   its log file; on Linux the child also gets SIGTERM if the launcher dies without stopping
+   it (killed, or a signal it does not handle), so no orphan outlives its cluster;
 2. the owner waits for readiness its own way (Redis PING, ports, gRPC health, HTTP);
 3. ``stop()`` sends SIGTERM to the process group, waits ``grace`` seconds, then SIGKILLs
    the group; it is idempotent and also sweeps any leftover member of the group.
@@ -50,6 +51,17 @@ def port_open(host: str, port: int) -> bool:
         return False
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux for SIGTERM when the launcher dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class ManagedProcess:
     """One child process with its own log file and process group (see module docstring)."""
 
@@ -69,14 +81,19 @@ class ManagedProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopped = False  # stop() done: no more signals to a possibly reused pid
 
-    def _command(self) -> tuple[list[str], Callable[[], None] | None]:
+    def _command(self) -> tuple[list[str], Callable[[], None]]:
         if not self.cores:
-            return self.argv, None
+            return self.argv, _die_with_parent
         taskset = shutil.which("taskset")
         if taskset:
-            return [taskset, "-c", ",".join(map(str, self.cores)), *self.argv], None
+            return [taskset, "-c", ",".join(map(str, self.cores)), *self.argv], _die_with_parent
         cores = set(self.cores)
-        return self.argv, lambda: os.sched_setaffinity(0, cores)
+
+        def setup() -> None:
+            _die_with_parent()
+            os.sched_setaffinity(0, cores)
+
+        return self.argv, setup
 
     def start(self) -> ManagedProcess:
         """Spawn the command (again, if it has exited); output is appended to the log."""
@@ -93,7 +110,7 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
                 start_new_session=True,
-                preexec_fn=preexec,  # None unless taskset is missing
+                preexec_fn=preexec,
             )
         return self
 

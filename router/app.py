@@ -160,6 +160,7 @@ async def _run(
         top_k=req.top_k or 0,
         seed=req.seed,
         stop=req.stop_list,
+        ignore_eos=req.ignore_eos,
     )
     plan = await service.plan(ids, params, started)
     prefix = "chatcmpl-" if chat else "cmpl-"

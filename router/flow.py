@@ -100,6 +100,7 @@ def sampling_params(
     top_k: int,
     seed: int | None,
     stop: Sequence[str],
+    ignore_eos: bool = False,
 ) -> pb.SamplingParams:
     """The wire form of an OpenAI request's sampling fields (top_k <= 0 means off)."""
     params = pb.SamplingParams(
@@ -108,6 +109,7 @@ def sampling_params(
         top_p=top_p,
         top_k=max(0, top_k),
         stop=list(stop),
+        ignore_eos=ignore_eos,
     )
     if seed is not None:
         params.seed = seed

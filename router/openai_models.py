@@ -33,6 +33,7 @@ class SamplingFields(BaseModel):
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None  # extension; -1 or 0 = off
+    ignore_eos: bool = False  # extension (as vLLM's): generate max_tokens whatever comes
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     stop: str | list[str] | None = None
     stream: bool = False
