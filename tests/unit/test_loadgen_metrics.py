@@ -167,3 +167,16 @@ def test_buckets_and_span() -> None:
     assert by_input[">=128"]["completed"] == 1
     assert span_s(records) == pytest.approx(1.5)
     assert span_s([]) == 0.0
+
+
+def test_server_counters_count_from_zero_when_absent_before() -> None:
+    from kvserve.bench.loadgen.client import counters_delta, parse_counters
+
+    empty = parse_counters(
+        "# HELP kvserve_kv_bytes_total bytes\n# TYPE kvserve_kv_bytes_total counter\n"
+    )
+    later = parse_counters('kvserve_kv_bytes_total{direction="write"} 10.0\n')
+    assert empty == {} and later
+    assert counters_delta(empty, later) == later  # first use: everything is new
+    assert counters_delta(empty, empty) is None  # a server without our counters
+    assert counters_delta(None, later) is None  # could not read it before

@@ -205,7 +205,8 @@ async def fetch_models(base_url: str, timeout_s: float = 30.0) -> list[str]:
 
 
 def parse_counters(text: str) -> dict[str, dict[str, float]] | None:
-    """The :data:`COUNTERS` in a Prometheus exposition, summed per label value, or None."""
+    """The :data:`COUNTERS` in a Prometheus exposition, summed per label value (empty when
+    the server has none of them, or has not counted anything yet)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     found: dict[str, dict[str, float]] = {}
@@ -216,7 +217,7 @@ def parse_counters(text: str) -> dict[str, dict[str, float]] | None:
                 values = found.setdefault(key, {})
                 value = sample.labels.get(label, "")
                 values[value] = values.get(value, 0.0) + float(sample.value)
-    return found or None
+    return found
 
 
 async def scrape_counters(base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
@@ -238,8 +239,10 @@ async def scrape_counters(base_url: str, timeout_s: float = 10.0) -> dict[str, A
 def counters_delta(
     before: dict[str, dict[str, float]] | None, after: dict[str, dict[str, float]] | None
 ) -> dict[str, dict[str, float]] | None:
-    """``after - before`` per counter and label value (None when either is missing)."""
-    if before is None or after is None:
+    """``after - before`` per counter and label value; None when the server could not be read
+    or never had these counters (not ours). A counter absent before (no sample yet) counts
+    from 0."""
+    if before is None or not after:
         return None
     return {
         key: {label: value - before.get(key, {}).get(label, 0.0) for label, value in vals.items()}
