@@ -20,7 +20,6 @@ request is inserted or refreshed, in chain order (as the engine frees a block ta
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.hashing import ROOT_PARENT, Namespace, hash_block
+from kvserve.bench import mooncake_trace
+from kvserve.bench.mooncake_trace import TraceEntry
 
 BLOCK_TOKENS = 512
 """Tokens per trace block (the Mooncake trace's fixed block size)."""
@@ -37,13 +38,8 @@ TRACE_NAMESPACE = Namespace(model="mooncake-trace", dtype="none", block_tokens=B
 
 
 @dataclass(frozen=True)
-class TraceRequest:
-    """One trace line. ``timestamp_ms``: arrival from the trace start."""
-
-    timestamp_ms: int
-    input_length: int
-    output_length: int
-    hash_ids: tuple[int, ...]
+class TraceRequest(TraceEntry):
+    """A trace line whose hash ids are 512-token blocks (checked on construction)."""
 
     def __post_init__(self) -> None:
         need = -(-self.input_length // BLOCK_TOKENS)
@@ -61,25 +57,7 @@ class TraceRequest:
 
 def parse_trace(lines: Iterable[str], max_requests: int | None = None) -> list[TraceRequest]:
     """Requests of the non-blank JSONL ``lines``, in file order, at most ``max_requests``."""
-    out: list[TraceRequest] = []
-    for number, line in enumerate(lines, 1):
-        if max_requests is not None and len(out) >= max_requests:
-            break
-        if not line.strip():
-            continue
-        try:
-            row: dict[str, Any] = json.loads(line)
-            out.append(
-                TraceRequest(
-                    int(row["timestamp"]),
-                    int(row["input_length"]),
-                    int(row.get("output_length", 0)),
-                    tuple(int(i) for i in row["hash_ids"]),
-                )
-            )
-        except (KeyError, TypeError, json.JSONDecodeError, ValueError) as exc:
-            raise ValueError(f"trace line {number}: {exc}") from exc
-    return out
+    return mooncake_trace.parse_trace(lines, max_requests, TraceRequest)
 
 
 def load_trace(path: Path, max_requests: int | None = None) -> list[TraceRequest]:

@@ -9,16 +9,15 @@ import pytest
 from kvserve.bench.loadgen.workloads import (
     MIN_TOKEN,
     Lengths,
-    TraceEntry,
     TraceOptions,
     block_tokens,
-    parse_trace,
     salted,
     shared_prefix_requests,
     synthetic_requests,
     trace_requests,
     with_arrivals,
 )
+from kvserve.bench.mooncake_trace import TraceEntry, parse_trace
 
 VOCAB = 1000
 

@@ -21,11 +21,11 @@ from kvserve.bench.loadgen.workloads import (
     RequestSpec,
     SyntheticShape,
     TraceOptions,
-    load_trace,
     shared_prefix_requests,
     synthetic_requests,
     trace_requests,
 )
+from kvserve.bench.mooncake_trace import load_trace
 
 WORKLOADS = (*SYNTHETIC_KINDS, "shared-prefix", "trace")
 DEFAULT_REQUESTS = 48

@@ -26,11 +26,11 @@ Synthetic workloads leave ``arrival_s`` at 0: :func:`with_arrivals` sets it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+
+from kvserve.bench.mooncake_trace import TraceEntry
 
 MIN_TOKEN = 100
 DEFAULT_VOCAB = 49152
@@ -133,16 +133,6 @@ def shared_prefix_requests(
 
 
 @dataclass(frozen=True)
-class TraceEntry:
-    """One line of a Mooncake trace."""
-
-    timestamp_ms: float
-    input_length: int
-    output_length: int
-    hash_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class TraceOptions:
     """How a trace is replayed (every field is recorded in the run's conditions)."""
 
@@ -159,28 +149,6 @@ class TraceOptions:
     @property
     def scaled_block(self) -> int:
         return max(1, round(self.block_size * self.length_scale))
-
-
-def parse_trace(lines: Iterable[str]) -> list[TraceEntry]:
-    """Mooncake trace JSON lines (blank lines skipped) as entries, in file order."""
-    entries = []
-    for line in lines:
-        if line.strip():
-            row = json.loads(line)
-            entries.append(
-                TraceEntry(
-                    float(row["timestamp"]),
-                    int(row["input_length"]),
-                    int(row["output_length"]),
-                    tuple(int(h) for h in row["hash_ids"]),
-                )
-            )
-    return entries
-
-
-def load_trace(path: Path) -> list[TraceEntry]:
-    with path.open() as f:
-        return parse_trace(f)
 
 
 def block_tokens(seed: int, hash_id: int, n: int, vocab: int = DEFAULT_VOCAB) -> tuple[int, ...]:
