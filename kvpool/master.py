@@ -104,7 +104,8 @@ def free_local_ports(n: int) -> list[int]:
             s.close()
 
 
-def _port_open(host: str, port: int) -> bool:
+def port_open(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections at ``host:port`` now."""
     try:
         with socket.create_connection((host, port), timeout=0.2):
             return True
@@ -163,7 +164,7 @@ class MasterProcess:
         self._proc = subprocess.Popen(master_command(self.cfg), stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
         ports = (self.cfg.master_port, self.cfg.master_metadata_port)
-        while not all(_port_open(self.cfg.master_host, p) for p in ports):
+        while not all(port_open(self.cfg.master_host, p) for p in ports):
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 where = f"; see {self.log_path}" if self.log_path else ""

@@ -28,13 +28,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from kvpool.master import MasterConfig
+from kvpool.master import MasterConfig, port_open
 from kvserve.cluster_spec import ClusterPlan, ClusterSpec, ProcessPlan
 from kvserve.services import (
     ManagedProcess,
     RedisProcess,
     master_process,
-    port_open,
     start_master,
 )
 

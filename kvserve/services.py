@@ -23,7 +23,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from kvpool.master import MasterConfig, master_command
+from kvpool.master import MasterConfig, master_command, port_open
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -41,14 +40,6 @@ def tail(path: Path, lines: int = 30) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
-
-
-def port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 PR_SET_PDEATHSIG = 1

@@ -22,6 +22,7 @@ would). Conditions: model, lengths, block size, chunk budget, threads and repeti
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import tempfile
 from pathlib import Path
@@ -43,7 +44,7 @@ MODES = ("after", "streaming")
 def _engines(config: EngineConfig, pool: PoolConfig) -> dict[str, tuple[Engine, Engine]]:
     out: dict[str, tuple[Engine, Engine]] = {}
     for mode in MODES:
-        cfg = EngineConfig(**{**config.__dict__, "kv_streaming": mode == "streaming"})
+        cfg = dataclasses.replace(config, kv_streaming=mode == "streaming")
         prefill, decode = Engine(cfg, pool), Engine(cfg, pool)
         if prefill.pool is None or decode.pool is None:
             raise RuntimeError("the engines could not join the pool")
