@@ -179,6 +179,12 @@ def _bench_trace(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _bench_shift(args: argparse.Namespace) -> int:
+    from kvserve.bench.shift import run
+
+    return run(args)
+
+
 def _bench_pool(args: argparse.Namespace) -> int:
     from kvserve.bench.pool import run_bench
 
@@ -328,6 +334,21 @@ def build_parser() -> argparse.ArgumentParser:
             "trace",
             _bench_trace,
             "prefix hit rate of a Mooncake trace: real pool vs LRU, local caches vs shared",
+            bench_verbs,
+        )
+    )
+
+    from kvserve.sim.cli import add_parsers as add_sim_parsers
+
+    add_sim_parsers(verbs.add_parser("sim", help="simulated cluster and P:D analyses (JSON)"))
+
+    from kvserve.bench.shift import add_arguments as add_shift_arguments
+
+    add_shift_arguments(
+        verb(
+            "shift",
+            _bench_shift,
+            "the P:D ratio controller live: a load that turns from prefill- to decode-heavy",
             bench_verbs,
         )
     )

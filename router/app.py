@@ -2,8 +2,8 @@
 
 Lifecycle of an app from :func:`create_app`:
 
-1. lifespan start: the :class:`RouterService` joins the pool for lookups (optional) and
-   starts watching the worker registry;
+1. lifespan start: the :class:`RouterService` joins the pool for lookups (optional),
+   starts watching the worker registry and (``--controller``) the P:D ratio controller;
 2. per request: the body is read (413 past ``max_body_bytes``), parsed and checked
    (400), the model checked (404, or 503 with no worker), the prompt tokenized and its
    length checked (400), all before any worker is called; then placed and run as a flow;
@@ -31,7 +31,7 @@ from kvpool.config import PoolConfig
 from proto.registry import ClusterConfig
 from router.config import RouterConfig
 from router.errors import APIError, invalid
-from router.flow import Chunk, sampling_params
+from router.flow_types import Chunk, sampling_params
 from router.openai_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -113,7 +113,12 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(service.render_metrics(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/controller")
+    async def controller() -> dict[str, Any]:
+        """The P:D controller: settings, SLO window, streaks, every change and its result."""
+        return service.controller.report()
 
     @app.get("/v1/cache/stats")
     async def cache_stats() -> dict[str, Any]:

@@ -12,11 +12,19 @@ Disaggregated (the plan names a prefill worker):
 Local (no prefill worker: conditional disaggregation, or a mixed worker):
 ``Generate`` without ``first_token`` on the first candidate, which prefills by itself.
 
+No request is lost to a role change (the P:D controller's, or anyone's): a worker that
+does not take a call (:data:`router.flow_types.TRY_ELSEWHERE`: draining, a role changed, or
+unreachable) before any output came is aborted and left. A refused ``Reserve`` moves on to
+the next decode candidate; a refused ``Prefill`` frees the reservation and the decode side
+prefills by itself (local mode); a refused ``Generate`` moves on to the next decode
+candidate, carrying ``first_token`` (the prompt's KV is in the pool) if it had one.
+
 Whatever ends the flow early (the consumer cancels or stops iterating, i.e. the client
 went away; the deadline passes; an RPC fails; a worker aborts), ``Abort(request_id)`` goes
 to every worker the request touched (shielded from the cancellation) before the flow
 re-raises. RPC failures become :class:`router.errors.APIError` with a status to show.
-The last chunk carries ``finish_reason`` and :class:`Usage`.
+The last chunk carries ``finish_reason`` and :class:`Usage`; the observer gets a
+:class:`FlowResult` when the flow ends, however it ends.
 """
 
 from __future__ import annotations
@@ -27,46 +35,27 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import anyio
 import grpc
 
 from proto import worker_pb2 as pb
 from router.errors import APIError, unavailable
+from router.flow_types import (
+    FINISH_REASONS,
+    TRY_ELSEWHERE,
+    Chunk,
+    FlowObserver,
+    FlowResult,
+    Usage,
+    rpc_error,
+    status_of,
+)
 from router.workers import LiveWorker
 
 log = logging.getLogger(__name__)
 
 ABORT_TIMEOUT_S = 2.0
-FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """New text and tokens; on the last chunk, ``finish_reason`` and ``usage`` are set."""
-
-    text: str
-    token_ids: tuple[int, ...]
-    finish_reason: str | None = None
-    usage: Usage | None = None
-
-
-class FlowObserver(Protocol):
-    """What a flow reports, as it happens (metrics and cache statistics)."""
-
-    def on_prefill(self, worker_id: str, usage: pb.PromptUsage) -> None: ...
-    def on_transfer(self, direction: str, transfer: pb.Transfer) -> None: ...
-    def on_first_token(self, mode: str, worker_id: str, seconds: float) -> None: ...
-    def on_chunk(self, mode: str, worker_id: str, gap_s: float, tokens: int) -> None: ...
-    def on_finish(self, mode: str, worker_id: str, status: str, seconds: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -93,29 +82,6 @@ class FlowPlan:
         return "local" if self.prefill is None else "disagg"
 
 
-def sampling_params(
-    max_tokens: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    seed: int | None,
-    stop: Sequence[str],
-    ignore_eos: bool = False,
-) -> pb.SamplingParams:
-    """The wire form of an OpenAI request's sampling fields (top_k <= 0 means off)."""
-    params = pb.SamplingParams(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=max(0, top_k),
-        stop=list(stop),
-        ignore_eos=ignore_eos,
-    )
-    if seed is not None:
-        params.seed = seed
-    return params
-
-
 class RequestFlow:
     """Lifecycle: built from a plan -> :meth:`chunks` iterated once -> done."""
 
@@ -126,6 +92,8 @@ class RequestFlow:
         self._decoder: LiveWorker | None = plan.decode[0] if plan.decode else None
         self._cached_tokens = 0
         self._completion_tokens = 0
+        self._mode = plan.mode
+        self._ttft_s: float | None = None
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         plan = self.plan
@@ -141,13 +109,15 @@ class RequestFlow:
             await self._abort_all()
             raise rpc_error(exc) from None
         except BaseException as exc:  # cancelled, closed by the consumer, or failed
-            status = _status_of(exc)
+            status = status_of(exc)
             await self._abort_all()
             raise
         finally:
             worker = self._decoder.worker_id if self._decoder else ""
-            elapsed = plan.clock() - plan.started_at
-            self.observer.on_finish(plan.mode, worker, status, elapsed)
+            result = FlowResult(
+                self._mode, worker, status, self._elapsed(), self._ttft_s, self._completion_tokens
+            )
+            self.observer.on_finish(result)
 
     async def _disaggregated(self, prefill: LiveWorker) -> AsyncGenerator[Chunk, None]:
         decoder = await self._reserve()
@@ -157,11 +127,22 @@ class RequestFlow:
             prompt_token_ids=self.plan.prompt_token_ids,
             params=self.plan.params,
         )
-        reply = await prefill.stub.Prefill(request, timeout=self._time_left())
+        try:
+            reply = await prefill.stub.Prefill(request, timeout=self._time_left())
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in TRY_ELSEWHERE:
+                raise
+            log.info("prefill worker %s did not take %s (%s): the decode side prefills it",
+                     prefill.worker_id, self.plan.request_id, exc.code().name)  # fmt: skip
+            await self._leave([prefill, decoder])  # a local Generate reuses the request id
+            self._mode = "local"
+            async for chunk in self._generate_anywhere(decoder, None):
+                yield chunk
+            return
         self._prefilled(prefill.worker_id, reply.usage)
         if reply.HasField("transfer"):
             self.observer.on_transfer("write", reply.transfer)
-        self.observer.on_first_token("disagg", prefill.worker_id, self._elapsed())
+        self._first_token("disagg", prefill.worker_id)
         self._completion_tokens = 1
         finish = self._finish_reason(reply.finish_reason)
         if finish is not None:
@@ -169,14 +150,34 @@ class RequestFlow:
             yield Chunk(reply.text, (reply.first_token,), finish, self._usage())
             return
         yield Chunk(reply.text, (reply.first_token,))
-        async for chunk in self._generate(decoder, reply.first_token):
+        async for chunk in self._generate_anywhere(decoder, reply.first_token):
             yield chunk
 
     async def _local(self) -> AsyncGenerator[Chunk, None]:
         if self._decoder is None:
             raise unavailable("no worker can serve this request now")
-        async for chunk in self._generate(self._decoder, None):
+        async for chunk in self._generate_anywhere(self._decoder, None):
             yield chunk
+
+    async def _generate_anywhere(
+        self, first: LiveWorker, first_token: int | None
+    ) -> AsyncGenerator[Chunk, None]:
+        """``Generate`` on ``first``, else on the next decode candidates in order, moving on
+        only while a worker did not take the call (:data:`TRY_ELSEWHERE`, no output yet)."""
+        order = [first, *(w for w in self.plan.decode if w.worker_id != first.worker_id)]
+        for worker in order:
+            produced = False
+            try:
+                async for chunk in self._generate(worker, first_token):
+                    produced = True
+                    yield chunk
+                return
+            except grpc.aio.AioRpcError as exc:
+                if produced or exc.code() not in TRY_ELSEWHERE or worker is order[-1]:
+                    raise
+                log.info("decode worker %s did not take %s (%s): trying the next one",
+                         worker.worker_id, self.plan.request_id, exc.code().name)  # fmt: skip
+                await self._leave([worker])
 
     async def _reserve(self) -> LiveWorker:
         plan = self.plan
@@ -210,6 +211,7 @@ class RequestFlow:
     async def _generate(self, worker: LiveWorker, first_token: int | None) -> AsyncIterator[Chunk]:
         plan = self.plan
         self._involved[worker.worker_id] = worker
+        self._decoder = worker
         request = pb.GenerateRequest(
             request_id=plan.request_id, prompt_token_ids=plan.prompt_token_ids, params=plan.params
         )
@@ -224,10 +226,10 @@ class RequestFlow:
                 if awaiting_prefill:
                     awaiting_prefill = False
                     self._prefilled(worker.worker_id, msg.usage)
-                    self.observer.on_first_token("local", worker.worker_id, self._elapsed())
+                    self._first_token("local", worker.worker_id)
                 elif msg.token_ids:
                     gap = now - last
-                    self.observer.on_chunk(plan.mode, worker.worker_id, gap, len(msg.token_ids))
+                    self.observer.on_chunk(self._mode, worker.worker_id, gap, len(msg.token_ids))
                 last = now
                 if msg.HasField("transfer") and msg.transfer.bytes:
                     self.observer.on_transfer("read", msg.transfer)
@@ -240,6 +242,10 @@ class RequestFlow:
         finally:
             call.cancel()  # a no-op once the stream has ended
         raise APIError(502, f"worker {worker.worker_id} ended the stream before finishing")
+
+    def _first_token(self, mode: str, worker_id: str) -> None:
+        self._ttft_s = self._elapsed()
+        self.observer.on_first_token(mode, worker_id, self._ttft_s)
 
     def _prefilled(self, worker_id: str, usage: pb.PromptUsage) -> None:
         self._cached_tokens = usage.local_tokens + usage.pool_tokens
@@ -265,6 +271,12 @@ class RequestFlow:
     async def _abort_all(self) -> None:
         await self._abort(list(self._involved.values()))
 
+    async def _leave(self, workers: list[LiveWorker]) -> None:
+        """Abort on ``workers`` (whatever they may have started) and forget them."""
+        await self._abort(workers)
+        for worker in workers:
+            self._involved.pop(worker.worker_id, None)
+
     async def _abort(self, workers: list[LiveWorker]) -> None:
         """``Abort`` on ``workers``, concurrently; shielded so a cancelled request still
         frees its pages; failures are logged (the worker's lease frees them anyway)."""
@@ -278,24 +290,3 @@ class RequestFlow:
             if isinstance(result, BaseException):
                 log.warning("abort of %s on %s failed: %s", self.plan.request_id,
                             worker.worker_id, result)  # fmt: skip
-
-
-def _status_of(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
-        return "cancelled"
-    if isinstance(exc, APIError) and exc.status == 504:
-        return "timeout"
-    return "error"
-
-
-def rpc_error(exc: grpc.aio.AioRpcError) -> APIError:
-    """The client-facing error for a failed worker call."""
-    code = exc.code()
-    detail = exc.details() or code.name
-    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
-        return APIError(400, f"a worker rejected the request: {detail}")
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return APIError(504, "the request timed out", None, "timeout")
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
-        return unavailable(f"a worker is unavailable: {detail}")
-    return APIError(500, f"a worker failed: {detail}")

@@ -5,11 +5,13 @@ decode or mixed worker prefilled itself) and ``worker``: for TTFT the worker tha
 first token, for ITL and end-to-end the worker that decoded. ITL is observed once per
 streamed chunk: the gap since the previous chunk divided by the chunk's tokens.
 Worker gauges mirror the latest load report of each live worker (a worker that leaves
-the registry leaves the gauges too).
+the registry leaves the gauges too). The P:D controller's figures: role changes by
+outcome, live workers by role, and the SLO attainment of its window (NaN: too few samples).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -21,6 +23,7 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 5.0)
 
+ROLES = ("prefill", "decode", "mixed")
 WORKER_GAUGES = (
     "queued_prefill_tokens",
     "running",
@@ -72,6 +75,15 @@ class RouterMetrics:
             for name in WORKER_GAUGES
         }  # fmt: skip
         self._workers: set[str] = set()
+        self.role_changes = Counter(
+            "kvserve_role_changes", "Worker role changes by the P:D controller",
+            ("from_role", "to_role", "result"), registry=r,
+        )  # fmt: skip
+        self.workers = Gauge("kvserve_workers", "Live workers by role", ("role",), registry=r)
+        self.slo_attainment = Gauge(
+            "kvserve_slo_attainment", "Share of the controller window's requests within the SLO",
+            ("metric",), registry=r,
+        )  # fmt: skip
 
     def observe_prefill(self, worker: str, usage: worker_pb2.PromptUsage) -> None:
         self.prompt_tokens.labels("local", worker).inc(usage.local_tokens)
@@ -96,6 +108,16 @@ class RouterMetrics:
             for gauge in self.worker_gauges.values():
                 gauge.remove(gone)
         self._workers = seen
+
+    def update_roles(self, roles: Iterable[str]) -> None:
+        """Set ``kvserve_workers`` from the live workers' roles (0 for a role with none)."""
+        listed = list(roles)
+        for role in ROLES:
+            self.workers.labels(role).set(listed.count(role))
+
+    def update_attainment(self, ttft: float | None, tpot: float | None) -> None:
+        for metric, value in (("ttft", ttft), ("tpot", tpot)):
+            self.slo_attainment.labels(metric).set(math.nan if value is None else value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

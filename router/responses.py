@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.flow import Usage
+from router.flow_types import Usage
 
 DONE = b"data: [DONE]\n\n"
 

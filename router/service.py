@@ -3,13 +3,14 @@
 Lifecycle of :class:`RouterService`:
 
 1. built by the app with the three configs; ``start()`` starts joining the pool as a
-   lookup client (optional, in the background) and starts the worker view (first
-   registry poll included);
+   lookup client (optional, in the background), starts the worker view (first registry
+   poll included) and, with ``--controller``, the P:D ratio controller;
 2. per request, before any worker is called: :meth:`check_model` (404/503),
    :meth:`tokenizer` (loaded once from the local model directory), :meth:`check_length`
    (400), then :meth:`plan` (pool lookup, conductor placement; 503 when nobody can serve);
-3. :meth:`flow` runs the plan; its chunks report to the shared metrics and cache stats;
-4. ``stop()`` ends the worker view and leaves the pool.
+3. :meth:`flow` runs the plan; its chunks report to the shared metrics and cache stats,
+   and its result to the controller's SLO window;
+4. ``stop()`` ends the controller and the worker view and leaves the pool.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from proto.registry import ClusterConfig
 from router.cache_stats import CacheStats
 from router.conductor import PlacementRequest, make_policy
 from router.config import RouterConfig
+from router.controller import RoleController
 from router.errors import APIError, invalid, unavailable
 from router.flow import FlowPlan, RequestFlow
 from router.metrics import RouterMetrics
@@ -41,8 +43,9 @@ class RouterService:
         self.cluster = cluster
         self.metrics = RouterMetrics()
         self.cache_stats = CacheStats()
-        self.telemetry = Telemetry(self.metrics, self.cache_stats)
         self.view = WorkerView(cluster, on_poll=self._on_poll)
+        self.controller = RoleController(router, self.view, self.metrics)
+        self.telemetry = Telemetry(self.metrics, self.cache_stats, self.controller.record)
         self.pool = PoolLookup(pool, enabled=router.pool_lookup)
         self.policy = make_policy(router.policy, router.disagg_threshold_tokens)
         self.started_at = int(time.time())
@@ -52,8 +55,11 @@ class RouterService:
     async def start(self) -> None:
         self.pool.start()
         await self.view.start()
+        if self.config.controller:
+            self.controller.start()
 
     async def stop(self) -> None:
+        await self.controller.stop()
         await self.view.stop()
         await self.pool.close()
 
@@ -148,5 +154,11 @@ class RouterService:
     def flow(self, plan: FlowPlan) -> RequestFlow:
         return RequestFlow(plan, self.telemetry)
 
+    def render_metrics(self) -> bytes:
+        """The Prometheus text of ``/metrics`` (SLO attainment as of now)."""
+        self.controller.export()
+        return self.metrics.render()
+
     def _on_poll(self, live: list[LiveWorker]) -> None:
         self.metrics.update_workers((w.worker_id, w.record.load) for w in live)
+        self.metrics.update_roles(w.role for w in live)

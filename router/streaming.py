@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from router.errors import APIError
-from router.flow import Chunk, Usage
+from router.flow_types import Chunk, Usage
 from router.responses import DONE, Formatter, sse
 
 T = TypeVar("T")

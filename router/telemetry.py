@@ -1,16 +1,27 @@
-"""The :class:`router.flow.FlowObserver` of the app: flows report to metrics and cache stats."""
+"""The :class:`router.flow_types.FlowObserver` of the app: flows report to metrics, cache
+stats and, through ``on_result``, to the P:D controller's SLO window."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from proto import worker_pb2 as pb
 from router.cache_stats import CacheStats, PrefillRecord
+from router.flow_types import FlowResult
 from router.metrics import RouterMetrics
 
 
 class Telemetry:
-    def __init__(self, metrics: RouterMetrics, cache_stats: CacheStats) -> None:
+    def __init__(
+        self,
+        metrics: RouterMetrics,
+        cache_stats: CacheStats,
+        on_result: Callable[[FlowResult], None] | None = None,
+    ) -> None:
         self.metrics = metrics
         self.cache_stats = cache_stats
+        self.on_result = on_result
+        """Called with every finished flow's result (after the metrics)."""
 
     def on_prefill(self, worker_id: str, usage: pb.PromptUsage) -> None:
         self.metrics.observe_prefill(worker_id, usage)
@@ -35,7 +46,9 @@ class Telemetry:
     def on_chunk(self, mode: str, worker_id: str, gap_s: float, tokens: int) -> None:
         self.metrics.itl.labels(mode, worker_id).observe(gap_s / max(1, tokens))
 
-    def on_finish(self, mode: str, worker_id: str, status: str, seconds: float) -> None:
-        self.metrics.count_request(status)
-        if status == "ok":
-            self.metrics.e2e.labels(mode, worker_id).observe(seconds)
+    def on_finish(self, result: FlowResult) -> None:
+        self.metrics.count_request(result.status)
+        if result.status == "ok":
+            self.metrics.e2e.labels(result.mode, result.worker_id).observe(result.e2e_s)
+        if self.on_result is not None:
+            self.on_result(result)

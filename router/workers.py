@@ -12,6 +12,11 @@ Lifecycle of :class:`WorkerView`:
 4. a channel whose address has not been seen for ``channel_grace_s`` is closed (in-flight
    calls to a vanished worker get that long to end by themselves);
 5. ``stop()`` ends polling and closes every channel.
+
+:meth:`WorkerView.hold` makes the router treat a worker as draining at once, before its
+own report says so (the P:D controller is about to change its role), until a poll shows
+the worker in its new role and not draining, the worker leaves the registry, or
+:meth:`WorkerView.release`.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class LiveWorker:
 
     record: WorkerRecord
     stub: WorkerAsyncStub
+    held: bool = False
+    """The router places no new work on it (see :meth:`WorkerView.hold`)."""
 
     @property
     def worker_id(self) -> str:
@@ -53,13 +60,17 @@ class LiveWorker:
 
     @property
     def role(self) -> str:
-        """The role in the latest load report (roles change at run time), else the record's."""
-        return str(self.record.load.get("role") or self.record.role)
+        return record_role(self.record)
+
+    @property
+    def draining(self) -> bool:
+        """Draining by its own report, or held by this router."""
+        return self.held or record_draining(self.record)
 
     @property
     def serves_requests(self) -> bool:
         """Can decode (decode or mixed role) and is not draining."""
-        return self.role in ("decode", "mixed") and not self.record.load.get("draining", False)
+        return self.role in ("decode", "mixed") and not self.draining
 
     def load(self) -> WorkerLoad:
         """The conductor's view; missing fields are 0 (protobuf's JSON form omits defaults
@@ -68,7 +79,7 @@ class LiveWorker:
         return WorkerLoad(
             worker_id=self.worker_id,
             role=self.role,
-            draining=bool(get("draining", False)),
+            draining=self.draining,
             waiting=int(get("waiting", 0)),
             running=int(get("running", 0)),
             queued_prefill_tokens=int(float(get("queued_prefill_tokens", 0))),
@@ -76,6 +87,15 @@ class LiveWorker:
             total_pages=int(get("total_pages", 0)),
             prefill_tokens_per_s=float(get("prefill_tokens_per_s", 0.0)),
         )
+
+
+def record_role(record: WorkerRecord) -> str:
+    """The role in the latest load report (roles change at run time), else the record's."""
+    return str(record.load.get("role") or record.role)
+
+
+def record_draining(record: WorkerRecord) -> bool:
+    return bool(record.load.get("draining", False))
 
 
 @dataclass
@@ -102,6 +122,7 @@ class WorkerView:
         self._redis: redis.Redis = redis.Redis.from_url(cluster.redis_url)
         self._channels: dict[str, _Channel] = {}
         self._seen: dict[str, tuple[float, WorkerRecord]] = {}
+        self._holds: dict[str, str] = {}  # worker id -> the role that ends its hold
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -127,11 +148,19 @@ class WorkerView:
         for seen_at, record in sorted(self._seen.values(), key=lambda x: x[1].worker_id):
             entry = self._channels.get(record.address)
             if seen_at >= horizon and entry is not None:
-                out.append(LiveWorker(record, entry.stub))
+                out.append(LiveWorker(record, entry.stub, record.worker_id in self._holds))
         return out
 
     def get(self, worker_id: str) -> LiveWorker | None:
         return next((w for w in self.live() if w.worker_id == worker_id), None)
+
+    def hold(self, worker_id: str, until_role: str) -> None:
+        """Treat ``worker_id`` as draining from now until a poll shows it in ``until_role``
+        and not draining, it leaves the registry, or :meth:`release`."""
+        self._holds[worker_id] = until_role
+
+    def release(self, worker_id: str) -> None:
+        self._holds.pop(worker_id, None)
 
     async def poll_once(self) -> None:
         """Read the registry and refresh the view (a failed read keeps the last view)."""
@@ -145,9 +174,16 @@ class WorkerView:
             self._seen = {r.worker_id: (now, r) for r in records}
             for r in records:
                 self._channel(r.address, now)
+            self._end_holds()
         await self._close_stale(now)
         if self._on_poll is not None:
             self._on_poll(self.live())
+
+    def _end_holds(self) -> None:
+        for worker_id, role in list(self._holds.items()):
+            seen = self._seen.get(worker_id)
+            if seen is None or (record_role(seen[1]) == role and not record_draining(seen[1])):
+                del self._holds[worker_id]
 
     async def _run(self) -> None:
         while True:

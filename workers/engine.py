@@ -228,8 +228,7 @@ class Engine:
     @property
     def queued_prefill_tokens(self) -> int:
         """Prompt tokens still to compute, over waiting and running requests."""
-        seqs = [*self.scheduler.waiting, *self.scheduler.running]
-        return sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in seqs)
+        return self.scheduler.queued_prefill_tokens
 
     # -- one step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -19,7 +19,7 @@ from kvpool.landing import Lander, Landing
 from kvpool.pool import KVPool
 from workers.kv_transfer import start_landing
 from workers.scheduler import Scheduler
-from workers.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
+from workers.sequence import FinishReason, SamplingParams, Sequence
 
 
 class Reservations:
@@ -53,14 +53,9 @@ class Reservations:
         """Hold pages for a prompt; ``None`` if they are not free now, ``ValueError`` if the
         request can never fit."""
         seq = Sequence(request_id, list(prompt_token_ids), SamplingParams(max_tokens=max_tokens))
-        self.scheduler.check_fits(seq)
-        blocks = self.scheduler.blocks
-        hits = blocks.match_prefix(seq)
-        n = seq.num_prompt_tokens - len(hits[0]) * blocks.block_tokens
-        if not blocks.can_allocate(seq, n, hits[0]):
+        if not self.scheduler.reserve(seq):
             return None
-        blocks.allocate(seq, n, hits)
-        seq.status = SeqStatus.RESERVED
+        blocks = self.scheduler.blocks
         deadline = time.monotonic() + lease_s
         self._held[request_id] = (seq, deadline)
         if self.lander is not None and self.pool is not None:

@@ -100,6 +100,19 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
+    def reserve(self, seq: Sequence) -> bool:
+        """Hold pages for all of ``seq``'s prompt, taking its local prefix hits, without
+        queueing it (a decode worker's reservation: the prompt's KV comes from elsewhere).
+        False if the pages are not free now; ``ValueError`` if it could never fit."""
+        self.check_fits(seq)
+        hits = self.blocks.match_prefix(seq)
+        n = seq.num_prompt_tokens - len(hits[0]) * self.config.block_tokens
+        if not self.blocks.can_allocate(seq, n, hits[0]):
+            return False
+        self.blocks.allocate(seq, n, hits)
+        seq.status = SeqStatus.RESERVED
+        return True
+
     def resume(self, seq: Sequence) -> None:
         """Run ``seq``, which already holds pages (a decode worker's reservation whose prompt
         KV arrived): it joins ``running`` whatever the sequence cap, as its pages are held."""
@@ -121,6 +134,12 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        """Prompt tokens still to compute, over waiting and running requests."""
+        seqs = [*self.waiting, *self.running]
+        return sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in seqs)
 
     # -- one step ------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:

@@ -12,7 +12,10 @@ its pages come back. Which verbs a worker takes depends on its role:
 - ``mixed``: all of them.
 
 A role change (``SetRole``) drains first: new work is refused with ``UNAVAILABLE`` while
-the worker finishes what it holds, then the role switches.
+the worker finishes what it holds (its running requests, and its reservations: the
+``Generate`` that takes one over is part of what it holds, so it is let in), then the role
+switches. A ``SetRole`` cancelled while draining (its deadline passed, the caller left)
+ends the drain and leaves the role as it was.
 """
 
 from __future__ import annotations
@@ -54,8 +57,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.on_change = on_change
         """Called after the role or the drain state changed (re-publishes the record)."""
 
-    async def _admit(self, verb: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        if self.draining:
+    async def _admit(
+        self, verb: str, context: grpc.aio.ServicerContext[Any, Any], held: bool = False
+    ) -> None:
+        """Abort the call unless this role takes ``verb`` and the worker is not draining
+        (``held``: the call finishes work the worker already holds, taken even so)."""
+        if self.draining and not held:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining")
         if self.role not in ACCEPTS[verb]:
             await context.abort(
@@ -143,10 +150,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.TokenChunk]:
-        await self._admit("Generate", context)
+        rid = request.request_id
+        held = (
+            self.draining
+            and request.HasField("first_token")
+            and await self._on_engine(lambda e: rid in e.reservations)
+        )
+        await self._admit("Generate", context, held)
         params = await self._params(request.params, context)
         prompt = list(request.prompt_token_ids)
-        rid = request.request_id
         if request.HasField("first_token"):
             first = request.first_token
             landing = await self._on_engine(lambda e: e.reservations.landing(rid))
@@ -220,8 +232,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if request.role != previous:
             self.draining = True
             self.on_change()
-            while await self._on_engine(lambda e: e.has_unfinished or bool(e.reservations)):
-                await asyncio.sleep(DRAIN_POLL_S)
+            try:
+                while await self._on_engine(lambda e: e.has_unfinished or bool(e.reservations)):
+                    await asyncio.sleep(DRAIN_POLL_S)
+            except asyncio.CancelledError:
+                self.draining = False
+                self.on_change()
+                log.info("role change to %s cancelled: still %s", request.role, previous)
+                raise
             self.role, self.draining = request.role, False
             self.on_change()
             log.info("role changed from %s to %s", previous, self.role)

@@ -122,14 +122,26 @@ async def one_rate(
         desc=f"rate {opt.json_rate(rate)}",
     )
     server = counters_delta(before, await scrape_counters(args.url))
+    return rate_row(args, rate, records, slo, server), records
+
+
+def rate_row(
+    args: argparse.Namespace,
+    rate: float | None,
+    records: list[RequestRecord],
+    slo: Slo | None,
+    server: dict[str, Any] | None,
+    label: str = "bench serve",
+) -> dict[str, Any]:
+    """The result row of one rate's records (shared with ``kvserve sim serve``)."""
     duration = span_s(records)
     meets = slo.meets if slo else None
     summary = summarize(records, duration, meets)
     log(
-        f"bench serve: rate {opt.json_rate(rate)}: {summary.completed}/{summary.requests} done, "
-        f"{summary.output_throughput:.1f} tok/s, attainment {summary.slo_attainment}"
+        f"{label}: rate {opt.json_rate(rate)}: {summary.completed}/{summary.requests}"
+        f" done, {summary.output_throughput:.1f} tok/s, attainment {summary.slo_attainment}"
     )
-    row = {
+    return {
         "rate": opt.json_rate(rate),
         "offered_rate": offered_rate(records),
         "arrival": opt.arrival_process(args),
@@ -143,7 +155,6 @@ async def one_rate(
         "server": server,
         "errors": sorted({r.error for r in records if r.error})[:5],
     }
-    return row, records
 
 
 def offered_rate(records: Sequence[RequestRecord]) -> float | None:
@@ -177,9 +188,15 @@ async def serve_bench(args: argparse.Namespace) -> dict[str, Any]:
         runs.append((f"rate {row['rate']}", records))
     points = [sweep_point(row) for row in rows]
     sweep = sweep_goodput(points, args.goodput_threshold) if slo else None
-    conditions = {
-        "url": args.url,
-        "model": model,
+    conditions = {"url": args.url, "model": model, **load_conditions(args, workload, slo)}
+    return {"conditions": conditions, "rows": rows, "sweep": sweep, "runs": runs, "points": points}
+
+
+def load_conditions(
+    args: argparse.Namespace, workload: opt.Workload, slo: Slo | None
+) -> dict[str, Any]:
+    """The conditions of the workload, load and SLO (shared with ``kvserve sim serve``)."""
+    return {
         "workload": args.workload,
         "num_requests": len(workload.specs),
         "workload_params": workload.conditions,
@@ -199,7 +216,6 @@ async def serve_bench(args: argparse.Namespace) -> dict[str, Any]:
         "output_buckets": args.output_buckets,
         "deployment": opt.deployment_labels(args.deployment),
     }
-    return {"conditions": conditions, "rows": rows, "sweep": sweep, "runs": runs, "points": points}
 
 
 def headline(rows: list[dict[str, Any]], sweep: Any) -> dict[str, Any]:
@@ -253,15 +269,20 @@ def write_out(out: Path, payload: dict[str, Any], result: dict[str, Any]) -> lis
     return [str(f) for f in files]
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark and print its JSON (see the module docstring); 0 on success."""
-    result = asyncio.run(serve_bench(args))
+def results_and_headline(result: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The JSON's ``results`` (a row per rate, then the sweep) and ``headline``."""
     rows = list(result["rows"])
     if result["sweep"] is not None:
         sweep = result["sweep"]
         by_rate = [[opt.json_rate(r), a] for r, a in result["points"]]
         rows.append({"goodput_sweep": sweep.__dict__, "attainment_by_rate": by_rate})
-    head = headline(result["rows"], result["sweep"])
+    return rows, headline(result["rows"], result["sweep"])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark and print its JSON (see the module docstring); 0 on success."""
+    result = asyncio.run(serve_bench(args))
+    rows, head = results_and_headline(result)
     payload = {
         "bench": "serve",
         "conditions": result["conditions"],

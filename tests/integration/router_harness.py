@@ -2,8 +2,9 @@
 
 The stub workers are real ``grpc.aio`` servers and deterministic: output token ``i`` of a
 prompt ``p`` is ``p[i % len(p)] + 1`` and its text is ``" t<id>"``. They record every call
-(method, request id). :class:`Harness` runs them and the router (uvicorn) on one event loop
-in a thread, registered in a real Redis; everything binds 127.0.0.1 only.
+(method, request id); the verbs in ``refusing`` answer UNAVAILABLE, as a draining worker's.
+:class:`Harness` runs them and the router (uvicorn) on one event loop in a thread,
+registered in a real Redis; everything binds 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -56,20 +57,26 @@ class StubWorker(WorkerServicer):
         self.worker_id, self.role, self.free_pages = worker_id, role, free_pages
         self.delay_s = 0.0
         self.refuse = False
+        self.refusing: set[str] = set()
         self.calls: list[tuple[str, str]] = []
         self.first_tokens: dict[str, int] = {}
 
     def called(self, method: str) -> list[str]:
         return [rid for m, rid in self.calls if m == method]
 
+    async def _admit(self, verb: str, request_id: str, context: Any) -> None:
+        self.calls.append((verb, request_id))
+        if verb in self.refusing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining")
+
     @override
     async def Reserve(self, request: pb.ReserveRequest, context: Any) -> pb.ReserveReply:
-        self.calls.append(("Reserve", request.request_id))
+        await self._admit("Reserve", request.request_id, context)
         return pb.ReserveReply(ok=not self.refuse, reason="full" if self.refuse else "")
 
     @override
     async def Prefill(self, request: pb.PrefillRequest, context: Any) -> pb.PrefillReply:
-        self.calls.append(("Prefill", request.request_id))
+        await self._admit("Prefill", request.request_id, context)
         prompt = list(request.prompt_token_ids)
         first = out_token(prompt, 0)
         return pb.PrefillReply(
@@ -84,7 +91,7 @@ class StubWorker(WorkerServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: Any
     ) -> AsyncIterator[pb.TokenChunk]:
-        self.calls.append(("Generate", request.request_id))
+        await self._admit("Generate", request.request_id, context)
         prompt, n = list(request.prompt_token_ids), request.params.max_tokens
         remote = request.HasField("first_token")
         if remote:

@@ -147,6 +147,33 @@ def test_refused_reservation_moves_to_the_next_decoder(harness: Harness) -> None
         d1.refuse = d2.refuse = False
 
 
+def test_requests_refused_by_draining_workers_go_elsewhere(harness: Harness) -> None:
+    p1, d1, d2 = harness.stubs["p1"], harness.stubs["d1"], harness.stubs["d2"]
+    client = harness.client()
+    try:
+        p1.refusing = {"Prefill"}  # remote prefill refused: the decode worker prefills
+        prompt = [8] * 9
+        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3)
+        assert out.choices[0].text == expected_text(prompt, 3)
+        rid = p1.called("Prefill")[-1]
+        assert d1.called("Reserve")[-1] == rid and rid in d1.called("Abort")  # freed first
+        assert d1.called("Generate")[-1] == rid and rid not in d1.first_tokens
+        p1.refusing, d1.refusing = set(), {"Generate"}
+        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3)
+        assert out.choices[0].text == expected_text(prompt, 3)
+        rid = p1.called("Prefill")[-1]  # d1 reserved, d2 took over with the first token
+        assert rid in d1.called("Abort") and d2.first_tokens[rid] == 9
+        out = client.completions.create(model=MODEL, prompt=[3, 4], max_tokens=2)  # local
+        assert out.choices[0].text == expected_text([3, 4], 2)
+        assert d2.called("Generate")[-1] == d1.called("Generate")[-1]
+        d2.refusing = {"Generate"}  # nobody left to take it: 503
+        with pytest.raises(openai.InternalServerError) as refused:
+            client.completions.create(model=MODEL, prompt=[3, 4], max_tokens=2)
+        assert refused.value.status_code == 503
+    finally:
+        p1.refusing = d1.refusing = d2.refusing = set()
+
+
 @pytest.mark.parametrize("prompt", [[1, 2], [11, 12, 13, 14, 15, 16]])
 def test_closing_a_stream_aborts_on_every_worker(harness: Harness, prompt: list[int]) -> None:
     p1, d1 = harness.stubs["p1"], harness.stubs["d1"]

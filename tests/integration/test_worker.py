@@ -1,5 +1,6 @@
 """One real worker process (``kvserve worker``) against real Redis and mooncake_master:
-registration and its record, the role change that drains first, the refusal of a worker
+registration and its record, the role change that drains first (taking over its
+reservations even so), the refusal of a worker
 whose KV contract differs from the cluster's, and a clean exit that withdraws the record."""
 
 from __future__ import annotations
@@ -88,6 +89,15 @@ def test_worker_registers_drains_on_role_change_refuses_misfits_and_withdraws(
         streaming.start()
         while not chunks:
             time.sleep(0.01)
+        # a request handed over from a prefill: reserved here, its first token computed
+        held_prompt = list(range(40, 60))
+        reserve = pb.ReserveRequest(request_id="held", prompt_token_ids=held_prompt,
+                                    max_tokens=4, lease_ms=60_000)  # fmt: skip
+        assert stub.Reserve(reserve, timeout=30).ok
+        greedy = pb.SamplingParams(max_tokens=4, temperature=0)
+        prefill = pb.PrefillRequest(request_id="held-p", prompt_token_ids=held_prompt,
+                                    params=greedy)  # fmt: skip
+        first = stub.Prefill(prefill, timeout=60).first_token
         changed: list[pb.SetRoleReply] = []
         switching = threading.Thread(
             target=lambda: changed.append(stub.SetRole(pb.SetRoleRequest(role="decode")))
@@ -99,6 +109,12 @@ def test_worker_registers_drains_on_role_change_refuses_misfits_and_withdraws(
             list(stub.Generate(pb.GenerateRequest(request_id="new", prompt_token_ids=[1],
                                                   params=params)))  # fmt: skip
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        # the reservation is work the worker holds: its Generate is taken while draining
+        handed = pb.GenerateRequest(request_id="held", prompt_token_ids=held_prompt,
+                                    params=greedy, first_token=first)  # fmt: skip
+        taken = list(stub.Generate(handed, timeout=60))
+        assert sum(len(c.token_ids) for c in taken) == 3
+        assert taken[-1].finish_reason == pb.FINISH_REASON_LENGTH
         switching.join(60)
         streaming.join(60)
         # The request in flight ran to its end before the role changed.

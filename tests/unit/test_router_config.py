@@ -9,6 +9,7 @@ import pytest
 
 from kvserve.settings import add_config_args, config_from_args
 from router.config import RouterConfig, master_metrics_address
+from router.ratio import RatioConfig
 
 
 @pytest.mark.parametrize(
@@ -23,6 +24,9 @@ from router.config import RouterConfig, master_metrics_address
         ({"tokenizer_dir": "/nonexistent"}, "no tokenizer.json"),
         ({"master_metrics_url": "127.0.0.1:9003"}, "master_metrics_url"),
         ({"master_metrics_url": "http://127.0.0.1/metrics"}, "explicit port"),
+        ({"controller_interval_s": 0.0}, "controller_interval_s"),
+        ({"controller_target": 2.0}, "controller setting.*target"),
+        ({"controller_min_decode": 0}, "controller setting.*min_decode"),
     ],
 )
 def test_rejects_bad_values(fields: dict[str, object], match: str) -> None:
@@ -49,3 +53,13 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg == RouterConfig(
         router_port=9100, policy="round_robin", disagg_threshold_tokens=0, pool_lookup=False
     )
+
+
+def test_controller_settings_make_the_ratio_config() -> None:
+    cfg = RouterConfig(controller_ttft_slo_s=0.5, controller_max_decode=3)
+    assert not cfg.controller and cfg.controller_interval_s == 5.0
+    assert cfg.ratio == RatioConfig(ttft_slo_s=0.5, tpot_slo_s=0.1, max_decode=3)
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, RouterConfig)
+    ns = parser.parse_args(["--controller", "--controller-patience", "1"])
+    assert config_from_args(RouterConfig, ns).ratio.patience == 1

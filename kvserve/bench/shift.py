@@ -1,0 +1,267 @@
+"""``kvserve bench shift``: the P:D ratio controller, live, on a load that changes shape.
+
+1. The shift workload (:mod:`kvserve.bench.loadgen.shift`: e.g. prefill-heavy, then
+   decode-heavy) is built from ``--phases``;
+2. for ``--controller off`` then ``on`` (both by default), the deployment ``--workers`` is
+   started on this machine (:class:`kvserve.cluster.Cluster`) with the router's ratio
+   controller disabled or enabled with the ``--controller-*`` settings (the router's own
+   flags, :class:`router.config.RouterConfig`), the workload is sent, and the router's
+   ``GET /v1/controller`` is polled every second for its moves;
+3. each run gives a row: attainment overall and per phase, attainment over time (requests
+   that arrived in a sliding window), the moves (decided and completed, in seconds from the
+   load's start); ``--out`` gets the plot of both runs over time.
+
+The flags, rows and plot are shared with ``kvserve sim shift`` (the same workload on the
+simulator, at any scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from kvserve.bench.loadgen.metrics import RequestRecord, summarize
+from kvserve.bench.loadgen.shift import Phase, attainment_over_time, parse_phase, phase_starts
+from kvserve.bench.loadgen.slo import AbsoluteSlo, SloTargets
+from kvserve.bench.report import emit, log
+from router.config import CONTROLLER_PREFIX, RouterConfig
+from router.ratio import RatioConfig
+
+DEFAULT_PHASES = ["512:16@0.25x150", "64:128@0.2x150"]
+MODES = ("off", "on")
+
+
+def add_shift_arguments(p: argparse.ArgumentParser) -> None:
+    """Workload, SLO and controller flags (shared with ``kvserve sim shift``)."""
+    p.add_argument(
+        "--phases", nargs="+", default=DEFAULT_PHASES, help="INPUT:OUTPUT@RATExSECONDS, in order"
+    )
+    p.add_argument("--spread", type=float, default=0.25)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab", type=int, default=49152)
+    p.add_argument(
+        "--modes", nargs="+", choices=MODES, default=list(MODES), help="controller off and/or on"
+    )
+    p.add_argument("--window-s", type=float, default=30.0, help="attainment-over-time window")
+    p.add_argument("--tick-s", type=float, default=5.0)
+    p.add_argument("--out", type=Path, default=None, help="folder for the plot")
+    for f in fields(RouterConfig):
+        if f.name.startswith(CONTROLLER_PREFIX):
+            flag = "--" + f.name.replace("_", "-")
+            p.add_argument(flag, type=type(f.default), default=f.default)
+    p.set_defaults(controller_ttft_slo_s=8.0, controller_tpot_slo_s=0.3, controller_cooldown_s=30.0)
+
+
+def phases_of(args: argparse.Namespace) -> list[Phase]:
+    return [parse_phase(text, args.spread) for text in args.phases]
+
+
+def ratio_config(args: argparse.Namespace) -> RatioConfig:
+    """The controller settings of the flags (the router's ``controller_*`` fields)."""
+    names = [f.name for f in fields(RouterConfig) if f.name.startswith(CONTROLLER_PREFIX)]
+    return RouterConfig(**{name: getattr(args, name) for name in names}).ratio
+
+
+def slo_of(args: argparse.Namespace) -> AbsoluteSlo:
+    """The benchmark's SLO is the controller's: one target for both to be judged by."""
+    return AbsoluteSlo(SloTargets(args.controller_ttft_slo_s, args.controller_tpot_slo_s))
+
+
+def shift_row(
+    args: argparse.Namespace,
+    mode: str,
+    records: Sequence[RequestRecord],
+    moves: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One run's row: attainment overall, per phase and over time, and the moves."""
+    slo = slo_of(args)
+    phases = phases_of(args)
+    overall = summarize(records, max((r.end_s for r in records), default=0.0), slo.meets)
+    per_phase = []
+    for k, phase in enumerate(phases):
+        mine = [r for r in records if r.group == k]
+        s = summarize(mine, phase.duration_s, slo.meets)
+        per_phase.append(
+            {
+                "phase": phase.label,
+                "requests": s.requests,
+                "slo_attainment": s.slo_attainment,
+                "ttft_p90_s": s.ttft_s.p90,
+                "tpot_p90_s": s.tpot_s.p90,
+            }
+        )
+    return {
+        "controller": mode,
+        "slo_attainment": overall.slo_attainment,
+        "requests": overall.requests,
+        "failed": overall.failed,
+        "phases": per_phase,
+        "moves": moves,
+        "attainment_over_time": attainment_over_time(
+            records, slo.meets, args.window_s, args.tick_s
+        ),
+    }
+
+
+def plot(rows: Sequence[dict[str, Any]], phases: Sequence[Phase], path: Path, title: str) -> Path:
+    from kvserve.bench.loadgen.plots import pyplot, save
+
+    fig, ax = pyplot().subplots(figsize=(8, 4))
+    for row in rows:
+        points = [(t, a) for t, a in row["attainment_over_time"] if a is not None]
+        ax.plot(
+            [t for t, _ in points],
+            [a for _, a in points],
+            marker=".",
+            label=f"controller {row['controller']}",
+        )
+        for move in row["moves"]:
+            if move.get("done_s") is not None:
+                ax.axvline(move["done_s"], color="tab:green", linestyle=":", alpha=0.8)
+                ax.annotate(
+                    f"{move['worker_id']}: {move['from_role']}->{move['to_role']}",
+                    (move["done_s"], 0.05),
+                    fontsize=7,
+                    rotation=90,
+                )
+    for start, phase in zip(phase_starts(phases), phases, strict=True):
+        ax.axvline(start, color="grey", linestyle="--", alpha=0.5)
+        ax.annotate(phase.label, (start, 1.02), fontsize=7)
+    ax.set_ylim(0, 1.1)
+    ax.set_xlabel("time since the load started (s)")
+    ax.set_ylabel("SLO attainment (sliding window)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    return save(fig, path)
+
+
+def conditions_of(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "phases": args.phases,
+        "spread": args.spread,
+        "seed": args.seed,
+        "workers": args.workers,
+        "controller": vars(ratio_config(args)),
+        "controller_interval_s": args.controller_interval_s,
+        "window_s": args.window_s,
+    }
+
+
+def headline(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    by_mode = {row["controller"]: row["slo_attainment"] for row in rows}
+    on, off = by_mode.get("on"), by_mode.get("off")
+    return {
+        "metric": "SLO attainment over the whole shift, controller on vs off",
+        "value": on,
+        "baseline": off,
+        "ratio": on / off if on is not None and off else None,
+        "target": None,
+    }
+
+
+# -- the live run ------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from kvserve.settings import add_config_args
+    from workers.config import EngineConfig
+
+    add_shift_arguments(p)
+    p.add_argument("--workers", default="1p1d", help="starting split, e.g. 1p1d")
+    p.add_argument("--segment-mib", type=int, default=256, help="pool memory per worker")
+    p.add_argument("--timeout-s", type=float, default=600.0)
+    add_config_args(p, EngineConfig)
+
+
+def router_args(args: argparse.Namespace, mode: str) -> tuple[str, ...]:
+    flags = ["--controller" if mode == "on" else "--no-controller"]
+    for f in fields(RouterConfig):
+        if f.name.startswith(CONTROLLER_PREFIX):
+            flags += ["--" + f.name.replace("_", "-"), str(getattr(args, f.name))]
+    return tuple(flags)
+
+
+async def watch_moves(url: str, t0: float, moves: dict[int, dict[str, Any]]) -> None:
+    """Poll ``GET /v1/controller`` every second; note when each move is first seen decided
+    and completed, in seconds since ``t0`` (this process's clock)."""
+    async with aiohttp.ClientSession() as session:
+        while True:
+            with contextlib.suppress(aiohttp.ClientError, ValueError):
+                async with session.get(url + "/v1/controller") as response:
+                    body = await response.json()
+                now = time.perf_counter() - t0
+                for i, entry in enumerate(body.get("history", [])):
+                    move = moves.setdefault(i, {**entry, "decided_s": now, "done_s": None})
+                    move.update({k: v for k, v in entry.items() if k not in move})
+                    if entry.get("completed_at") is not None and move["done_s"] is None:
+                        move["done_s"], move["result"] = now, entry["result"]
+            await asyncio.sleep(1.0)
+
+
+async def live_run(args: argparse.Namespace, url: str, mode: str) -> dict[str, Any]:
+    from kvserve.bench.loadgen.client import ClientOptions, fetch_models, run_load
+    from kvserve.bench.loadgen.shift import shift_requests
+
+    model = (await fetch_models(url))[0]
+    specs = shift_requests(phases_of(args), args.seed, args.vocab)
+    moves: dict[int, dict[str, Any]] = {}
+    watcher = asyncio.create_task(watch_moves(url, time.perf_counter(), moves))
+    try:
+        records = await run_load(
+            url,
+            model,
+            specs,
+            options=ClientOptions(args.timeout_s),
+            progress=False,
+            desc=f"controller {mode}",
+        )
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    return shift_row(args, mode, records, [moves[i] for i in sorted(moves)])
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvpool.config import PoolConfig
+    from kvserve.bench.compare import parse_deployment
+    from kvserve.cluster import Cluster, ClusterSpec
+    from kvserve.settings import config_from_args
+    from workers.config import EngineConfig
+
+    prefill, decode, mixed = parse_deployment(args.workers)
+    engine = config_from_args(EngineConfig, args)
+    rows = []
+    for mode in args.modes:
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = ClusterSpec(
+                prefill=prefill,
+                decode=decode,
+                mixed=mixed,
+                engine=engine,
+                pool=PoolConfig(pool_segment_mib=args.segment_mib),
+                router_args=router_args(args, mode),
+                log_dir=Path(tmp),
+            ).with_free_ports()
+            with Cluster(spec).start() as cluster:
+                log(f"bench shift: {args.workers} up, controller {mode}")
+                rows.append(asyncio.run(live_run(args, cluster.router_url, mode)))
+                log(f"bench shift: controller {mode}: attainment {rows[-1]['slo_attainment']}")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot(
+            rows,
+            phases_of(args),
+            args.out / "shift_live.png",
+            f"P:D controller, live ({args.workers} at start, CPU)",
+        )
+    emit("shift", {**conditions_of(args), "engine": dict(vars(engine))}, rows, headline(rows))
+    return 0

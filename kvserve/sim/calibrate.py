@@ -1,0 +1,157 @@
+"""``kvserve sim calibrate``: fit a :class:`~kvserve.sim.costs.LinearCost` to our own engine.
+
+1. The real :class:`workers.engine.Engine` is loaded with the given settings (default: the
+   worker's, one thread, pinned to one core, as ``kvserve up`` runs a worker on a core);
+2. scripted scenarios run to completion, each a few requests added at given steps: single
+   prompts of several lengths, one long prompt in chunks (attention over a growing context),
+   decode batches of several sizes and contexts, and long prompts joining running decodes
+   (mixed steps); every step's :class:`~kvserve.sim.costs.StepShape` (taken from the batch
+   the scheduler built) and wall time are recorded;
+3. :meth:`LinearCost.fit` fits the coefficients (non-negative least squares) and the fit's
+   own error is reported; ``--output`` receives the cost file that ``kvserve sim serve
+   --cost`` reads (``{"kind": "linear", "coefficients": ..., "model": ...}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvserve.bench.report import base_conditions, emit, log
+from kvserve.settings import add_config_args, config_from_args
+from kvserve.sim.costs import LinearCost, StepShape
+from kvserve.sim.engine import shape_of
+from kvserve.sim.modelshape import from_hf_config
+from workers.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Requests ``(prompt_len, max_tokens, add_at_step)`` run together to completion."""
+
+    name: str
+    requests: tuple[tuple[int, int, int], ...]
+
+
+def scenarios(max_prompt: int) -> list[Scenario]:
+    """The default script: prefill sizes, chunked context, decode batches, mixed steps."""
+    longest = min(max_prompt, 1536)
+    out = [Scenario(f"prefill {n}", ((n, 1, 0),)) for n in (16, 64, 128, 256, 384, 512)]
+    out.append(Scenario(f"chunked {longest}", ((longest, 1, 0),)))
+    for batch, context in ((1, 64), (2, 64), (4, 64), (8, 64), (16, 64), (4, 512), (8, 512)):
+        out.append(
+            Scenario(f"decode {batch}x{context}", tuple((context, 12, 0) for _ in range(batch)))
+        )
+    for batch in (4, 12):
+        decodes = tuple((64, 24, 0) for _ in range(batch))
+        out.append(Scenario(f"mixed {batch}+448", (*decodes, (448, 1, 4))))
+    return out
+
+
+def measure(engine: Any, scenario: Scenario, vocab: int) -> list[tuple[StepShape, float]]:
+    """Run ``scenario`` on ``engine``; ``(shape, seconds)`` of each of its steps."""
+    from workers.sequence import SamplingParams
+
+    shapes: list[StepShape] = []
+    schedule = engine.scheduler.schedule
+
+    def recording() -> Any:
+        batch = schedule()
+        if batch:
+            shapes.append(shape_of(batch))
+        return batch
+
+    setattr(engine.scheduler, "schedule", recording)  # noqa: B010 (instrumenting one instance)
+    samples: list[tuple[StepShape, float]] = []
+    pending = sorted(enumerate(scenario.requests), key=lambda item: item[1][2])
+    step = 0
+    try:
+        while pending or engine.has_unfinished:
+            while pending and pending[0][1][2] <= step:
+                i, (length, max_tokens, _) = pending.pop(0)
+                prompt = [100 + (i * 7919 + 31 * j + step) % (vocab - 100) for j in range(length)]
+                params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+                engine.add_request(prompt, params)
+            before = len(shapes)
+            t0 = time.perf_counter()
+            engine.step()
+            elapsed = time.perf_counter() - t0
+            if len(shapes) > before:
+                samples.append((shapes[-1], elapsed))
+            step += 1
+    finally:
+        setattr(engine.scheduler, "schedule", schedule)  # noqa: B010
+    return samples
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", type=Path, required=True, help="the cost file to write")
+    parser.add_argument("--repeat", type=int, default=2, help="runs of the whole script")
+    parser.add_argument("--pin", type=int, default=0, help="core to pin to (-1: no pinning)")
+    add_config_args(parser, EngineConfig)
+    parser.set_defaults(threads=1)
+
+
+def run(args: argparse.Namespace) -> int:
+    from workers.engine import Engine
+
+    if args.pin >= 0:
+        os.sched_setaffinity(0, {args.pin})
+    config = config_from_args(EngineConfig, args)
+    engine = Engine(config)
+    config_json = json.loads((engine.model_dir / "config.json").read_text())
+    shape = from_hf_config(config_json, name=engine.model_dir.name)
+    vocab = engine.model_config.vocab_size
+    log(f"sim calibrate: warming up {engine.model_dir.name}")
+    measure(engine, Scenario("warm-up", ((128, 4, 0), (64, 4, 0))), vocab)
+    samples: list[tuple[StepShape, float]] = []
+    rows: list[dict[str, Any]] = []
+    for r in range(args.repeat):
+        for scenario in scenarios(engine.max_model_len):
+            got = measure(engine, scenario, vocab)
+            samples += got
+            rows.append(
+                {
+                    "repeat": r,
+                    "scenario": scenario.name,
+                    "steps": len(got),
+                    "seconds": sum(s for _, s in got),
+                }
+            )
+            log(f"sim calibrate: {scenario.name}: {len(got)} steps")
+    cost = LinearCost.fit(samples)
+    report = cost.fit_report(samples)
+    conditions = {
+        **base_conditions(),
+        "model": engine.model_dir.name,
+        "engine": dict(vars(config)),
+        "pinned_core": args.pin,
+        "samples": len(samples),
+    }
+    dtype_bytes = {"float32": 4}.get(config.dtype, 2)
+    payload = {
+        **cost.to_json(),
+        "model_shape": dataclasses.asdict(shape),
+        "dtype_bytes": dtype_bytes,
+        "fit": report,
+        "conditions": conditions,
+        "samples": [[list(map(list, sh.prefill)), list(sh.decode), sec] for sh, sec in samples],
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(payload, indent=2) + "\n")
+    log(f"sim calibrate: wrote {args.output}")
+    headline = {
+        "metric": "median relative error of the fitted step time",
+        "value": report.get("median_rel_error"),
+        "baseline": None,
+        "ratio": None,
+        "target": None,
+    }
+    emit("sim calibrate", conditions, [*rows, {**cost.to_json(), "fit": report}], headline)
+    return 0

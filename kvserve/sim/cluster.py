@@ -1,0 +1,333 @@
+"""A simulated cluster: the router's real placement and ratio policies over :class:`SimEngine`\\ s.
+
+One request's life, as :mod:`router.flow` lives it (each message costs ``hop_s``):
+
+1. at arrival the router looks the prompt's block chain up in the pool and asks the
+   conductor policy (:mod:`router.conductor`, the real one) for a placement, given the load
+   reports it last heard (refreshed every ``heartbeat_s``; draining marks are immediate);
+2. disaggregated: ``Reserve`` on the first decode candidate with room (none: a 503), then
+   the prefill worker prefills with hand-off; its first token goes to the client; the KV
+   lands on the decode worker (the part of the transfer the prefill did not hide), which
+   adopts the request and decodes it;
+3. local: the first decode (or mixed) candidate prefills and decodes by itself;
+4. every token reaches the client one hop after the step that made it; the finished
+   request becomes a :class:`~kvserve.bench.loadgen.metrics.RequestRecord` and, with a ratio
+   controller, a sample of its window.
+
+With a controller (:class:`router.ratio.RatioController`, the real one) every
+``interval_s`` it decides on the same load view; a move drains the worker (no new work;
+it switches once it holds nothing) and is then reported completed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from kvpool.hashing import hash_chain
+from kvserve.bench.loadgen.metrics import RequestRecord
+from kvserve.bench.loadgen.workloads import RequestSpec
+from kvserve.sim.engine import SimEngine
+from kvserve.sim.events import EventLoop
+from router.conductor import Placement, PlacementRequest, Policy, WorkerLoad
+from router.ratio import RatioController, RoleChange
+from workers.sequence import FinishReason, SamplingParams
+from workers.sequence import Sequence as Seq
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Router-side delays: one message between processes, and the load view's staleness."""
+
+    hop_s: float = 0.001
+    heartbeat_s: float = 1.0
+    controller_interval_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.hop_s < 0 or self.heartbeat_s <= 0 or self.controller_interval_s <= 0:
+            raise ValueError(f"timing must be hop_s >= 0 and positive periods, got {self}")
+
+
+@dataclass
+class _Request:
+    spec: RequestSpec
+    start_s: float
+    chunks: list[float] = field(default_factory=list)
+    cached_tokens: int = 0
+    error: str | None = None
+    status: int | None = None
+    end_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RoleEvent:
+    """A role move as it happened: decided at ``at_s``, switched at ``done_s``."""
+
+    change: RoleChange
+    done_s: float
+
+
+class SimCluster:
+    def __init__(
+        self,
+        engines: Sequence[SimEngine],
+        policy: Policy,
+        timing: Timing = Timing(),
+        controller: RatioController | None = None,
+        concurrency: int = 0,
+    ) -> None:
+        self.engines = {e.worker_id: e for e in engines}
+        first = engines[0]
+        self.block_tokens = first.config.block_tokens
+        self.hash_seed = first.hash_seed
+        self.pool = first.pool
+        self.policy = policy
+        self.timing = timing
+        self.controller = controller
+        self.concurrency = concurrency
+        self.loop = EventLoop()
+        self.role_events: list[RoleEvent] = []
+        self.role_timeline: list[tuple[float, dict[str, int]]] = [(0.0, self.role_counts())]
+        self._view: dict[str, WorkerLoad] = {}
+        self._owners: dict[tuple[str, str], Callable[[Seq, FinishReason | None], None]] = {}
+        self._open = 0
+        self._backlog: deque[RequestSpec] = deque()
+        self._done: list[_Request] = []
+        self._base = 0.0
+        self._ticking = False
+        self._arrivals = 0
+        self._pending: RoleChange | None = None
+
+    # -- running a workload ----------------------------------------------------------------
+    def run(self, specs: Sequence[RequestSpec]) -> list[RequestRecord]:
+        """Send ``specs`` at their ``arrival_s`` (from now) and run until all have ended;
+        their records, times counted from this run's start. Engines keep their caches and
+        statistics between runs, as a real cluster does between the rates of a sweep."""
+        self._base = self.loop.now
+        self._done = []
+        self._arrivals += len(specs)
+        for spec in specs:
+            self.loop.at(self._base + spec.arrival_s, partial(self._arrive, spec))
+        self._refresh_view()
+        self._tick()
+        self.loop.run()
+        return sorted((self._record(r) for r in self._done), key=lambda r: r.index)
+
+    def _tick(self) -> None:
+        """Start the periodic load refresh and controller evaluations (stop when idle)."""
+        if self._ticking:
+            return
+        self._ticking = True
+        self.loop.after(self.timing.heartbeat_s, self._heartbeat)
+        if self.controller is not None:
+            self.loop.after(self.timing.controller_interval_s, self._evaluate)
+
+    def _busy(self) -> bool:
+        return bool(self._open or self._backlog or self._arrivals)
+
+    def _heartbeat(self) -> None:
+        self._refresh_view()
+        if self._busy():
+            self.loop.after(self.timing.heartbeat_s, self._heartbeat)
+        else:
+            self._ticking = False
+
+    def _refresh_view(self) -> None:
+        self._view = {wid: e.load() for wid, e in self.engines.items()}
+
+    def role_counts(self) -> dict[str, int]:
+        counts = {"prefill": 0, "decode": 0, "mixed": 0}
+        for e in self.engines.values():
+            counts[e.role] += 1
+        return counts
+
+    # -- one request -----------------------------------------------------------------------
+    def _arrive(self, spec: RequestSpec) -> None:
+        self._arrivals -= 1
+        self._send(spec)
+
+    def _send(self, spec: RequestSpec) -> None:
+        if self.concurrency and self._open >= self.concurrency:
+            self._backlog.append(spec)
+            return
+        self._open += 1
+        req = _Request(spec, start_s=self.loop.now)
+        tokens = list(spec.prompt_token_ids)
+        pooled = 0
+        if self.pool is not None:
+            hashes = hash_chain(tokens, self.block_tokens, self.hash_seed)
+            pooled = self.pool.leading(hashes) * self.block_tokens
+        placement = self.policy.place(
+            PlacementRequest(len(tokens), pooled), list(self._view.values())
+        )
+        if placement is None:
+            self._fail(req, "no worker can serve the request", 503)
+        elif placement.prefill is None:
+            self.loop.after(self.timing.hop_s, lambda: self._local(req, placement.decode))
+        else:
+            self.loop.after(self.timing.hop_s, lambda: self._reserve(req, placement))
+
+    def _seq(self, req: _Request, handoff: bool = False) -> Seq:
+        params = SamplingParams(max_tokens=req.spec.max_tokens, ignore_eos=True)
+        seq = Seq(f"r{req.spec.index}", list(req.spec.prompt_token_ids), params)
+        seq.handoff = handoff
+        return seq
+
+    def _local(self, req: _Request, candidates: tuple[str, ...]) -> None:
+        for wid in candidates:
+            engine = self.engines[wid]
+            if engine.draining:
+                continue
+            seq = self._seq(req)
+            try:
+                engine.submit(seq)
+            except ValueError as exc:  # can never fit: the worker's INVALID_ARGUMENT
+                self._fail(req, str(exc), 400)
+                return
+            self._own(engine, seq, lambda s, reason: self._decoded(req, s, reason))
+            self._kick(engine)
+            return
+        self._fail(req, "every decode candidate is draining", 503)
+
+    def _reserve(self, req: _Request, placement: Placement) -> None:
+        for wid in placement.decode:
+            decoder = self.engines[wid]
+            seq = self._seq(req)
+            try:
+                if decoder.draining or not decoder.reserve(seq):
+                    continue
+            except ValueError as exc:  # can never fit: the worker's INVALID_ARGUMENT
+                self._fail(req, str(exc), 400)
+                return
+            prefill = self.engines[str(placement.prefill)]
+            self.loop.after(2 * self.timing.hop_s, partial(self._prefill, req, prefill, decoder))
+            return
+        self.loop.after(self.timing.hop_s, lambda: self._fail(req, "no decode pages", 503))
+
+    def _prefill(self, req: _Request, prefill: SimEngine, decoder: SimEngine) -> None:
+        seq = self._seq(req, handoff=True)
+        self._own(
+            prefill, seq, lambda s, reason: self._handed_off(req, s, reason, prefill, decoder)
+        )
+        prefill.submit(seq)
+        self._kick(prefill)
+
+    def _handed_off(
+        self,
+        req: _Request,
+        seq: Seq,
+        reason: FinishReason | None,
+        prefill: SimEngine,
+        decoder: SimEngine,
+    ) -> None:
+        """The prefill worker's step made the first token: to the client, then to decode."""
+        hop = self.timing.hop_s
+        req.cached_tokens = seq.num_cached_tokens
+        req.chunks.append(self.loop.now + hop)
+        rid = seq.request_id
+        if reason is FinishReason.LENGTH:  # one token asked: the reservation goes back
+            decoder.release(rid)
+            self._maybe_switch(decoder)
+            self.loop.after(hop, lambda: self._finish(req))
+            return
+        first = seq.output_token_ids[0]
+        step_s, step_tokens = prefill.last_step
+        landing = decoder.kv.landing_s(step_s, step_tokens, seq.num_prompt_tokens)
+
+        def adopt() -> None:
+            adopted = decoder.adopt(rid, first)
+            self._own(decoder, adopted, lambda s, why: self._decoded(req, s, why))
+            self._kick(decoder)
+
+        self.loop.after(max(2 * hop, landing), adopt)
+
+    def _decoded(self, req: _Request, seq: Seq, reason: FinishReason | None) -> None:
+        if not req.chunks:
+            req.cached_tokens = seq.num_cached_tokens
+        req.chunks.append(self.loop.now + self.timing.hop_s)
+        if reason is not None:
+            self.loop.after(self.timing.hop_s, lambda: self._finish(req))
+
+    def _fail(self, req: _Request, error: str, status: int) -> None:
+        req.error, req.status = error, status
+        self._finish(req)
+
+    def _finish(self, req: _Request) -> None:
+        req.end_s = self.loop.now
+        self._done.append(req)
+        self._open -= 1
+        if self.controller is not None:
+            record = self._record(req)
+            self.controller.record(self.loop.now, record.ttft_s, record.tpot_s)
+        if self._backlog:
+            self._send(self._backlog.popleft())
+
+    def _record(self, req: _Request) -> RequestRecord:
+        spec, base = req.spec, self._base
+        return RequestRecord(
+            index=spec.index,
+            arrival_s=spec.arrival_s,
+            prompt_len=spec.prompt_len,
+            max_tokens=spec.max_tokens,
+            group=spec.group,
+            start_s=req.start_s - base,
+            end_s=req.end_s - base,
+            chunk_times_s=tuple(t - base for t in req.chunks),
+            output_tokens=len(req.chunks),
+            prompt_tokens=spec.prompt_len if req.error is None else None,
+            cached_tokens=req.cached_tokens if req.error is None else None,
+            error=req.error,
+            status_code=req.status,
+        )
+
+    # -- engines ---------------------------------------------------------------------------
+    def _own(
+        self, engine: SimEngine, seq: Seq, on_token: Callable[[Seq, FinishReason | None], None]
+    ) -> None:
+        self._owners[(engine.worker_id, seq.request_id)] = on_token
+
+    def _kick(self, engine: SimEngine) -> None:
+        if engine.busy:
+            return
+        seconds = engine.start_step()
+        if seconds is not None:
+            self.loop.after(seconds, lambda: self._stepped(engine))
+
+    def _stepped(self, engine: SimEngine) -> None:
+        for seq, reason in engine.end_step():
+            key = (engine.worker_id, seq.request_id)
+            on_token = self._owners[key] if reason is None else self._owners.pop(key)
+            on_token(seq, reason)
+        self._kick(engine)
+        self._maybe_switch(engine)
+
+    # -- the ratio controller --------------------------------------------------------------
+    def _evaluate(self) -> None:
+        assert self.controller is not None
+        change = self.controller.decide(self.loop.now, list(self._view.values()))
+        if change is not None:
+            engine = self.engines[change.worker_id]
+            engine.draining = True
+            self._view[engine.worker_id] = dataclasses.replace(
+                self._view[engine.worker_id], draining=True
+            )
+            self._pending = change
+            self._maybe_switch(engine)
+        if self._busy():
+            self.loop.after(self.timing.controller_interval_s, self._evaluate)
+
+    def _maybe_switch(self, engine: SimEngine) -> None:
+        change = self._pending
+        if change is None or change.worker_id != engine.worker_id or not engine.idle:
+            return
+        assert self.controller is not None
+        engine.role, engine.draining = change.to_role, False
+        self._pending = None
+        now = self.loop.now
+        self.controller.completed(change, now)
+        self.role_events.append(RoleEvent(change, now))
+        self.role_timeline.append((now, self.role_counts()))
+        self._refresh_view()

@@ -1,0 +1,81 @@
+"""``kvserve sim serve``: ``kvserve bench serve``'s workload, run on a simulated cluster.
+
+The same flags build the same requests (workload, seed, salting per rate, arrivals), the
+simulated deployment (:mod:`kvserve.sim.deploy`) serves them, and the same code turns the
+records into the same JSON rows (:func:`kvserve.bench.serve.rate_row`), so a simulated and
+a measured run compare line by line. One cluster serves the warm-up and then every rate in
+turn, as a real server does. SLOs must be absolute (a relative SLO is calibrated on a
+server).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvserve.bench.loadgen import options as opt
+from kvserve.bench.loadgen.metrics import RequestRecord
+from kvserve.bench.loadgen.slo import sweep_goodput
+from kvserve.bench.loadgen.workloads import salted, with_arrivals
+from kvserve.bench.report import base_conditions, emit, log
+from kvserve.bench.serve import (
+    WARMUP_SALT,
+    load_conditions,
+    rate_row,
+    results_and_headline,
+    sweep_point,
+    timed,
+    write_out,
+)
+from kvserve.sim import deploy
+from kvserve.sim.cluster import SimCluster
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    opt.add_workload_arguments(parser)
+    opt.add_load_arguments(parser)
+    opt.add_report_arguments(parser)
+    deploy.add_arguments(parser)
+
+
+def simulate(
+    args: argparse.Namespace, cluster: SimCluster, conditions: dict[str, Any]
+) -> dict[str, Any]:
+    """Run the sweep on ``cluster``: the result :func:`kvserve.bench.serve.serve_bench`
+    returns for a real server (conditions, rows, sweep, runs, points)."""
+    if args.slo_relative is not None:
+        raise ValueError("kvserve sim serve needs absolute SLOs (--slo-ttft-s, --slo-tpot-s)")
+    workload = opt.build_workload(args)
+    slo = opt.absolute_slo(args)
+    warmup = salted(workload.specs[: args.warmup], WARMUP_SALT, args.vocab)
+    if warmup:
+        cluster.run(with_arrivals(warmup, [0.0] * len(warmup)))
+    rows: list[dict[str, Any]] = []
+    runs: list[tuple[str, list[RequestRecord]]] = []
+    for i, rate in enumerate(opt.rates(args)):
+        specs = timed(args, salted(workload.specs, i, args.vocab), rate)
+        records = cluster.run(specs)
+        rows.append(rate_row(args, rate, records, slo, None, label="sim serve"))
+        runs.append((f"rate {rows[-1]['rate']}", records))
+    points = [sweep_point(row) for row in rows]
+    sweep = sweep_goodput(points, args.goodput_threshold) if slo else None
+    conditions = {**load_conditions(args, workload, slo), "deployment": conditions}
+    return {"conditions": conditions, "rows": rows, "sweep": sweep, "runs": runs, "points": points}
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster, conditions = deploy.build(args)
+    result = simulate(args, cluster, conditions)
+    rows, head = results_and_headline(result)
+    payload = {
+        "bench": "sim serve",
+        "conditions": result["conditions"],
+        "results": rows,
+        "headline": head,
+    }
+    if args.out is not None:
+        full = {**base_conditions(), **result["conditions"]}
+        files = write_out(args.out, {**payload, "conditions": full}, result)
+        log(f"sim serve: wrote {', '.join(files)}")
+    emit("sim serve", result["conditions"], rows, head)
+    return 0

@@ -1,0 +1,68 @@
+"""``kvserve sim shift``: ``kvserve bench shift``'s changing load on the simulator.
+
+The same flags build the same requests and the same controller settings; the simulated
+deployment (:mod:`kvserve.sim.deploy`, any scale and cost) serves them with the ratio
+controller off and on (:class:`router.ratio.RatioController`, the router's own), and the
+rows and plot are :mod:`kvserve.bench.shift`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvserve.bench import shift
+from kvserve.bench.loadgen.shift import shift_requests
+from kvserve.bench.report import emit, log
+from kvserve.sim import deploy
+from kvserve.sim.cluster import RoleEvent
+from router.ratio import RatioController
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    shift.add_shift_arguments(parser)
+    deploy.add_arguments(parser)
+    parser.set_defaults(concurrency=0)
+
+
+def move_of(event: RoleEvent) -> dict[str, Any]:
+    c = event.change
+    return {
+        "worker_id": c.worker_id,
+        "from_role": c.from_role,
+        "to_role": c.to_role,
+        "reason": c.reason,
+        "decided_s": c.at_s,
+        "done_s": event.done_s,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    specs = shift_requests(shift.phases_of(args), args.seed, args.vocab)
+    rows = []
+    conditions: dict[str, Any] = {}
+    for mode in args.modes:
+        controller = RatioController(shift.ratio_config(args)) if mode == "on" else None
+        cluster, conditions = deploy.build(args, controller)
+        records = cluster.run(specs)
+        moves = [move_of(e) for e in cluster.role_events]
+        rows.append(shift.shift_row(args, mode, records, moves))
+        log(
+            f"sim shift: controller {mode}: attainment {rows[-1]['slo_attainment']}, "
+            f"{len(moves)} moves"
+        )
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        shift.plot(
+            rows,
+            shift.phases_of(args),
+            args.out / "shift_sim.png",
+            f"P:D controller, simulated ({args.workers} at start, {args.cost})",
+        )
+    emit(
+        "sim shift",
+        {**shift.conditions_of(args), "deployment": conditions},
+        rows,
+        shift.headline(rows),
+    )
+    return 0

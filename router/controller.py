@@ -1,0 +1,155 @@
+"""The P:D ratio controller's I/O side: it runs :class:`router.ratio.RatioController` against
+the live cluster and moves workers with ``SetRole``.
+
+Lifecycle of :class:`RoleController`:
+
+1. built by the router service; every finished request reaches :meth:`record` (through
+   the flow telemetry) whether or not the controller runs, so ``GET /v1/controller``
+   always shows the SLO window; a cancelled request (the client left) is not a sample, a
+   failed one is a TTFT miss;
+2. ``start()`` (only with ``--controller``) starts a task that calls :meth:`tick` every
+   ``controller_interval_s``;
+3. :meth:`tick` asks the policy, with the live workers' loads; a decided change is
+   logged, the worker is held as draining in the router's view at once (no new request is
+   placed on it; :meth:`router.workers.WorkerView.hold`) and a move task starts;
+4. the move task calls the worker's ``SetRole``, which drains (refusing new work with
+   UNAVAILABLE, which flows take elsewhere: see :mod:`router.flow`) and waits for its
+   in-flight requests and reservations, hence the deadline of a whole request plus a lease;
+   the reply completes the change (cool-down; the hold lasts until the registry shows the
+   new role) and any error fails it (the hold ends at once); either is logged and counted
+   in ``kvserve_role_changes_total``;
+5. ``stop()`` cancels the loop and any move in flight (the worker's cancelled ``SetRole``
+   leaves its role as it was).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import grpc
+
+from proto import worker_pb2 as pb
+from router.config import RouterConfig
+from router.flow_types import FlowResult
+from router.metrics import RouterMetrics
+from router.ratio import RatioController, RoleChange
+from router.workers import LiveWorker, WorkerView
+
+log = logging.getLogger(__name__)
+
+SET_ROLE_MARGIN_S = 60.0
+"""Added to the longest drain (a whole request plus a reservation lease)."""
+
+
+class RoleController:
+    def __init__(
+        self,
+        config: RouterConfig,
+        view: WorkerView,
+        metrics: RouterMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.policy = RatioController(config.ratio)
+        self.view = view
+        self.metrics = metrics
+        self.clock = clock
+        self.set_role_timeout_s = (
+            config.request_timeout_s + config.reserve_lease_s + SET_ROLE_MARGIN_S
+        )
+        self._history: list[dict[str, Any]] = []
+        self._loop: asyncio.Task[None] | None = None
+        self._moves: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        log.info("P:D controller on: every %.1f s, %s", self.config.controller_interval_s,
+                 self.config.ratio)  # fmt: skip
+        self._loop = asyncio.create_task(self._run(), name="pd-controller")
+
+    async def stop(self) -> None:
+        tasks = [*self._moves, *([self._loop] if self._loop else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._loop = None
+
+    def record(self, result: FlowResult) -> None:
+        """One finished flow into the SLO window (see step 1)."""
+        if result.status == "cancelled":
+            return
+        ok = result.status == "ok"
+        ttft = result.ttft_s if ok else None
+        self.policy.record(self.clock(), ttft, result.tpot_s if ok else None)
+
+    def export(self) -> None:
+        """Set the SLO attainment gauges from the window as of now."""
+        ttft, tpot, _ = self.policy.window.attainment(self.clock())
+        self.metrics.update_attainment(ttft, tpot)
+
+    def report(self) -> dict[str, Any]:
+        """The body of ``GET /v1/controller`` (times on :attr:`clock`, as ``now_s``)."""
+        now = self.clock()
+        return {
+            "enabled": self.config.controller,
+            "interval_s": self.config.controller_interval_s,
+            "now_s": now,
+            "config": asdict(self.config.ratio),
+            "snapshot": self.policy.snapshot(now),
+            "history": [dict(entry) for entry in self._history],
+        }
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.controller_interval_s)
+            try:
+                self.tick()
+            except Exception:  # keep controlling whatever one evaluation hit
+                log.exception("P:D controller evaluation failed")
+
+    def tick(self) -> RoleChange | None:
+        """One evaluation (step 3); returns the change it started, if any."""
+        live = self.view.live()
+        self.export()
+        change = self.policy.decide(self.clock(), [w.load() for w in live])
+        if change is None:
+            return None
+        worker = next(w for w in live if w.worker_id == change.worker_id)
+        log.info("P:D controller: moving %s from %s to %s: %s", change.worker_id,
+                 change.from_role, change.to_role, change.reason)  # fmt: skip
+        entry: dict[str, Any] = {**change.as_dict(), "result": None, "completed_at": None}
+        self._history.append(entry)
+        self.view.hold(change.worker_id, change.to_role)
+        task = asyncio.create_task(self._move(worker, change, entry), name="pd-move")
+        self._moves.add(task)
+        task.add_done_callback(self._moves.discard)
+        return change
+
+    async def _move(self, worker: LiveWorker, change: RoleChange, entry: dict[str, Any]) -> None:
+        request = pb.SetRoleRequest(role=change.to_role)
+        try:
+            reply = await worker.stub.SetRole(request, timeout=self.set_role_timeout_s)
+            error = None if reply.role == change.to_role else f"the worker is {reply.role}"
+        except grpc.aio.AioRpcError as exc:
+            error = f"{exc.code().name}: {exc.details()}"
+        now = self.clock()
+        entry["completed_at"] = now
+        if error is None:
+            self.policy.completed(change, now)
+            entry["result"] = "completed"
+            log.info("P:D controller: %s is now %s (%.1f s)", change.worker_id, change.to_role,
+                     now - change.at_s)  # fmt: skip
+        else:
+            self.view.release(change.worker_id)
+            self.policy.failed(change, now)
+            entry["result"], entry["error"] = "failed", error
+            log.warning("P:D controller: moving %s to %s failed: %s", change.worker_id,
+                        change.to_role, error)  # fmt: skip
+        self.metrics.role_changes.labels(change.from_role, change.to_role, entry["result"]).inc()

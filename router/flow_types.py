@@ -1,0 +1,120 @@
+"""What a request flow (:mod:`router.flow`) takes and gives: wire sampling parameters,
+chunks, its final :class:`FlowResult`, the :class:`FlowObserver` it reports to, and how a
+worker's gRPC error reaches the client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from proto import worker_pb2 as pb
+from router.errors import APIError, unavailable
+
+FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+
+TRY_ELSEWHERE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION})
+"""Codes of a worker that did not take a call: it is draining for a role change
+(UNAVAILABLE), its role changed before the router saw it (FAILED_PRECONDITION), or it cannot
+be reached. Before any output came, the flow takes the request elsewhere."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """New text and tokens; on the last chunk, ``finish_reason`` and ``usage`` are set."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class FlowResult:
+    """How a flow ended.
+
+    ``mode``: ``disagg`` or ``local`` (as it ran: a refused remote prefill falls back to
+    local); ``worker_id``: the worker that decoded ('' if none); ``status``: ``ok``,
+    ``error``, ``timeout`` or ``cancelled``; ``e2e_s`` / ``ttft_s``: seconds from arrival
+    to the end / to the first token (None: no token came); ``output_tokens``: tokens sent.
+    """
+
+    mode: str
+    worker_id: str
+    status: str
+    e2e_s: float
+    ttft_s: float | None
+    output_tokens: int
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first, ``(e2e - ttft) / (tokens - 1)``; None
+        without a first token or with fewer than 2 tokens."""
+        if self.ttft_s is None or self.output_tokens < 2:
+            return None
+        return max(0.0, self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+class FlowObserver(Protocol):
+    """What a flow reports, as it happens (metrics, cache statistics, SLO window)."""
+
+    def on_prefill(self, worker_id: str, usage: pb.PromptUsage) -> None: ...
+    def on_transfer(self, direction: str, transfer: pb.Transfer) -> None: ...
+    def on_first_token(self, mode: str, worker_id: str, seconds: float) -> None: ...
+    def on_chunk(self, mode: str, worker_id: str, gap_s: float, tokens: int) -> None: ...
+    def on_finish(self, result: FlowResult) -> None: ...
+
+
+def sampling_params(
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    stop: Sequence[str],
+    ignore_eos: bool = False,
+) -> pb.SamplingParams:
+    """The wire form of an OpenAI request's sampling fields (top_k <= 0 means off)."""
+    params = pb.SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=max(0, top_k),
+        stop=list(stop),
+        ignore_eos=ignore_eos,
+    )
+    if seed is not None:
+        params.seed = seed
+    return params
+
+
+def status_of(exc: BaseException) -> str:
+    """The :attr:`FlowResult.status` of a flow that ended by ``exc``."""
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return "cancelled"
+    if isinstance(exc, APIError) and exc.status == 504:
+        return "timeout"
+    return "error"
+
+
+def rpc_error(exc: grpc.aio.AioRpcError) -> APIError:
+    """The client-facing error for a failed worker call."""
+    code = exc.code()
+    detail = exc.details() or code.name
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
+        return APIError(400, f"a worker rejected the request: {detail}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return APIError(504, "the request timed out", None, "timeout")
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+        return unavailable(f"a worker is unavailable: {detail}")
+    return APIError(500, f"a worker failed: {detail}")
