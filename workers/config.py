@@ -29,6 +29,9 @@ class EngineConfig:
     - ``threads``: torch intra-op threads; 0 keeps torch's default.
     - ``kv_streaming``: with a pool, write each layer's KV while the next layer computes
       (off: after the step; only for measuring what streaming hides).
+    - ``step_log_dir``: if set, every step's batch shape and wall time is appended to
+      ``<dir>/steps-<pid>.jsonl`` (:mod:`workers.step_log`; a worker process uses
+      ``<dir>/<role>/``), for ``kvserve sim calibrate --from-step-logs``.
     """
 
     model: str = ""
@@ -43,6 +46,7 @@ class EngineConfig:
     prefix_caching: bool = True
     threads: int = 0
     kv_streaming: bool = True
+    step_log_dir: str = ""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

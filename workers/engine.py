@@ -42,6 +42,7 @@ from workers.outputs import EngineStats, RequestOutput, resolve_model_dir
 from workers.reservations import Reservations
 from workers.scheduler import Scheduler, SchedulerConfig
 from workers.sequence import FinishReason, SamplingParams, Sequence
+from workers.step_log import StepLog
 from workers.tokenizer import Tokenizer
 
 
@@ -95,6 +96,7 @@ class Engine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         self.stats = EngineStats()
+        self.step_log = StepLog.open(config.step_log_dir)
         self._requests: dict[str, Sequence] = {}
         self._texts: dict[str, IncrementalText] = {}
         self._transfers: dict[str, Transfer] = {}
@@ -233,9 +235,11 @@ class Engine:
     # -- one step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one batch; returns an output for every request that got a token or ended."""
+        started = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        shape = batch.shape() if self.step_log is not None else None
         t0 = time.perf_counter()
         prompt_tokens = sum(
             min(n, max(0, seq.num_prompt_tokens - seq.num_computed_tokens))
@@ -258,6 +262,8 @@ class Engine:
         else:
             self.stats.decode_steps_seconds += elapsed
             self.stats.decode_step_tokens += len(tokens)
+        if self.step_log is not None and shape is not None:
+            self.step_log.record(shape, time.perf_counter() - started)
         return outputs
 
     def _account(self, step: Transfer, owners: dict[str, int]) -> None:
@@ -312,6 +318,9 @@ class Engine:
     def close(self) -> None:
         """Leave the pool (if joined). The engine is not usable afterwards."""
         self.reservations.close()
+        if self.step_log is not None:
+            self.step_log.close()
+            self.step_log = None
         if self.streamer is not None:
             self.streamer.close()
             self.streamer = None

@@ -60,6 +60,19 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(n for _, n in self.entries)
 
+    def shape(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+        """``(prefill, decode)`` before the step runs: ``(new tokens, tokens already
+        computed)`` per prefilling sequence, and the context of each decode (an entry of one
+        token that is its sequence's last uncomputed one, as the model runner decides)."""
+        prefill: list[tuple[int, int]] = []
+        decode: list[int] = []
+        for seq, n in self.entries:
+            if n == 1 and seq.num_uncomputed == 1:
+                decode.append(seq.num_computed_tokens)
+            else:
+                prefill.append((n, seq.num_computed_tokens))
+        return tuple(prefill), tuple(decode)
+
     def __bool__(self) -> bool:
         return bool(self.entries)
 

@@ -21,6 +21,7 @@ import signal
 import socket
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import redis
@@ -75,6 +76,9 @@ def serve(
     worker: WorkerConfig, engine_config: EngineConfig, pool: PoolConfig, cluster: ClusterConfig
 ) -> int:
     """Run a worker until SIGTERM/SIGINT; returns the exit code."""
+    if engine_config.step_log_dir:  # one folder per starting role: costs differ by role
+        folder = str(Path(engine_config.step_log_dir) / worker.role)
+        engine_config = replace(engine_config, step_log_dir=folder)
     engine = Engine(engine_config, pool if worker.use_pool else None)
     try:
         if worker.role != "mixed" and engine.pool is None:

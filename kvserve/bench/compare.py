@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         }
         for name, r in results.items()
     ]
-    first, second = (goodput(results[n]) for n in args.deployments[:2])
+    first = goodput(results[args.deployments[0]])
+    second = goodput(results[args.deployments[1]]) if len(args.deployments) > 1 else None
     ratio = first / second if first is not None and second else None
     if args.out is not None:
         write_plots(args.out, results)
@@ -127,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         conditions,
         rows,
         {
-            "metric": f"goodput {args.deployments[0]} / goodput {args.deployments[1]} "
+            "metric": f"goodput {' / goodput '.join(args.deployments[:2])} "
             "(DistServe: highest rate with >= 90% SLO attainment, interpolated)",
             "value": first,
             "baseline": second,

@@ -2,20 +2,21 @@
 hardware/model/cost, and the step times of one chunked prefill.
 
 The cost is the roofline of ``--hardware`` and ``--model`` on ``--tp`` devices unless
-``--cost FILE`` names a calibrated :class:`~kvserve.sim.costs.LinearCost`; the model always
-gives the KV size and layer count, at the hardware's dtype width.
+``--cost FILE`` names a calibrated :class:`~kvserve.sim.costs.LinearCost` (which carries
+its model's shape and dtype). :func:`resolve_cost` is also the simulator's
+(:mod:`kvserve.sim.deploy`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvserve.sim.costs import RooflineCost, StepCost, StepShape, load_cost
-from kvserve.sim.hardware import HardwareProfile, profile
-from kvserve.sim.modelshape import ModelShape, load_shape
+from kvserve.sim.modelshape import ModelShape
 
 GB = 1e9
 
@@ -39,35 +40,51 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class CostSetup:
-    """The cost of one engine step, and the model and hardware behind it."""
+    """The cost of one engine step, the model it prices, the bytes of one KV element and
+    (roofline costs) the device memory, for sizing a KV cache."""
 
     cost: StepCost
     model: ModelShape
-    hardware: HardwareProfile
+    dtype_bytes: int
+    memory_bytes: float | None
     cost_name: str
 
     def kv_bytes(self, tokens: int) -> int:
-        """KV bytes of ``tokens`` tokens (all layers, the hardware's dtype)."""
-        return tokens * self.model.kv_bytes_per_token(self.hardware.dtype_bytes)
+        """KV bytes of ``tokens`` tokens (all layers)."""
+        return tokens * self.model.kv_bytes_per_token(self.dtype_bytes)
 
     def conditions(self) -> dict[str, Any]:
         return {
             "cost": self.cost_name,
-            "hardware": self.hardware.name,
             "model": self.model.name,
             "layers": self.model.layers,
             "params": self.model.params,
+            "dtype_bytes": self.dtype_bytes,
             "kv_bytes_per_token": self.kv_bytes(1),
         }
 
 
+def resolve_cost(spec: str, tp: int = 1) -> CostSetup:
+    """``roofline:HARDWARE:MODEL`` on ``tp`` devices, or a file from ``kvserve sim
+    calibrate`` (which carries its model's shape and dtype)."""
+    cost = load_cost(spec, tp)
+    if isinstance(cost, RooflineCost):
+        hw = cost.hardware
+        name = spec + (f" tp={tp}" if tp > 1 else "")
+        return CostSetup(cost, cost.model, hw.dtype_bytes, hw.mem_bytes * tp, name)
+    data = json.loads(Path(spec).expanduser().read_text())
+    if "model_shape" not in data:
+        raise ValueError(f"cost file {spec} lacks model_shape: write it with kvserve sim calibrate")
+    return CostSetup(
+        cost, ModelShape(**data["model_shape"]), int(data.get("dtype_bytes", 4)), None, spec
+    )
+
+
 def cost_setup(args: argparse.Namespace) -> CostSetup:
     """The :class:`CostSetup` the flags of :func:`add_cost_arguments` describe."""
-    hardware, model = profile(args.hardware), load_shape(args.model)
     if args.cost is not None:
-        return CostSetup(load_cost(str(args.cost)), model, hardware, str(args.cost))
-    name = f"roofline:{hardware.name}:{model.name}" + (f" tp={args.tp}" if args.tp > 1 else "")
-    return CostSetup(RooflineCost(hardware, model, args.tp), model, hardware, name)
+        return resolve_cost(str(args.cost))
+    return resolve_cost(f"roofline:{args.hardware}:{args.model}", args.tp)
 
 
 def chunk_shapes(

@@ -90,23 +90,48 @@ def measure(engine: Any, scenario: Scenario, vocab: int) -> list[tuple[StepShape
     return samples
 
 
+def read_step_logs(paths: list[Path], skip: int = 2) -> list[tuple[StepShape, float]]:
+    """The samples of step logs (``workers.step_log``: files, or folders of
+    ``steps-*.jsonl``), leaving out each file's first ``skip`` steps (warm-up)."""
+    files = [f for p in paths for f in (sorted(p.glob("steps-*.jsonl")) if p.is_dir() else [p])]
+    samples: list[tuple[StepShape, float]] = []
+    for path in files:
+        lines = path.read_text().splitlines()[skip:]
+        for line in lines:
+            entry = json.loads(line)
+            prefill = tuple((int(n), int(c)) for n, c in entry["prefill"])
+            shape = StepShape(prefill=prefill, decode=tuple(int(c) for c in entry["decode"]))
+            samples.append((shape, float(entry["seconds"])))
+    if not samples:
+        raise ValueError(f"no steps in {', '.join(map(str, paths))}")
+    return samples
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", type=Path, required=True, help="the cost file to write")
+    parser.add_argument(
+        "--from-step-logs",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="fit on steps logged by workers in service (--step-log-dir) instead of running "
+        "the engine here",
+    )
     parser.add_argument("--repeat", type=int, default=2, help="runs of the whole script")
     parser.add_argument("--pin", type=int, default=0, help="core to pin to (-1: no pinning)")
     add_config_args(parser, EngineConfig)
     parser.set_defaults(threads=1)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_scenarios(
+    args: argparse.Namespace, config: EngineConfig
+) -> tuple[list[tuple[StepShape, float]], list[dict[str, Any]]]:
+    """Steps 1-2 of the module docstring: samples, and a row per scenario run."""
     from workers.engine import Engine
 
     if args.pin >= 0:
         os.sched_setaffinity(0, {args.pin})
-    config = config_from_args(EngineConfig, args)
     engine = Engine(config)
-    config_json = json.loads((engine.model_dir / "config.json").read_text())
-    shape = from_hf_config(config_json, name=engine.model_dir.name)
     vocab = engine.model_config.vocab_size
     log(f"sim calibrate: warming up {engine.model_dir.name}")
     measure(engine, Scenario("warm-up", ((128, 4, 0), (64, 4, 0))), vocab)
@@ -116,20 +141,31 @@ def run(args: argparse.Namespace) -> int:
         for scenario in scenarios(engine.max_model_len):
             got = measure(engine, scenario, vocab)
             samples += got
-            rows.append(
-                {
-                    "repeat": r,
-                    "scenario": scenario.name,
-                    "steps": len(got),
-                    "seconds": sum(s for _, s in got),
-                }
-            )
+            seconds = sum(s for _, s in got)
+            rows.append({"repeat": r, "scenario": scenario.name, "steps": len(got),
+                         "seconds": seconds})  # fmt: skip
             log(f"sim calibrate: {scenario.name}: {len(got)} steps")
-    cost = LinearCost.fit(samples)
+    engine.close()
+    return samples, rows
+
+
+def run(args: argparse.Namespace) -> int:
+    from workers.outputs import resolve_model_dir
+
+    config = config_from_args(EngineConfig, args)
+    model_dir = resolve_model_dir(config.model)
+    shape = from_hf_config(json.loads((model_dir / "config.json").read_text()), model_dir.name)
+    if args.from_step_logs:
+        samples = read_step_logs(args.from_step_logs)
+        rows: list[dict[str, Any]] = [{"step_logs": [str(p) for p in args.from_step_logs]}]
+    else:
+        samples, rows = run_scenarios(args, config)
+    cost = LinearCost.fit(samples, allow_unused=bool(args.from_step_logs))
     report = cost.fit_report(samples)
     conditions = {
         **base_conditions(),
-        "model": engine.model_dir.name,
+        "model": model_dir.name,
+        "source": "step logs" if args.from_step_logs else "scripted scenarios",
         "engine": dict(vars(config)),
         "pinned_core": args.pin,
         "samples": len(samples),

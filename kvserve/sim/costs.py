@@ -146,6 +146,10 @@ def _features(shape: StepShape) -> tuple[float, ...]:
     )
 
 
+RARE_SHARE = 0.05
+"""``LinearCost.fit(allow_unused=True)``: a regressor exercised by fewer samples is unused."""
+
+
 @dataclass(frozen=True)
 class LinearCost:
     """``step_s = fixed_s + per_prefill_token_s x prefill tokens + per_prefill_attention_s x
@@ -174,29 +178,34 @@ class LinearCost:
         return float(sum(c * x for c, x in zip(values, _features(shape), strict=True)))
 
     @classmethod
-    def fit(cls, samples: Sequence[tuple[StepShape, float]]) -> LinearCost:
+    def fit(
+        cls, samples: Sequence[tuple[StepShape, float]], allow_unused: bool = False
+    ) -> LinearCost:
         """Non-negative least squares over measured ``(shape, seconds)`` samples. Raises
         ValueError if the samples leave a coefficient undetermined (a regressor never
-        varies, or two are proportional) or a time is not positive."""
+        varies, or two are proportional) or a time is not positive. ``allow_unused``: a
+        regressor the samples (almost) never exercise gets 0: a prefill worker never
+        decodes, and a decode worker's rare local prefill says nothing about prefill cost;
+        one exercised by under :data:`RARE_SHARE` of the samples is dropped with them."""
         names = [field.name for field in fields(cls)]
         x, y = _design(samples, len(names))
+        if allow_unused:
+            rare = (x != 0).mean(axis=0) < RARE_SHARE
+            keep_rows = ~((x[:, rare] != 0).any(axis=1))
+            x, y = x[keep_rows], y[keep_rows]
         unused = [name for name, col in zip(names, x.T, strict=True) if not col.any()]
+        if unused and allow_unused:
+            keep = [i for i, name in enumerate(names) if name not in unused]
+            sub = _fit_columns(x[:, keep], y, [names[i] for i in keep])
+            full = dict.fromkeys(names, 0.0) | dict(zip([names[i] for i in keep], sub, strict=True))
+            return cls(**full)
         if unused:
             raise ValueError(
                 f"the samples never exercise {', '.join(unused)}: include steps with prefill "
                 "(at several lengths and contexts) and steps with decodes (several batch "
                 "sizes and contexts)"
             )
-        scale = np.linalg.norm(x, axis=0)
-        rank = int(np.linalg.matrix_rank(x / scale))
-        if rank < len(names):
-            raise ValueError(
-                f"the samples determine only {rank} of the {len(names)} coefficients "
-                f"({', '.join(names)}): some regressors are proportional across all samples; "
-                "vary batch sizes, prompt lengths and contexts independently"
-            )
-        coef = nnls(x / scale, y) / scale
-        return cls(*(float(c) for c in coef))
+        return cls(*_fit_columns(x, y, names))
 
     def fit_report(self, samples: Sequence[tuple[StepShape, float]]) -> dict[str, Any]:
         """How well this cost reproduces ``samples``: R^2 and the median and max relative
@@ -228,6 +237,24 @@ class LinearCost:
             got = sorted(coefficients) if isinstance(coefficients, dict) else coefficients
             raise ValueError(f"cost JSON coefficients must be exactly {sorted(names)}, got {got}")
         return cls(**{name: float(value) for name, value in coefficients.items()})
+
+
+def _fit_columns(
+    x: np.ndarray[Any, np.dtype[np.float64]],
+    y: np.ndarray[Any, np.dtype[np.float64]],
+    names: list[str],
+) -> list[float]:
+    """Non-negative least squares of ``y`` on the columns of ``x`` (named ``names``, for
+    the error when they are not independent)."""
+    scale = np.linalg.norm(x, axis=0)
+    rank = int(np.linalg.matrix_rank(x / scale))
+    if rank < len(names):
+        raise ValueError(
+            f"the samples determine only {rank} of the {len(names)} coefficients "
+            f"({', '.join(names)}): some regressors are proportional across all samples; "
+            "vary batch sizes, prompt lengths and contexts independently"
+        )
+    return [float(c) for c in nnls(x / scale, y) / scale]
 
 
 def _design(samples: Sequence[tuple[StepShape, float]], need: int) -> tuple[Array, Array]:

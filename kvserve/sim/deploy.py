@@ -13,49 +13,20 @@ of the device memory less the weights.
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvserve.bench.compare import parse_deployment
+from kvserve.sim.analysis_common import GB, CostSetup, resolve_cost
 from kvserve.sim.cluster import SimCluster, Timing
-from kvserve.sim.costs import RooflineCost, StepCost, load_cost
 from kvserve.sim.engine import KVCosts, SimEngine, SimPool
 from kvserve.sim.link import Link
-from kvserve.sim.modelshape import ModelShape
 from router.conductor import make_policy
 from router.ratio import RatioController
 from workers.config import EngineConfig
 from workers.scheduler import SchedulerConfig
 
-GB = 1e9
 GPU_MEMORY_SHARE = 0.9
 DEFAULT_COST = "roofline:h100:llama3-8b"
-
-
-@dataclass(frozen=True)
-class CostSetup:
-    """A step cost with the model it prices and the bytes of one KV element."""
-
-    cost: StepCost
-    shape: ModelShape
-    dtype_bytes: int
-    memory_bytes: float | None
-    """The device's memory (roofline costs), for sizing the KV cache."""
-
-
-def resolve_cost(spec: str, tp: int = 1) -> CostSetup:
-    """``--cost``: a roofline spec, or a calibrated file (its model shape and dtype with it)."""
-    cost = load_cost(spec, tp)
-    if isinstance(cost, RooflineCost):
-        hw = cost.hardware
-        return CostSetup(cost, cost.model, hw.dtype_bytes, hw.mem_bytes * tp)
-    data = json.loads(Path(spec).expanduser().read_text())
-    if "model_shape" not in data:
-        raise ValueError(f"cost file {spec} lacks model_shape: write it with kvserve sim calibrate")
-    shape = ModelShape(**data["model_shape"])
-    return CostSetup(cost, shape, int(data.get("dtype_bytes", 4)), None)
 
 
 def add_arguments(p: argparse.ArgumentParser, engine_flags: bool = True) -> None:
@@ -63,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser, engine_flags: bool = True) -> None
     :class:`EngineConfig` flag, as ``kvserve sim validate`` does)."""
     p.add_argument("--workers", default="1p1d", help="split, e.g. 1p1d, 2p6d, 4m")
     p.add_argument("--cost", default=DEFAULT_COST, help="roofline:HW:MODEL or calibrated JSON")
+    p.add_argument(
+        "--decode-cost",
+        default="",
+        help="another cost for decode and mixed workers (e.g. calibrated on a decode worker's "
+        "step log; default: --cost)",
+    )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices per instance")
     p.add_argument("--policy", default="cache_aware", help="router placement policy")
     p.add_argument("--disagg-threshold-tokens", type=int, default=256)
@@ -88,14 +65,14 @@ def add_arguments(p: argparse.ArgumentParser, engine_flags: bool = True) -> None
 
 
 def num_blocks(args: argparse.Namespace, setup: CostSetup) -> int:
-    per_block = int(args.block_tokens) * setup.shape.kv_bytes_per_token(setup.dtype_bytes)
+    per_block = int(args.block_tokens) * setup.model.kv_bytes_per_token(setup.dtype_bytes)
     if args.num_kv_blocks:
         return int(args.num_kv_blocks)
     if args.kv_cache_mib:
         return max(1, (int(args.kv_cache_mib) << 20) // per_block)
     if setup.memory_bytes is None:
         raise ValueError("--kv-cache-mib 0 needs a roofline cost (a device memory size)")
-    weights = setup.shape.params * setup.dtype_bytes
+    weights = setup.model.params * setup.dtype_bytes
     free = setup.memory_bytes * GPU_MEMORY_SHARE - weights
     if free <= per_block:
         raise ValueError(f"the model ({weights / GB:.1f} GB) leaves no KV memory on the device")
@@ -117,15 +94,25 @@ def build(
         max_model_len=max_len,
     )
     kv = KVCosts(
-        bytes_per_token=setup.shape.kv_bytes_per_token(setup.dtype_bytes),
-        layers=setup.shape.layers,
+        bytes_per_token=setup.model.kv_bytes_per_token(setup.dtype_bytes),
+        layers=setup.model.layers,
         link=Link(args.link_gbps * GB, args.link_latency_s),
         streaming=args.kv_streaming,
     )
     pool = SimPool(args.pool_capacity_blocks or None)
     roles = ["prefill"] * prefill + ["decode"] * decode + ["mixed"] * mixed
+    decode_cost = resolve_cost(args.decode_cost, args.tp).cost if args.decode_cost else setup.cost
     engines = [
-        SimEngine(f"{role[0]}{i}", role, config, 0, setup.cost, kv, pool, max_len)
+        SimEngine(
+            f"{role[0]}{i}",
+            role,
+            config,
+            0,
+            setup.cost if role == "prefill" else decode_cost,
+            kv,
+            pool,
+            max_len,
+        )
         for i, role in enumerate(roles)
     ]
     policy = make_policy(args.policy, args.disagg_threshold_tokens)
@@ -135,8 +122,9 @@ def build(
         "simulated": True,
         "workers": args.workers,
         "cost": args.cost,
+        "decode_cost": args.decode_cost or args.cost,
         "tp": args.tp,
-        "model_shape": setup.shape.name,
+        "model_shape": setup.model.name,
         "kv_bytes_per_token": kv.bytes_per_token,
         "scheduler": vars(config),
         "policy": args.policy,

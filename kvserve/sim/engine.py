@@ -34,16 +34,9 @@ OUTPUT_TOKENS = 40_000
 
 
 def shape_of(batch: ScheduledBatch) -> StepShape:
-    """The cost-relevant shape of a scheduled batch, before it runs: a decode is an entry
-    of one token that is the sequence's last uncomputed one (as the model runner decides)."""
-    prefill: list[tuple[int, int]] = []
-    decode: list[int] = []
-    for seq, n in batch.entries:
-        if n == 1 and seq.num_uncomputed == 1:
-            decode.append(seq.num_computed_tokens)
-        else:
-            prefill.append((n, seq.num_computed_tokens))
-    return StepShape(prefill=tuple(prefill), decode=tuple(decode))
+    """The cost-relevant shape of a scheduled batch, before it runs."""
+    prefill, decode = batch.shape()
+    return StepShape(prefill=prefill, decode=decode)
 
 
 def sampled_in(batch: ScheduledBatch) -> list[Sequence]:

@@ -60,7 +60,7 @@ def point(setup: CostSetup, layers: int, gbps: float, args: argparse.Namespace) 
     """Steps 1-3 for one (layers, bandwidth)."""
     compute = prefill_s(setup, layers, args.prompt_len)
     model = dataclasses.replace(setup.model, layers=layers)
-    nbytes = args.prompt_len * model.kv_bytes_per_token(setup.hardware.dtype_bytes)
+    nbytes = args.prompt_len * model.kv_bytes_per_token(setup.dtype_bytes)
     link = Link(gbps * GB, args.latency_us * 1e-6)
     return {
         "layers": layers,

@@ -1,7 +1,8 @@
 """The heatmap of ``kvserve sim ratio``: one row per mix (prompt-heavy at the top), one
 column per number of prefill instances ``1 .. N-1`` and a last one for the colocated
 baseline; the colour is the goodput over the mix's highest goodput in any column, the
-number is the goodput in req/s, a green outline marks the band and a star the best split.
+number is the goodput in req/s (``≥``: every rate passed, a lower bound), a green outline
+marks the band and a star the best split.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def plot(rows: Sequence[dict[str, Any]], mixes: Sequence[str], instances: int, p
     for r in rows:
         y, x = mixes.index(r["mix"]), column(r, instances)
         value = shade[y][x]
-        ax.text(x, y, f"{r['goodput_rps']:.3g}", ha="center", va="center", fontsize=8,
+        bound = "≥" if r.get("goodput_lower_bound") else ""
+        ax.text(x, y, f"{bound}{r['goodput_rps']:.3g}", ha="center", va="center", fontsize=8,
                 color="black" if value > 0.6 else "white")  # fmt: skip
         if r.get("in_band"):
             ax.add_patch(plt.Rectangle((x - 0.46, y - 0.46), 0.92, 0.92, fill=False,

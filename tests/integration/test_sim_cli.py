@@ -63,3 +63,31 @@ def test_sim_shift_runs_the_controller_off_and_on(
     assert off["moves"] == [] and on["moves"][0]["to_role"] == "prefill"
     assert off["requests"] == on["requests"] > 100 and off["failed"] == on["failed"] == 0
     assert (tmp_path / "shift_sim.png").exists()
+
+
+def test_engine_step_log_feeds_calibrate(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workers.config import EngineConfig
+    from workers.engine import Engine
+    from workers.sequence import SamplingParams
+
+    logs = tmp_path / "steps"
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), kv_cache_mib=16,
+                                 step_log_dir=str(logs)))  # fmt: skip
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    for batch in ([[101] * 5], [[102] * 40], [[103] * 9, [104] * 70, [105] * 20]):
+        engine.generate(batch, params)
+    steps = engine.stats.steps
+    engine.close()
+    (log_file,) = logs.glob("steps-*.jsonl")
+    lines = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert len(lines) == steps and all(line["seconds"] > 0 for line in lines)
+    # the last step decodes all three (6 tokens: the 6th sampled on prompt + 4 computed)
+    assert lines[-1] == {**lines[-1], "prefill": [], "decode": [13, 74, 24]}
+    out = tmp_path / "cost.json"
+    assert main(["sim", "calibrate", "--from-step-logs", str(logs), "--output", str(out),
+                 "--model", str(tiny_model_dir)]) == 0  # fmt: skip
+    capsys.readouterr()
+    data = json.loads(out.read_text())
+    assert data["fit"]["samples"] == steps - 2 and data["conditions"]["source"] == "step logs"

@@ -3,6 +3,7 @@ follow from the formulas, and the PNGs."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from kvserve.cli import main
 from kvserve.sim.costs import LinearCost
 from kvserve.sim.crossover import crossover_gbps
+from kvserve.sim.modelshape import load_shape
 
 LINEAR = LinearCost(1e-3, 1e-5, 1e-9, 2e-4, 3e-7)
 
@@ -26,7 +28,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
 
 def cost_file(tmp_path: Path) -> str:
     path = tmp_path / "cost.json"
-    path.write_text(json.dumps(LINEAR.to_json()))
+    shape = dataclasses.asdict(load_shape("smollm2-135m"))  # as kvserve sim calibrate writes
+    path.write_text(json.dumps({**LINEAR.to_json(), "model_shape": shape, "dtype_bytes": 4}))
     return str(path)
 
 
