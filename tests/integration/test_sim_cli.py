@@ -10,8 +10,16 @@ import pytest
 
 from kvserve.cli import main
 
-ROW_KEYS = {"rate", "offered_rate", "arrival", "summary", "by_input_len", "by_output_len",
-            "server", "errors"}
+ROW_KEYS = {
+    "rate",
+    "offered_rate",
+    "arrival",
+    "summary",
+    "by_input_len",
+    "by_output_len",
+    "server",
+    "errors",
+}
 
 
 def run_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -23,8 +31,25 @@ def run_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, A
 @pytest.fixture(scope="module")
 def cost_file(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sim") / "tiny_cost.json"
-    assert main(["sim", "calibrate", "--model", str(tiny_model_dir), "--output", str(path),
-                 "--repeat", "1", "--pin", "-1", "--kv-cache-mib", "64"]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "calibrate",
+                "--model",
+                str(tiny_model_dir),
+                "--output",
+                str(path),
+                "--repeat",
+                "1",
+                "--pin",
+                "-1",
+                "--kv-cache-mib",
+                "64",
+            ]
+        )
+        == 0
+    )
     return path
 
 
@@ -38,10 +63,33 @@ def test_calibrate_writes_a_cost_fitted_on_the_engine_steps(cost_file: Path) -> 
 def test_sim_serve_with_the_calibrated_cost_gives_bench_serve_rows(
     cost_file: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    out = run_json(["sim", "serve", "--cost", str(cost_file), "--workers", "1p1d",
-                    "--workload", "prefill-heavy", "--num-requests", "12", "--rates", "2", "8",
-                    "--slo-ttft-s", "1", "--slo-tpot-s", "0.1", "--kv-cache-mib", "64",
-                    "--no-progress", "--out", str(tmp_path)], capsys)
+    out = run_json(
+        [
+            "sim",
+            "serve",
+            "--cost",
+            str(cost_file),
+            "--workers",
+            "1p1d",
+            "--workload",
+            "prefill-heavy",
+            "--num-requests",
+            "12",
+            "--rates",
+            "2",
+            "8",
+            "--slo-ttft-s",
+            "1",
+            "--slo-tpot-s",
+            "0.1",
+            "--kv-cache-mib",
+            "64",
+            "--no-progress",
+            "--out",
+            str(tmp_path),
+        ],
+        capsys,
+    )
     assert out["bench"] == "sim serve"
     rows = out["results"][:2]
     assert [set(r) for r in rows] == [ROW_KEYS, ROW_KEYS]
@@ -53,11 +101,32 @@ def test_sim_serve_with_the_calibrated_cost_gives_bench_serve_rows(
 def test_sim_shift_runs_the_controller_off_and_on(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    out = run_json(["sim", "shift", "--cost", "roofline:h100:llama3-8b", "--workers", "1p2d",
-                    "--kv-cache-mib", "0", "--phases", "2048:8@20x6", "64:64@20x6",
-                    "--controller-ttft-slo-s", "0.001", "--controller-interval-s", "1",
-                    "--controller-patience", "1", "--controller-min-samples", "2",
-                    "--out", str(tmp_path)], capsys)
+    out = run_json(
+        [
+            "sim",
+            "shift",
+            "--cost",
+            "roofline:h100:llama3-8b",
+            "--workers",
+            "1p2d",
+            "--kv-cache-mib",
+            "0",
+            "--phases",
+            "2048:8@20x6",
+            "64:64@20x6",
+            "--controller-ttft-slo-s",
+            "0.001",
+            "--controller-interval-s",
+            "1",
+            "--controller-patience",
+            "1",
+            "--controller-min-samples",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        capsys,
+    )
     off, on = out["results"]
     assert (off["controller"], on["controller"]) == ("off", "on")
     assert off["moves"] == [] and on["moves"][0]["to_role"] == "prefill"

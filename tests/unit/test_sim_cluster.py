@@ -29,8 +29,15 @@ def engines(roles: str, blocks: int = 256, pool: SimPool | None = None) -> list[
     config = SchedulerConfig(num_blocks=blocks, block_tokens=4, max_num_batched_tokens=512)
     pool = pool or SimPool()
     return [
-        SimEngine(f"{role}{i}", {"p": "prefill", "d": "decode", "m": "mixed"}[role], config,
-                  0, PerStep(), FAST, pool)
+        SimEngine(
+            f"{role}{i}",
+            {"p": "prefill", "d": "decode", "m": "mixed"}[role],
+            config,
+            0,
+            PerStep(),
+            FAST,
+            pool,
+        )
         for i, role in enumerate(roles)
     ]
 
@@ -45,8 +52,10 @@ def cluster(roles: str, threshold: int = 8, **kw: object) -> SimCluster:
 
 def test_shape_of_a_mixed_batch_names_decodes_and_prefill_chunks() -> None:
     sched = Scheduler(SchedulerConfig(num_blocks=16, block_tokens=4, max_num_batched_tokens=8), 0)
-    long, short = (Sequence(n, list(range(100, 100 + k)), SamplingParams()) for n, k in
-                   (("long", 12), ("short", 3)))
+    long, short = (
+        Sequence(n, list(range(100, 100 + k)), SamplingParams())
+        for n, k in (("long", 12), ("short", 3))
+    )
     sched.add(short)
     sched.update(sched.schedule())  # short: 3 prompt tokens computed
     short.token_ids.append(7)
@@ -70,9 +79,7 @@ def test_disaggregated_request_reserves_prefills_hands_off_and_decodes() -> None
     (r,) = c.run([spec(0, list(range(100, 120)), 3)])  # 20 tokens > threshold 8
     prefilled = 3 * HOP + 1  # reserve hop + reply hop + prefill hop, then one step
     adopted = prefilled + 2 * HOP  # token to the router, Generate to the decode worker
-    assert r.chunk_times_s == pytest.approx(
-        (prefilled + HOP, adopted + 1 + HOP, adopted + 2 + HOP)
-    )
+    assert r.chunk_times_s == pytest.approx((prefilled + HOP, adopted + 1 + HOP, adopted + 2 + HOP))
     p, d = c.engines["p0"], c.engines["d1"]
     assert p.stats.prompt_tokens_computed == 20 and d.stats.prompt_tokens_computed == 0
     for e in (p, d):  # every page is back (cached blocks stay, unreferenced)
@@ -99,11 +106,21 @@ def test_no_decode_pages_now_is_a_503_never_is_a_400_and_nothing_leaks() -> None
 
 
 def test_controller_moves_a_decode_worker_to_prefill_and_loses_nothing() -> None:
-    config = RatioConfig(ttft_slo_s=0.001, tpot_slo_s=100.0, window_s=100.0, min_samples=2,
-                         patience=1, cooldown_s=1000.0)
+    config = RatioConfig(
+        ttft_slo_s=0.001,
+        tpot_slo_s=100.0,
+        window_s=100.0,
+        min_samples=2,
+        patience=1,
+        cooldown_s=1000.0,
+    )
     controller = RatioController(config)
-    c = SimCluster(engines("dd"), make_policy("round_robin", 8),
-                   Timing(HOP, controller_interval_s=2.0), controller)
+    c = SimCluster(
+        engines("dd"),
+        make_policy("round_robin", 8),
+        Timing(HOP, controller_interval_s=2.0),
+        controller,
+    )
     specs = [spec(i, list(range(100 + i, 130 + i)), 4, at=0.5 * i) for i in range(20)]
     records = c.run(specs)
     assert all(r.ok for r in records)
