@@ -26,8 +26,10 @@ Decision rules of :meth:`RatioController.decide`, in order:
    request with fewer than 2 output tokens is no TPOT sample.
 3. *Queue growth*: when TTFT has no attainment (too few samples), the sum of
    ``queued_prefill_tokens`` over the workers that prefill (the prefill workers, or the
-   decode workers when there is none) strictly above its value at the previous evaluation
-   counts as TTFT pressure. With the streak of rule 4, that is "strictly rising over
+   decode workers when there is none) strictly above its value at the previous evaluation,
+   while that queue would take more than :data:`QUEUE_WAIT_SHARE` of the TTFT SLO to clear
+   at those workers' measured prefill speed, counts as TTFT pressure (a few short prompts
+   queued behind decodes are no backlog). With the streak of rule 4, that is "strictly rising over
    ``patience`` consecutive evaluations": a backlog is seen before requests finish.
 4. *Streaks* (hysteresis): the evaluation's verdict is ``ttft`` (TTFT pressure and no TPOT
    miss), ``tpot`` (TPOT miss and no TTFT pressure), ``both`` or ``ok``; a streak counts
@@ -60,6 +62,9 @@ from router.conductor import WorkerLoad
 from router.slo_window import SloWindow
 
 __all__ = ["RatioConfig", "RatioController", "RoleChange", "SloWindow"]
+
+QUEUE_WAIT_SHARE = 0.5
+"""A rising prefill queue is TTFT pressure once clearing it takes this share of the SLO."""
 
 RETRY_DELAY_S = 10.0
 """After a failed change, the wait before the next one (capped by ``cooldown_s``)."""
@@ -138,6 +143,12 @@ class _Pools:
         """Over the workers that prefill: the prefill pool, else the decode workers."""
         return sum(w.queued_prefill_tokens for w in self.prefill or self.decode)
 
+    @property
+    def queue_wait_s(self) -> float:
+        """The queued prefill tokens at the prefilling workers' summed speed."""
+        speed = sum(w.prefill_speed for w in self.prefill or self.decode)
+        return self.queued_prefill_tokens / speed if speed else 0.0
+
 
 class RatioController:
     """The rules of the module docstring; one instance per router (or simulated cluster)."""
@@ -185,7 +196,12 @@ class RatioController:
         pools = _Pools.of(workers)
         ttft, tpot, _ = self.window.attainment(now_s)
         queue = pools.queued_prefill_tokens
-        growing = ttft is None and self._queue is not None and queue > self._queue
+        growing = (
+            ttft is None
+            and self._queue is not None
+            and queue > self._queue
+            and pools.queue_wait_s > cfg.ttft_slo_s * QUEUE_WAIT_SHARE
+        )
         self._queue, self._queue_growing = queue, growing
         ttft_pressure = growing or (ttft is not None and ttft < cfg.target)
         tpot_miss = tpot is not None and tpot < cfg.target

@@ -232,19 +232,33 @@ def test_failure_waits_only_the_retry_delay() -> None:
 
 def test_queue_growth_without_samples_is_ttft_pressure() -> None:
     ctl = RatioController(CFG)
-    queued = [replace(P1, queued_prefill_tokens=q) for q in (100, 200, 300)]
+    # unmeasured speed: 2000 tokens/s, so a wait over half the 1 s SLO is > 1000 tokens
+    queued = [replace(P1, queued_prefill_tokens=q) for q in (1000, 2000, 3000)]
     assert ctl.decide(1.0, [queued[0], D1, D2]) is None  # no baseline yet
     assert ctl.decide(2.0, [queued[1], D1, D2]) is None  # rising once
     change = ctl.decide(3.0, [queued[2], D1, D2])  # rising twice: patience 2
     assert change is not None and change.to_role == "prefill"
-    assert change.reason == "prefill queue rising to 300 tokens, too few TTFT samples (tpot n/a)"
+    assert change.reason == "prefill queue rising to 3000 tokens, too few TTFT samples (tpot n/a)"
+
+
+def test_a_rising_queue_that_clears_well_within_the_slo_is_no_pressure() -> None:
+    ctl = RatioController(CFG)
+    small = [[replace(P1, queued_prefill_tokens=q), D1, D2] for q in (100, 400, 700, 1000)]
+    assert decide_n_each(ctl, small) == [None] * 4  # 1000 tokens: 0.5 s, not over half
+    slow = [replace(P1, queued_prefill_tokens=q, prefill_tokens_per_s=1000.0) for q in (1100, 1200)]
+    assert ctl.decide(5.0, [slow[0], D1, D2]) is None  # 1.1 s at its measured speed: once
+    assert ctl.decide(6.0, [slow[1], D1, D2]) is not None  # twice: patience 2
+
+
+def decide_n_each(ctl: RatioController, views: list[list[WorkerLoad]]) -> list[RoleChange | None]:
+    return [ctl.decide(1.0 + i, view) for i, view in enumerate(views)]
 
 
 def test_queue_growth_counts_decoders_without_prefill_pool_and_needs_strict_rise() -> None:
     ctl = RatioController(CFG)
-    flat = [replace(D1, queued_prefill_tokens=50), D2]
+    flat = [replace(D1, queued_prefill_tokens=2500), D2]
     assert decide_n(ctl, [1.0, 2.0, 3.0, 4.0], flat) == [None] * 4
-    rising = [[replace(D1, queued_prefill_tokens=50 * k), D2] for k in (2, 3)]
+    rising = [[replace(D1, queued_prefill_tokens=2500 * k), D2] for k in (2, 3)]
     assert ctl.decide(5.0, rising[0]) is None
     assert ctl.decide(6.0, rising[1]) is not None
 
