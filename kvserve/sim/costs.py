@@ -87,18 +87,21 @@ class StepCost(Protocol):
 
 @dataclass(frozen=True)
 class RooflineCost:
-    """``step_s = overhead + max(compute_s, memory_s)`` on ``tp`` devices.
+    """A roofline per kind of operator, summed: ``step_s = overhead + max(linear compute,
+    weight reads) + max(attention compute, KV traffic)`` on ``tp`` devices.
 
-    - ``compute_s = (num_tokens x layer FLOPs/token + num_seqs x lm-head FLOPs + attention
-      FLOPs) / (tp x peak x flops_efficiency)``, attention FLOPs by
-      :meth:`ModelShape.attention_flops` (decodes: 1 new token on their context);
-    - ``memory_s = (matmul weight bytes + KV bytes read + KV bytes written) / (tp x mem_bw x
-      bw_efficiency)``: every step reads all weights once; every sequence reads the KV of its
-      context (all layers) and writes the KV of its new tokens.
+    - linear: ``num_tokens x layer FLOPs/token + num_seqs x lm-head FLOPs`` against reading
+      every matmul weight once;
+    - attention: :meth:`ModelShape.attention_flops` (decodes: 1 new token on their context)
+      against the KV bytes every sequence reads (its context, all layers) and writes (its
+      new tokens).
 
-    Tensor parallelism divides both evenly (weights and KV heads sharded); its all-reduces
-    and activation traffic are not modelled, nor kernel inefficiency at tiny batches beyond
-    the fixed overhead.
+    The two run one after the other (separate kernels), so a decode batch riding along a
+    compute-bound prefill chunk adds its KV reads instead of hiding inside the chunk's
+    compute: that is the interference a colocated prefill suffers. FLOPs go at ``tp x peak x
+    flops_efficiency``, bytes at ``tp x mem_bw x bw_efficiency``. Tensor parallelism divides
+    both evenly (weights and KV heads sharded); its all-reduces and activation traffic are
+    not modelled, nor kernel inefficiency at tiny batches beyond the fixed overhead.
     """
 
     hardware: HardwareProfile
@@ -131,8 +134,14 @@ class RooflineCost:
     def step_s(self, shape: StepShape) -> float:
         if shape.num_seqs == 0:
             return 0.0
-        compute = self.compute_s(shape)
-        return self.hardware.step_overhead_s + max(compute, self.memory_s(shape))
+        m, hw, tp = self.model, self.hardware, self.tp
+        linear_flops = shape.num_tokens * m.layer_flops_per_token + shape.num_seqs * m.lm_head_flops
+        weights = m.matmul_params * hw.dtype_bytes
+        attention_flops = self.flops(shape) - linear_flops
+        kv_bytes = self.bytes_moved(shape) - weights
+        linear = max(linear_flops / (tp * hw.flops), weights / (tp * hw.bandwidth))
+        attention = max(attention_flops / (tp * hw.flops), kv_bytes / (tp * hw.bandwidth))
+        return hw.step_overhead_s + linear + attention
 
 
 def _features(shape: StepShape) -> tuple[float, ...]:
