@@ -104,10 +104,10 @@ def free_local_ports(n: int) -> list[int]:
             s.close()
 
 
-def port_open(host: str, port: int) -> bool:
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
     """Whether something accepts TCP connections at ``host:port`` now."""
     try:
-        with socket.create_connection((host, port), timeout=0.2):
+        with socket.create_connection((host, port), timeout=timeout):
             return True
     except OSError:
         return False

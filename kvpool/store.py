@@ -14,6 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from kvpool.config import PoolConfig
+from kvpool.master import port_open
+
+MASTER_PROBE_S = 2.0
+"""How long joining the pool waits for the master's port to answer before giving up."""
 
 
 class PoolUnavailableError(RuntimeError):
@@ -34,6 +38,12 @@ class MooncakeStore:
                 f"cannot import mooncake.store ({exc}); run scripts/setup.sh (it installs "
                 "mooncake-transfer-engine-non-cuda and Debian's libibverbs1)"
             ) from exc
+        host, _, port = config.pool_master.rpartition(":")
+        if port.isdigit() and not port_open(host.strip("[]"), int(port), MASTER_PROBE_S):
+            # mooncake's own setup retries for about 90 s before giving up
+            raise PoolUnavailableError(
+                f"nothing answers at {config.pool_master}: is mooncake_master running there?"
+            )
         client = MooncakeDistributedStore()
         rc = client.setup(
             config.pool_local_hostname,
