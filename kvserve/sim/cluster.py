@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 
 from kvpool.hashing import hash_chain
@@ -32,42 +31,11 @@ from kvserve.bench.loadgen.metrics import RequestRecord
 from kvserve.bench.loadgen.workloads import RequestSpec
 from kvserve.sim.engine import SimEngine
 from kvserve.sim.events import EventLoop
+from kvserve.sim.request import RoleEvent, SimRequest, Timing
 from router.conductor import Placement, PlacementRequest, Policy, WorkerLoad
 from router.ratio import RatioController, RoleChange
 from workers.sequence import FinishReason, SamplingParams
 from workers.sequence import Sequence as Seq
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Router-side delays: one message between processes, and the load view's staleness."""
-
-    hop_s: float = 0.001
-    heartbeat_s: float = 1.0
-    controller_interval_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.hop_s < 0 or self.heartbeat_s <= 0 or self.controller_interval_s <= 0:
-            raise ValueError(f"timing must be hop_s >= 0 and positive periods, got {self}")
-
-
-@dataclass
-class _Request:
-    spec: RequestSpec
-    start_s: float
-    chunks: list[float] = field(default_factory=list)
-    cached_tokens: int = 0
-    error: str | None = None
-    status: int | None = None
-    end_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class RoleEvent:
-    """A role move as it happened: decided at ``at_s``, switched at ``done_s``."""
-
-    change: RoleChange
-    done_s: float
 
 
 class SimCluster:
@@ -75,7 +43,7 @@ class SimCluster:
         self,
         engines: Sequence[SimEngine],
         policy: Policy,
-        timing: Timing = Timing(),
+        timing: Timing | None = None,
         controller: RatioController | None = None,
         concurrency: int = 0,
     ) -> None:
@@ -85,7 +53,7 @@ class SimCluster:
         self.hash_seed = first.hash_seed
         self.pool = first.pool
         self.policy = policy
-        self.timing = timing
+        self.timing = timing or Timing()
         self.controller = controller
         self.concurrency = concurrency
         self.loop = EventLoop()
@@ -95,7 +63,7 @@ class SimCluster:
         self._owners: dict[tuple[str, str], Callable[[Seq, FinishReason | None], None]] = {}
         self._open = 0
         self._backlog: deque[RequestSpec] = deque()
-        self._done: list[_Request] = []
+        self._done: list[SimRequest] = []
         self._base = 0.0
         self._ticking = False
         self._arrivals = 0
@@ -114,7 +82,7 @@ class SimCluster:
         self._refresh_view()
         self._tick()
         self.loop.run()
-        return sorted((self._record(r) for r in self._done), key=lambda r: r.index)
+        return sorted((r.record(self._base) for r in self._done), key=lambda r: r.index)
 
     def _tick(self) -> None:
         """Start the periodic load refresh and controller evaluations (stop when idle)."""
@@ -154,7 +122,7 @@ class SimCluster:
             self._backlog.append(spec)
             return
         self._open += 1
-        req = _Request(spec, start_s=self.loop.now)
+        req = SimRequest(spec, start_s=self.loop.now)
         tokens = list(spec.prompt_token_ids)
         pooled = 0
         if self.pool is not None:
@@ -170,13 +138,13 @@ class SimCluster:
         else:
             self.loop.after(self.timing.hop_s, lambda: self._reserve(req, placement))
 
-    def _seq(self, req: _Request, handoff: bool = False) -> Seq:
+    def _seq(self, req: SimRequest, handoff: bool = False) -> Seq:
         params = SamplingParams(max_tokens=req.spec.max_tokens, ignore_eos=True)
         seq = Seq(f"r{req.spec.index}", list(req.spec.prompt_token_ids), params)
         seq.handoff = handoff
         return seq
 
-    def _local(self, req: _Request, candidates: tuple[str, ...]) -> None:
+    def _local(self, req: SimRequest, candidates: tuple[str, ...]) -> None:
         for wid in candidates:
             engine = self.engines[wid]
             if engine.draining:
@@ -192,7 +160,7 @@ class SimCluster:
             return
         self._fail(req, "every decode candidate is draining", 503)
 
-    def _reserve(self, req: _Request, placement: Placement) -> None:
+    def _reserve(self, req: SimRequest, placement: Placement) -> None:
         for wid in placement.decode:
             decoder = self.engines[wid]
             seq = self._seq(req)
@@ -207,7 +175,7 @@ class SimCluster:
             return
         self.loop.after(self.timing.hop_s, lambda: self._fail(req, "no decode pages", 503))
 
-    def _prefill(self, req: _Request, prefill: SimEngine, decoder: SimEngine) -> None:
+    def _prefill(self, req: SimRequest, prefill: SimEngine, decoder: SimEngine) -> None:
         seq = self._seq(req, handoff=True)
         self._own(
             prefill, seq, lambda s, reason: self._handed_off(req, s, reason, prefill, decoder)
@@ -217,7 +185,7 @@ class SimCluster:
 
     def _handed_off(
         self,
-        req: _Request,
+        req: SimRequest,
         seq: Seq,
         reason: FinishReason | None,
         prefill: SimEngine,
@@ -244,44 +212,26 @@ class SimCluster:
 
         self.loop.after(max(2 * hop, landing), adopt)
 
-    def _decoded(self, req: _Request, seq: Seq, reason: FinishReason | None) -> None:
+    def _decoded(self, req: SimRequest, seq: Seq, reason: FinishReason | None) -> None:
         if not req.chunks:
             req.cached_tokens = seq.num_cached_tokens
         req.chunks.append(self.loop.now + self.timing.hop_s)
         if reason is not None:
             self.loop.after(self.timing.hop_s, lambda: self._finish(req))
 
-    def _fail(self, req: _Request, error: str, status: int) -> None:
+    def _fail(self, req: SimRequest, error: str, status: int) -> None:
         req.error, req.status = error, status
         self._finish(req)
 
-    def _finish(self, req: _Request) -> None:
+    def _finish(self, req: SimRequest) -> None:
         req.end_s = self.loop.now
         self._done.append(req)
         self._open -= 1
         if self.controller is not None:
-            record = self._record(req)
+            record = req.record(self._base)
             self.controller.record(self.loop.now, record.ttft_s, record.tpot_s)
         if self._backlog:
             self._send(self._backlog.popleft())
-
-    def _record(self, req: _Request) -> RequestRecord:
-        spec, base = req.spec, self._base
-        return RequestRecord(
-            index=spec.index,
-            arrival_s=spec.arrival_s,
-            prompt_len=spec.prompt_len,
-            max_tokens=spec.max_tokens,
-            group=spec.group,
-            start_s=req.start_s - base,
-            end_s=req.end_s - base,
-            chunk_times_s=tuple(t - base for t in req.chunks),
-            output_tokens=len(req.chunks),
-            prompt_tokens=spec.prompt_len if req.error is None else None,
-            cached_tokens=req.cached_tokens if req.error is None else None,
-            error=req.error,
-            status_code=req.status,
-        )
 
     # -- engines ---------------------------------------------------------------------------
     def _own(

@@ -17,9 +17,10 @@ from typing import Any
 
 from kvserve.bench.compare import parse_deployment
 from kvserve.sim.analysis_common import GB, CostSetup, resolve_cost
-from kvserve.sim.cluster import SimCluster, Timing
+from kvserve.sim.cluster import SimCluster
 from kvserve.sim.engine import KVCosts, SimEngine, SimPool
 from kvserve.sim.link import Link
+from kvserve.sim.request import Timing
 from router.conductor import make_policy
 from router.ratio import RatioController
 from workers.config import EngineConfig

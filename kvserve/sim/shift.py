@@ -15,7 +15,7 @@ from kvserve.bench import shift
 from kvserve.bench.loadgen.shift import shift_requests
 from kvserve.bench.report import emit, log
 from kvserve.sim import deploy
-from kvserve.sim.cluster import RoleEvent
+from kvserve.sim.request import RoleEvent
 from router.ratio import RatioController
 
 

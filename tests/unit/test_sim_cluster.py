@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from kvserve.bench.loadgen.workloads import RequestSpec
-from kvserve.sim.cluster import SimCluster, Timing
+from kvserve.sim.cluster import SimCluster
 from kvserve.sim.costs import StepShape
 from kvserve.sim.engine import KVCosts, SimEngine, SimPool, shape_of
 from kvserve.sim.link import Link
+from kvserve.sim.request import Timing
 from router.conductor import make_policy
 from router.ratio import RatioConfig, RatioController
 from workers.scheduler import Scheduler, SchedulerConfig
