@@ -42,6 +42,8 @@ class WorkerLoad:
     free_pages: int = 0
     total_pages: int = 0
     prefill_tokens_per_s: float = 0.0
+    report_at: float = 0.0
+    """When the worker made this report (its clock); tells reports apart, nothing more."""
 
     @property
     def prefill_speed(self) -> float:

@@ -31,6 +31,7 @@ from router.controller import RoleController
 from router.errors import APIError, invalid, unavailable
 from router.flow import FlowPlan, RequestFlow
 from router.metrics import RouterMetrics
+from router.pending import PendingLoad
 from router.pool_lookup import PoolLookup
 from router.telemetry import Telemetry
 from router.tokenizer import PromptTokenizer
@@ -48,6 +49,7 @@ class RouterService:
         self.telemetry = Telemetry(self.metrics, self.cache_stats, self.controller.record)
         self.pool = PoolLookup(pool, enabled=router.pool_lookup)
         self.policy = make_policy(router.policy, router.disagg_threshold_tokens)
+        self.pending = PendingLoad()
         self.started_at = int(time.time())
         self._tokenizer: PromptTokenizer | None = None
         self._tokenizer_lock = asyncio.Lock()
@@ -136,9 +138,11 @@ class RouterService:
         live = self.view.live()
         pooled = await self.pool.pooled_tokens(prompt_token_ids, live[0].record) if live else 0
         request = PlacementRequest(prompt_tokens=len(prompt_token_ids), pooled_tokens=pooled)
-        placement = self.policy.place(request, [w.load() for w in live])
+        loads = self.pending.apply([w.load() for w in live])
+        placement = self.policy.place(request, loads)
         if placement is None:
             raise unavailable("no decode-capable worker can take a request now")
+        self.pending.placed(placement, request, loads)
         by_id = {w.worker_id: w for w in live}
         return FlowPlan(
             request_id=uuid.uuid4().hex,

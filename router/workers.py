@@ -86,6 +86,7 @@ class LiveWorker:
             free_pages=int(get("free_pages", 0)),
             total_pages=int(get("total_pages", 0)),
             prefill_tokens_per_s=float(get("prefill_tokens_per_s", 0.0)),
+            report_at=self.record.heartbeat_at,
         )
 
 

@@ -21,9 +21,9 @@ it switches once it holds nothing) and is then reported completed.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 
 from kvpool.hashing import hash_chain
@@ -33,6 +33,7 @@ from kvserve.sim.engine import SimEngine
 from kvserve.sim.events import EventLoop
 from kvserve.sim.request import RoleEvent, SimRequest, Timing
 from router.conductor import Placement, PlacementRequest, Policy, WorkerLoad
+from router.pending import PendingLoad
 from router.ratio import RatioController, RoleChange
 from workers.sequence import FinishReason, SamplingParams
 from workers.sequence import Sequence as Seq
@@ -60,6 +61,7 @@ class SimCluster:
         self.role_events: list[RoleEvent] = []
         self.role_timeline: list[tuple[float, dict[str, int]]] = [(0.0, self.role_counts())]
         self._view: dict[str, WorkerLoad] = {}
+        self.pending = PendingLoad()
         self._owners: dict[tuple[str, str], Callable[[Seq, FinishReason | None], None]] = {}
         self._open = 0
         self._backlog: deque[RequestSpec] = deque()
@@ -104,7 +106,8 @@ class SimCluster:
             self._ticking = False
 
     def _refresh_view(self) -> None:
-        self._view = {wid: e.load() for wid, e in self.engines.items()}
+        now = self.loop.now
+        self._view = {wid: replace(e.load(), report_at=now) for wid, e in self.engines.items()}
 
     def role_counts(self) -> dict[str, int]:
         counts = {"prefill": 0, "decode": 0, "mixed": 0}
@@ -128,9 +131,11 @@ class SimCluster:
         if self.pool is not None:
             hashes = hash_chain(tokens, self.block_tokens, self.hash_seed)
             pooled = self.pool.leading(hashes) * self.block_tokens
-        placement = self.policy.place(
-            PlacementRequest(len(tokens), pooled), list(self._view.values())
-        )
+        request = PlacementRequest(len(tokens), pooled)
+        loads = self.pending.apply(list(self._view.values()))
+        placement = self.policy.place(request, loads)
+        if placement is not None:
+            self.pending.placed(placement, request, loads)
         if placement is None:
             self._fail(req, "no worker can serve the request", 503)
         elif placement.prefill is None:
@@ -261,9 +266,7 @@ class SimCluster:
         if change is not None:
             engine = self.engines[change.worker_id]
             engine.draining = True
-            self._view[engine.worker_id] = dataclasses.replace(
-                self._view[engine.worker_id], draining=True
-            )
+            self._view[engine.worker_id] = replace(self._view[engine.worker_id], draining=True)
             self._pending = change
             self._maybe_switch(engine)
         if self._busy():
