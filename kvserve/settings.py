@@ -17,6 +17,11 @@ ENV_PREFIX = "KVSERVE_"
 T = TypeVar("T")
 
 
+def flag_name(field_name: str) -> str:
+    """The command-line flag of a settings field: ``kv_cache_mib`` -> ``--kv-cache-mib``."""
+    return "--" + field_name.replace("_", "-")
+
+
 def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
@@ -37,7 +42,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type[Any]) -> None:
         kind = hints[f.name]
         env = env_name(f.name)
         default = f.default
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_name(f.name)
         help_text = f"(env {env}; default {default!r})"
         if kind is bool:
             value = _parse_bool(os.environ[env]) if env in os.environ else default

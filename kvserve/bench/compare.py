@@ -18,17 +18,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpool.config import PoolConfig
 from kvserve.bench.loadgen import options as opt
 from kvserve.bench.report import emit, log
 from kvserve.settings import add_config_args, config_from_args
 from workers.config import EngineConfig
+
+if TYPE_CHECKING:
+    from kvserve.cluster import Cluster
 
 SPLIT = re.compile(r"^(?:(\d+)p)?(?:(\d+)d)?(?:(\d+)m)?$")
 
@@ -62,9 +67,11 @@ def _serve_args(args: argparse.Namespace, url: str, name: str) -> argparse.Names
     return serve
 
 
-def run_deployment(args: argparse.Namespace, name: str, engine: EngineConfig) -> dict[str, Any]:
-    """Start deployment ``name``, run the sweep against it, stop it; the serve result."""
-    from kvserve.bench.serve import serve_bench
+@contextlib.contextmanager
+def started(name: str, engine: EngineConfig, segment_mib: int, **options: Any) -> Iterator[Cluster]:
+    """Deployment ``name`` (e.g. ``1p1d``) running on this machine, on free loopback ports,
+    its logs in a temporary folder; stopped on exit. ``options``: further
+    :class:`~kvserve.cluster_spec.ClusterSpec` fields (router policy, router flags)."""
     from kvserve.cluster import Cluster, ClusterSpec
 
     prefill, decode, mixed = parse_deployment(name)
@@ -74,18 +81,26 @@ def run_deployment(args: argparse.Namespace, name: str, engine: EngineConfig) ->
             decode=decode,
             mixed=mixed,
             engine=engine,
-            pool=PoolConfig(pool_segment_mib=args.segment_mib),
-            policy=args.policy,
-            disagg_threshold_tokens=args.disagg_threshold_tokens,
+            pool=PoolConfig(pool_segment_mib=segment_mib),
             log_dir=Path(tmp),
+            **options,
         ).with_free_ports()
         with Cluster(spec).start() as cluster:
-            log(f"bench compare: {name} up ({'; '.join(cluster.plan.notes) or 'pinned'})")
-            result = asyncio.run(serve_bench(_serve_args(args, cluster.router_url, name)))
-            result["placement"] = {
-                "shared_cores": cluster.plan.shared_cores,
-                "workers": {p.name: list(p.cores) for p in cluster.plan.workers},
-            }
+            yield cluster
+
+
+def run_deployment(args: argparse.Namespace, name: str, engine: EngineConfig) -> dict[str, Any]:
+    """Start deployment ``name``, run the sweep against it, stop it; the serve result."""
+    from kvserve.bench.serve import serve_bench
+
+    options = {"policy": args.policy, "disagg_threshold_tokens": args.disagg_threshold_tokens}
+    with started(name, engine, args.segment_mib, **options) as cluster:
+        log(f"bench compare: {name} up ({'; '.join(cluster.plan.notes) or 'pinned'})")
+        result = asyncio.run(serve_bench(_serve_args(args, cluster.router_url, name)))
+        result["placement"] = {
+            "shared_cores": cluster.plan.shared_cores,
+            "workers": {p.name: list(p.cores) for p in cluster.plan.workers},
+        }
     return result
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import fields
@@ -33,11 +32,14 @@ from kvserve.bench.loadgen.metrics import RequestRecord, summarize
 from kvserve.bench.loadgen.shift import Phase, attainment_over_time, parse_phase, phase_starts
 from kvserve.bench.loadgen.slo import AbsoluteSlo, SloTargets
 from kvserve.bench.report import emit, log
+from kvserve.settings import flag_name
 from router.config import CONTROLLER_PREFIX, RouterConfig
 from router.ratio import RatioConfig
 
 DEFAULT_PHASES = ["512:16@0.25x150", "64:128@0.2x150"]
 MODES = ("off", "on")
+CONTROLLER_FIELDS = [f for f in fields(RouterConfig) if f.name.startswith(CONTROLLER_PREFIX)]
+"""The router's ``controller_*`` settings: flags here, passed on to the live router."""
 
 
 def add_shift_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,10 +56,8 @@ def add_shift_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window-s", type=float, default=30.0, help="attainment-over-time window")
     p.add_argument("--tick-s", type=float, default=5.0)
     p.add_argument("--out", type=Path, default=None, help="folder for the plot")
-    for f in fields(RouterConfig):
-        if f.name.startswith(CONTROLLER_PREFIX):
-            flag = "--" + f.name.replace("_", "-")
-            p.add_argument(flag, type=type(f.default), default=f.default)
+    for f in CONTROLLER_FIELDS:
+        p.add_argument(flag_name(f.name), type=type(f.default), default=f.default)
     p.set_defaults(controller_ttft_slo_s=8.0, controller_tpot_slo_s=0.3, controller_cooldown_s=30.0)
 
 
@@ -67,8 +67,7 @@ def phases_of(args: argparse.Namespace) -> list[Phase]:
 
 def ratio_config(args: argparse.Namespace) -> RatioConfig:
     """The controller settings of the flags (the router's ``controller_*`` fields)."""
-    names = [f.name for f in fields(RouterConfig) if f.name.startswith(CONTROLLER_PREFIX)]
-    return RouterConfig(**{name: getattr(args, name) for name in names}).ratio
+    return RouterConfig(**{f.name: getattr(args, f.name) for f in CONTROLLER_FIELDS}).ratio
 
 
 def slo_of(args: argparse.Namespace) -> AbsoluteSlo:
@@ -183,9 +182,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def router_args(args: argparse.Namespace, mode: str) -> tuple[str, ...]:
     flags = ["--controller" if mode == "on" else "--no-controller"]
-    for f in fields(RouterConfig):
-        if f.name.startswith(CONTROLLER_PREFIX):
-            flags += ["--" + f.name.replace("_", "-"), str(getattr(args, f.name))]
+    for f in CONTROLLER_FIELDS:
+        flags += [flag_name(f.name), str(getattr(args, f.name))]
     return tuple(flags)
 
 
@@ -231,30 +229,19 @@ async def live_run(args: argparse.Namespace, url: str, mode: str) -> dict[str, A
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpool.config import PoolConfig
-    from kvserve.bench.compare import parse_deployment
-    from kvserve.cluster import Cluster, ClusterSpec
+    from kvserve.bench.compare import started
     from kvserve.settings import config_from_args
     from workers.config import EngineConfig
 
-    prefill, decode, mixed = parse_deployment(args.workers)
     engine = config_from_args(EngineConfig, args)
     rows = []
     for mode in args.modes:
-        with tempfile.TemporaryDirectory() as tmp:
-            spec = ClusterSpec(
-                prefill=prefill,
-                decode=decode,
-                mixed=mixed,
-                engine=engine,
-                pool=PoolConfig(pool_segment_mib=args.segment_mib),
-                router_args=router_args(args, mode),
-                log_dir=Path(tmp),
-            ).with_free_ports()
-            with Cluster(spec).start() as cluster:
-                log(f"bench shift: {args.workers} up, controller {mode}")
-                rows.append(asyncio.run(live_run(args, cluster.router_url, mode)))
-                log(f"bench shift: controller {mode}: attainment {rows[-1]['slo_attainment']}")
+        with started(
+            args.workers, engine, args.segment_mib, router_args=router_args(args, mode)
+        ) as cluster:
+            log(f"bench shift: {args.workers} up, controller {mode}")
+            rows.append(asyncio.run(live_run(args, cluster.router_url, mode)))
+            log(f"bench shift: controller {mode}: attainment {rows[-1]['slo_attainment']}")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         plot(

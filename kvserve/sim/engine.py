@@ -22,7 +22,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
-from kvserve.bench.tracesim import LRUCache
+from kvserve.bench.tracesim import LRUCache, leading
 from kvserve.sim.costs import StepCost, StepShape
 from kvserve.sim.link import Link, exposed_transfer_s
 from router.conductor import WorkerLoad
@@ -89,7 +89,7 @@ class SimPool:
 
     def leading(self, hashes: list[int]) -> int:
         """How many leading hashes the pool holds."""
-        return next((i for i, h in enumerate(hashes) if h not in self), len(hashes))
+        return leading(hashes, self.__contains__)
 
     def add(self, hashes: list[int]) -> None:
         if self._lru is not None:
