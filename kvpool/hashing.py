@@ -81,3 +81,12 @@ def hash_chain(
         parent = hash_block(parent, token_ids[start : start + block_tokens], seed)
         hashes.append(parent)
     return hashes
+
+
+def salt_root(salt: str, seed: int) -> int:
+    """The parent of a salted chain's first block: :data:`ROOT_PARENT` without a salt, else
+    a hash of the salt text. Requests with different salts (tenants) never share a block
+    name, so they never share cached prefixes, locally or in the pool."""
+    if not salt:
+        return ROOT_PARENT
+    return xxhash.xxh3_64_intdigest(b"cache-salt\x00" + salt.encode(), seed=seed)

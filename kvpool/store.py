@@ -7,17 +7,36 @@ memory that objects are moved from and into (zero-copy) -> batch verbs -> :meth:
 
 Return conventions follow the binding: puts give 0 or a negative error per key, gets give
 the bytes read or a negative error, existence gives 1, 0, or -1 (error).
+
+Outages (the master killed or restarting): the binding answers every verb with an error
+code while the master is gone (a put may first retry for seconds), and its own ping thread
+remounts this member's segment once the master is back. So a verb that fails while the
+client reports itself unhealthy opens a breaker: for :data:`OUTAGE_BACKOFF_S` every verb
+answers "failed" at once without calling the binding (reads miss, writes are not
+committed: the pool is a cache, callers recompute); then one health probe decides whether
+to close it or wait again. :attr:`MooncakeStore.outages` counts outages,
+:attr:`MooncakeStore.available` says whether the pool is usable now.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.master import port_open
 
+log = logging.getLogger(__name__)
+
 MASTER_PROBE_S = 2.0
 """How long joining the pool waits for the master's port to answer before giving up."""
+OUTAGE_BACKOFF_S = 1.0
+"""While the pool is out, verbs fail at once for this long between health probes (the
+client remounts within about a second of the master's return, as observed here)."""
+FAILED = -1
+RPC_FAIL = -900
+"""The binding's code for a failed call to the master (it is gone, or restarting)."""
 
 
 class PoolUnavailableError(RuntimeError):
@@ -27,6 +46,33 @@ class PoolUnavailableError(RuntimeError):
 class MooncakeStore:
     def __init__(self, client: Any) -> None:
         self._client = client
+        self.outages = 0
+        """Outages seen since start (each opened the breaker once)."""
+        self._retry_at = 0.0  # 0: breaker closed; else when the next probe may run
+
+    @property
+    def available(self) -> bool:
+        """Whether the pool can be used now (probes it when the backoff has passed)."""
+        if not self._retry_at:
+            return True
+        if time.monotonic() < self._retry_at:
+            return False
+        if self.healthy():
+            self._retry_at = 0.0
+            log.warning("the KV pool is reachable again: using it")
+            return True
+        self._retry_at = time.monotonic() + OUTAGE_BACKOFF_S
+        return False
+
+    def _check(self, codes: list[int]) -> list[int]:
+        """Open the breaker when a call to the master failed, or a verb failed and the
+        client says the master is gone."""
+        failed = any(c < 0 for c in codes)
+        if failed and not self._retry_at and (RPC_FAIL in codes or not self.healthy()):
+            self._retry_at = time.monotonic() + OUTAGE_BACKOFF_S
+            self.outages += 1
+            log.warning("the KV pool is unreachable: serving without it until it returns")
+        return codes
 
     @classmethod
     def connect(cls, config: PoolConfig) -> MooncakeStore:
@@ -73,28 +119,42 @@ class MooncakeStore:
         self._client.unregister_buffer(ptr)
 
     def put_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
-        return list(self._client.batch_put_from(keys, ptrs, sizes)) if keys else []
+        if not keys or not self.available:
+            return [FAILED] * len(keys)
+        return self._check(list(self._client.batch_put_from(keys, ptrs, sizes)))
 
     def upsert_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         """Like :meth:`put_from` but replaces existing objects (a plain put keeps the old)."""
-        return list(self._client.batch_upsert_from(keys, ptrs, sizes)) if keys else []
+        if not keys or not self.available:
+            return [FAILED] * len(keys)
+        return self._check(list(self._client.batch_upsert_from(keys, ptrs, sizes)))
 
     def get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
-        return list(self._client.batch_get_into(keys, ptrs, sizes)) if keys else []
+        if not keys or not self.available:
+            return [FAILED] * len(keys)
+        return self._check(list(self._client.batch_get_into(keys, ptrs, sizes)))
 
     def exists(self, keys: list[str]) -> list[int]:
-        return list(self._client.batch_is_exist(keys)) if keys else []
+        if not keys or not self.available:
+            return [FAILED] * len(keys)
+        return self._check(list(self._client.batch_is_exist(keys)))
 
     def put_bytes(self, keys: list[str], values: list[bytes]) -> int:
-        return int(self._client.put_batch(keys, values)) if keys else 0
+        if not keys or not self.available:
+            return FAILED if keys else 0
+        return self._check([int(self._client.put_batch(keys, values))])[0]
 
     def get_bytes(self, keys: list[str]) -> list[bytes]:
         """Values in key order; a missing or failed key gives ``b""``."""
-        return [bytes(v) for v in self._client.get_batch(keys)] if keys else []
+        if not keys or not self.available:
+            return [b""] * len(keys)
+        return [bytes(v) for v in self._client.get_batch(keys)]
 
     def remove(self, keys: list[str]) -> list[int]:
         """Delete objects (even while leased); 0 per removed key, negative if absent."""
-        return list(self._client.batch_remove(keys, True)) if keys else []
+        if not keys or not self.available:
+            return [FAILED] * len(keys)
+        return list(self._client.batch_remove(keys, True))
 
     def remove_matching(self, regex: str) -> int:
         return int(self._client.remove_by_regex(regex, True))

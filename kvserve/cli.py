@@ -199,6 +199,12 @@ def _bench_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chaos(args: argparse.Namespace) -> int:
+    from kvserve.chaos import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvserve", description=__doc__.splitlines()[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -265,6 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     pool = verb("pool", _pool, "run a mooncake_master (the KV pool) for this machine")
+    from kvserve.chaos import add_arguments as add_chaos_arguments
+
+    add_chaos_arguments(
+        verb("chaos", _chaos, "load on a loopback cluster while killing and restarting its parts")
+    )
 
     add_config_args(pool, MasterConfig)
 

@@ -36,17 +36,21 @@ from kvserve.services import (
     master_process,
     start_master,
 )
+from proto.registry import ClusterConfig
 
 __all__ = ["Cluster", "ClusterPlan", "ClusterSpec", "ProcessPlan"]
 log = logging.getLogger("kvserve.cluster")
 
 
-def grpc_serving(address: str, timeout: float = 1.0) -> bool:
-    """Whether the worker at ``address`` reports SERVING on the standard health service."""
+def grpc_serving(address: str, cluster: ClusterConfig, timeout: float = 1.0) -> bool:
+    """Whether the worker at ``address`` reports SERVING on the standard health service
+    (dialled as the router dials it: the cluster's TLS and keepalive settings)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    from proto.channels import sync_channel
+
+    with sync_channel(address, cluster) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
@@ -87,7 +91,13 @@ class Cluster:
 
     @property
     def redis_url(self) -> str:
+        """The registry's URL (without credentials: see :attr:`cluster_config`)."""
         return self.spec.redis_config.url
+
+    @property
+    def cluster_config(self) -> ClusterConfig:
+        """What a client of this cluster needs: registry, credentials, gRPC settings."""
+        return self.spec.cluster_config
 
     @property
     def master(self) -> MasterConfig | None:
@@ -182,7 +192,7 @@ class Cluster:
                 if plan.role == "router":
                     healthy = http_ok(f"{self.router_url}/health")
                 else:
-                    healthy = grpc_serving(plan.address)
+                    healthy = grpc_serving(plan.address, self.spec.cluster_config)
                 if healthy:
                     del todo[name]
             if todo and time.monotonic() > deadline:
@@ -193,11 +203,30 @@ class Cluster:
 
     def restart_worker(self, name: str, timeout: float | None = None) -> ManagedProcess:
         """Start a worker again (after a kill) with the same argv, and wait until healthy."""
-        proc = self.worker(name)
-        proc.stop(self.spec.stop_grace_s)
-        proc.start()
-        self.wait_healthy([name], timeout)
-        return proc
+        self.restart_workers([name], timeout)
+        return self.worker(name)
+
+    def restart_workers(self, names: Sequence[str], timeout: float | None = None) -> None:
+        """Start workers again, all at once, and wait until every one is healthy."""
+        for name in names:
+            self.worker(name).stop(self.spec.stop_grace_s)
+        for name in names:
+            self.worker(name).start()
+        self.wait_healthy(names, timeout)
+
+    def restart(self, name: str, timeout: float | None = None) -> None:
+        """Start a process again (after a kill, or to restart it): a worker (then wait until
+        healthy), ``mooncake_master`` (wait for its ports) or ``redis`` (wait for PING; it
+        comes back empty: nothing is persisted)."""
+        limit = timeout or self.spec.startup_timeout_s
+        if name == "mooncake_master" and self._master is not None:
+            self._master.stop(self.spec.stop_grace_s)
+            start_master(self._master, self.spec.master, limit)
+        elif name == "redis" and self._redis is not None:
+            self._redis.stop(self.spec.stop_grace_s)
+            self._redis.start(limit)
+        else:
+            self.restart_workers([name], timeout)
 
     def dead(self) -> list[str]:
         """Names of started processes that have exited."""

@@ -9,7 +9,10 @@
 Workers are named ``<role>-<i>`` (``prefill-0``, ``decode-0``, ...), in the order prefill,
 decode, mixed, and take ports ``worker_base_port + i`` in that order unless
 ``worker_ports`` lists them. Every engine, pool and registry setting is passed as an
-explicit flag, so a worker never picks up a stray ``KVSERVE_*`` variable of the launcher.
+explicit flag, so a worker never picks up a stray ``KVSERVE_*`` variable of the launcher;
+secrets (fields declared ``repr=False``, i.e. the Redis password) go instead as their
+``KVSERVE_*`` variable in the child's environment, always set, so they stay out of
+process lists (:func:`secret_env`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig, free_local_ports
 from kvserve.services import RedisConfig
+from kvserve.settings import env_name
 from proto.registry import ClusterConfig
 from workers.config import EngineConfig
 
@@ -32,15 +36,25 @@ ROLE_ORDER = ("prefill", "decode", "mixed")
 
 
 def config_argv(config: Any) -> list[str]:
-    """Every field of a settings dataclass as the flags :mod:`kvserve.settings` defines."""
+    """Every field of a settings dataclass as the flags :mod:`kvserve.settings` defines,
+    except secrets (``repr=False`` fields: see :func:`secret_env`)."""
     argv: list[str] = []
     for f in dataclasses.fields(config):
+        if not f.repr:
+            continue
         flag, value = f.name.replace("_", "-"), getattr(config, f.name)
         if isinstance(value, bool):
             argv.append(f"--{flag}" if value else f"--no-{flag}")
         else:
             argv += [f"--{flag}", str(value)]
     return argv
+
+
+def secret_env(config: Any) -> tuple[tuple[str, str], ...]:
+    """The secret (``repr=False``) fields of a settings dataclass as ``KVSERVE_*``
+    variables, empty ones included (so the launcher's own variables do not leak in)."""
+    fields = dataclasses.fields(config)
+    return tuple((env_name(f.name), str(getattr(config, f.name))) for f in fields if not f.repr)
 
 
 def split_cores(cores: Sequence[int], n: int) -> tuple[list[tuple[int, ...]], bool]:
@@ -68,7 +82,7 @@ class ProcessPlan:
     host: str
     port: int
     cores: tuple[int, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold secrets
 
     @property
     def address(self) -> str:
@@ -90,6 +104,12 @@ class ClusterSpec:
     - ``prefill`` / ``decode`` / ``mixed``: worker counts; at least one decode-capable
       (decode or mixed) worker; prefill workers need decode workers and the pool.
     - ``host``: address every process binds to and advertises (loopback by default).
+    - ``redis_username`` / ``redis_password``: Redis is started with these credentials
+      (:class:`kvserve.services.RedisConfig`) and every process gets them, the password
+      through its environment.
+    - ``peer_timeout_s`` / ``grpc_tls_cert`` / ``grpc_tls_key`` / ``grpc_tls_ca``: gRPC
+      liveness and TLS of every worker, the router and the health checks
+      (:class:`proto.registry.ClusterConfig`).
     - ``router_port``, ``worker_base_port`` (or explicit ``worker_ports``), ``redis_port``,
       ``master`` (mooncake_master's ports and policy): see :meth:`with_free_ports`.
     - ``engine``: forwarded to every worker; ``threads`` there is overridden by
@@ -111,7 +131,12 @@ class ClusterSpec:
     worker_base_port: int = 50061
     worker_ports: tuple[int, ...] = ()
     redis_port: int = 6379
-    redis_password: str = ""
+    redis_username: str = ""
+    redis_password: str = field(default="", repr=False)
+    peer_timeout_s: float = 5.0
+    grpc_tls_cert: str = ""
+    grpc_tls_key: str = ""
+    grpc_tls_ca: str = ""
     master: MasterConfig = field(default_factory=MasterConfig)
     use_pool: bool = True
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -163,7 +188,7 @@ class ClusterSpec:
                 f"host must be this machine's address (workers advertise it), e.g. "
                 f"127.0.0.1, got {self.host!r}"
             )
-        _ = self.cluster_config  # validates cluster_name and heartbeats
+        _ = self.cluster_config  # validates cluster_name, heartbeats, credentials, TLS
 
     @property
     def num_workers(self) -> int:
@@ -196,15 +221,24 @@ class ClusterSpec:
 
     @property
     def redis_config(self) -> RedisConfig:
-        return RedisConfig(host=self.host, port=self.redis_port, password=self.redis_password)
+        return RedisConfig(
+            host=self.host,
+            port=self.redis_port,
+            username=self.redis_username,
+            password=self.redis_password,
+        )
 
     @property
     def cluster_config(self) -> ClusterConfig:
-        return ClusterConfig(
-            redis_url=self.redis_config.url,
+        return dataclasses.replace(
+            self.redis_config.cluster_config,
             cluster=self.cluster_name,
             heartbeat_s=self.heartbeat_s,
             heartbeat_ttl_s=self.heartbeat_ttl_s,
+            peer_timeout_s=self.peer_timeout_s,
+            grpc_tls_cert=self.grpc_tls_cert,
+            grpc_tls_key=self.grpc_tls_key,
+            grpc_tls_ca=self.grpc_tls_ca,
         )
 
     @property
@@ -261,7 +295,11 @@ class ClusterSpec:
         argv = [self.python, "-m", "kvserve", "worker", "--role", role]
         argv += ["--worker-host", self.host, "--worker-port", str(port), "--worker-id", name]
         argv += [*config_argv(engine), *pool, *config_argv(self.cluster_config)]
-        env = (("OMP_NUM_THREADS", str(threads)), ("PYTHONUNBUFFERED", "1"))
+        env = (
+            ("OMP_NUM_THREADS", str(threads)),
+            ("PYTHONUNBUFFERED", "1"),
+            *secret_env(self.cluster_config),
+        )
         return ProcessPlan(name, role, (*argv, *self.worker_args), self.host, port, cores, env)
 
     def _router_plan(self) -> ProcessPlan:
@@ -276,6 +314,6 @@ class ClusterSpec:
             argv += ["--policy", self.policy]
         if self.disagg_threshold_tokens is not None:
             argv += ["--disagg-threshold-tokens", str(self.disagg_threshold_tokens)]
-        env = (("PYTHONUNBUFFERED", "1"),)
+        env = (("PYTHONUNBUFFERED", "1"), *secret_env(self.cluster_config))
         argv += self.router_args
         return ProcessPlan("router", "router", tuple(argv), self.host, self.router_port, (), env)

@@ -12,7 +12,8 @@ Lifecycle of a :class:`ManagedProcess`:
    the group; it is idempotent and also sweeps any leftover member of the group.
 
 :class:`RedisProcess` and :func:`start_master` follow the same steps for ``redis-server``
-and ``mooncake_master``; both bind to loopback unless told otherwise. The master is run
+and ``mooncake_master``; both bind to loopback unless told otherwise (Redis optionally
+with a password or an ACL user, :class:`RedisConfig`). The master is run
 here rather than through :class:`kvpool.master.MasterProcess` because that one stays in
 the launcher's process group and would die first on Ctrl-C, before the workers using it.
 """
@@ -21,16 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from kvpool.master import MasterConfig, master_command, port_open
+from proto.registry import ClusterConfig, connect
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -46,7 +49,11 @@ PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux for SIGTERM when the launcher dies."""
+    """In the child, before exec: ask Linux for SIGTERM when the launcher dies.
+
+    Linux sends it when the *thread* that forked the child exits, not only the process:
+    start children from a thread that outlives them (the main thread), never from a
+    short-lived helper thread, or they are stopped when that thread ends."""
     with contextlib.suppress(OSError, AttributeError):
         import ctypes
 
@@ -165,18 +172,46 @@ class ManagedProcess:
         )
 
 
+_REDIS_USER = re.compile(r"[A-Za-z0-9_.@-]+")
+
+
 @dataclass(frozen=True)
 class RedisConfig:
-    """Where the cluster's Redis listens; ``password`` empty means none (loopback only)."""
+    """Where the cluster's Redis listens (loopback by default) and who may use it.
+
+    ``password`` empty means no authentication (fine on loopback); with a password and no
+    ``username`` it is Redis's ``requirepass``; with a ``username`` too, that ACL user gets
+    every command and key and the ``default`` user is switched off. The password never
+    reaches a command line: it goes to redis-server through a mode-0600 config file (removed
+    once Redis answers) and to clients through :func:`proto.registry.connect`.
+    """
 
     host: str = "127.0.0.1"
     port: int = 6379
-    password: str = ""
+    password: str = field(default="", repr=False)
+    username: str = ""
+
+    def __post_init__(self) -> None:
+        if self.username and not self.password:
+            raise ValueError(f"Redis user {self.username!r} needs a password (redis_password)")
+        if self.username and not _REDIS_USER.fullmatch(self.username):
+            raise ValueError(
+                f"a Redis user name is letters, digits and _.@-, got {self.username!r}"
+            )
+        if any(c in self.password for c in "\r\n\0"):
+            raise ValueError("the Redis password must not contain line breaks or NUL")
 
     @property
     def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}{self.host}:{self.port}/0"
+        """``redis://host:port/0``, without credentials (those travel separately)."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def cluster_config(self) -> ClusterConfig:
+        """A registry config that reaches this Redis with its credentials."""
+        return ClusterConfig(
+            redis_url=self.url, redis_username=self.username, redis_password=self.password
+        )
 
 
 def redis_binary() -> str:
@@ -190,31 +225,57 @@ def redis_binary() -> str:
     return found
 
 
-def redis_command(cfg: RedisConfig, binary: str = "redis-server") -> list[str]:
-    """A throwaway Redis: no snapshots, no append-only file, protected mode on."""
-    argv = [binary, "--port", str(cfg.port), "--bind", cfg.host, "--save", ""]
-    argv += ["--appendonly", "no", "--protected-mode", "yes"]
-    return [*argv, "--requirepass", cfg.password] if cfg.password else argv
+def redis_command(
+    cfg: RedisConfig, binary: str = "redis-server", auth_conf: Path | None = None
+) -> list[str]:
+    """A throwaway Redis: no snapshots, no append-only file, protected mode on; with
+    credentials, ``auth_conf`` is the file holding them (:func:`redis_auth_conf`)."""
+    argv = [binary, *([str(auth_conf)] if auth_conf else [])]
+    argv += ["--port", str(cfg.port), "--bind", cfg.host, "--save", ""]
+    return [*argv, "--appendonly", "no", "--protected-mode", "yes"]
+
+
+def _quoted(text: str) -> str:
+    """A redis.conf argument that keeps every character (double quotes, escapes)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def redis_auth_conf(cfg: RedisConfig) -> str:
+    """The redis.conf lines that set ``cfg``'s credentials ('' without a password)."""
+    if not cfg.password:
+        return ""
+    if not cfg.username:
+        return f"requirepass {_quoted(cfg.password)}\n"
+    lines = [] if cfg.username == "default" else ["user default off"]
+    lines.append(f"user {cfg.username} on {_quoted('>' + cfg.password)} ~* &* +@all")
+    return "\n".join(lines) + "\n"
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 class RedisProcess:
-    """``redis-server`` for one cluster: ``start()`` returns once it answers PING."""
+    """``redis-server`` for one cluster: ``start()`` returns once it answers PING (with
+    ``cfg``'s credentials)."""
 
     def __init__(self, cfg: RedisConfig, log_path: Path) -> None:
         self.cfg = cfg
-        self.process = ManagedProcess("redis", redis_command(cfg, redis_binary()), log_path)
+        self._auth_conf = log_path.with_suffix(".auth.conf") if cfg.password else None
+        argv = redis_command(cfg, redis_binary(), self._auth_conf)
+        self.process = ManagedProcess("redis", argv, log_path)
 
     def start(self, timeout: float = 20.0) -> RedisProcess:
         import redis
 
+        if self._auth_conf is not None:
+            _write_private(self._auth_conf, redis_auth_conf(self.cfg))
         self.process.start()
-        client = redis.Redis(
-            host=self.cfg.host,
-            port=self.cfg.port,
-            password=self.cfg.password or None,
-            socket_timeout=0.5,
-            socket_connect_timeout=0.5,
-        )
+        client = connect(self.cfg.cluster_config, socket_timeout=0.5, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout
         try:
             while True:
@@ -229,10 +290,16 @@ class RedisProcess:
             raise
         finally:
             client.close()
+            if self._auth_conf is not None:  # read at start-up: the secret leaves the disk
+                self._auth_conf.unlink(missing_ok=True)
 
     @property
     def url(self) -> str:
         return self.cfg.url
+
+    @property
+    def cluster_config(self) -> ClusterConfig:
+        return self.cfg.cluster_config
 
     @property
     def running(self) -> bool:

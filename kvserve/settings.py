@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import os
 import typing
+from collections.abc import Collection
 from typing import Any, TypeVar
 
 ENV_PREFIX = "KVSERVE_"
@@ -35,10 +36,17 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
-def add_config_args(parser: argparse.ArgumentParser, cls: type[Any]) -> None:
-    """Add one flag per field of dataclass ``cls`` (defaults from the environment)."""
+def add_config_args(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type[Any],
+    only: Collection[str] | None = None,
+) -> None:
+    """Add one flag per field of dataclass ``cls`` (defaults from the environment), or
+    per field named in ``only``."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if only is not None and f.name not in only:
+            continue
         kind = hints[f.name]
         env = env_name(f.name)
         default = f.default

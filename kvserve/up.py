@@ -2,7 +2,8 @@
 
 1. The flags (each also a ``KVSERVE_*`` variable) become a :class:`ClusterSpec`; with
    ``--free-ports`` every port is a free loopback port instead;
-2. the :class:`Cluster` starts mooncake_master, Redis, the workers (each pinned to its own
+2. the :class:`Cluster` starts mooncake_master, Redis (with a password or an ACL user when
+   ``--redis-password`` / ``KVSERVE_REDIS_PASSWORD`` is set), the workers (each pinned to its own
    cores when there are enough) and the router, and waits until all are healthy;
 3. the URLs and a sample ``curl`` line go to stderr;
 4. it blocks until Ctrl-C or SIGTERM (exit 0), or until the router, Redis or the master
@@ -30,9 +31,14 @@ from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvserve.cluster import Cluster, ClusterSpec
 from kvserve.settings import add_config_args, config_from_args, env_name
+from proto.registry import ClusterConfig
 from workers.config import EngineConfig
 
 UP_POOL_SEGMENT_MIB = 256  # per worker: 2 workers + KV caches fit a 2-core, 24 GiB machine
+TRANSPORT_SETTINGS = (
+    *("redis_username", "redis_password", "peer_timeout_s"),
+    *("grpc_tls_cert", "grpc_tls_key", "grpc_tls_ca"),
+)
 ROUTER_PATHS = {"OpenAI API": "/v1", "metrics": "/metrics", "cache stats": "/v1/cache/stats"}
 
 
@@ -84,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="uncached prompt tokens at most this many stay on the decode worker",
     )
     r.add_argument("--cluster", default=_env_default("cluster", "kvserve"), help="registry name")
+    s = parser.add_argument_group(
+        "transport security (Redis credentials: prefer KVSERVE_REDIS_PASSWORD to the flag)"
+    )
+    add_config_args(s, ClusterConfig, only=TRANSPORT_SETTINGS)
     add_config_args(parser, EngineConfig)
     add_config_args(parser, PoolConfig)
     add_config_args(parser, MasterConfig)
@@ -107,6 +117,7 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
         engine=config_from_args(EngineConfig, args),
         pool=config_from_args(PoolConfig, args),
         cluster_name=args.cluster,
+        **{name: getattr(args, name) for name in TRANSPORT_SETTINGS},
         policy=args.policy,
         disagg_threshold_tokens=args.disagg_threshold_tokens,
         pin_cores=args.pin_cores,
@@ -127,7 +138,8 @@ def _announce(cluster: Cluster, seconds: float) -> None:
     lines = [f"kvserve up: cluster {spec.cluster_name!r} ready in {seconds:.1f}s ({counts})"]
     lines += [f"  {what:<12} {cluster.router_url}{path}" for what, path in ROUTER_PATHS.items()]
     for name in cluster.worker_names:
-        lines.append(f"  {name:<12} grpc://{cluster.plan_of(name).address}")
+        scheme = "grpcs" if spec.cluster_config.grpc_tls else "grpc"
+        lines.append(f"  {name:<12} {scheme}://{cluster.plan_of(name).address}")
     lines.append(f"  {'redis':<12} {spec.redis_config.url}")
     if cluster.master is not None:
         lines.append(f"  {'pool master':<12} {cluster.master.rpc_address}")

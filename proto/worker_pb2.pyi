@@ -166,10 +166,13 @@ class ReserveRequest(_message.Message):
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     LEASE_MS_FIELD_NUMBER: _builtins.int
+    CACHE_SALT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     max_tokens: _builtins.int
     lease_ms: _builtins.int
     """the pages are freed if Generate does not come within this"""
+    cache_salt: _builtins.str
+    """the request's tenant salt (empty: none); see PrefillRequest"""
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -179,10 +182,11 @@ class ReserveRequest(_message.Message):
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         max_tokens: _builtins.int = ...,
         lease_ms: _builtins.int = ...,
+        cache_salt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_ms", b"lease_ms", "max_tokens", b"max_tokens", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "lease_ms", b"lease_ms", "max_tokens", b"max_tokens", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -225,7 +229,12 @@ class PrefillRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
+    CACHE_SALT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
+    cache_salt: _builtins.str
+    """Mixed into the root of the block hash chain (kvpool.hashing.salt_root): requests with
+    different salts never share cached prefixes, locally or in the pool.
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -236,10 +245,11 @@ class PrefillRequest(_message.Message):
         request_id: _builtins.str = ...,
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         params: Global___SamplingParams | None = ...,
+        cache_salt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["params", b"params", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "params", b"params", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -290,13 +300,23 @@ class GenerateRequest(_message.Message):
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
     FIRST_TOKEN_FIELD_NUMBER: _builtins.int
+    RESUME_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    CACHE_SALT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     first_token: _builtins.int
     """set after a remote prefill: KV comes from the pool"""
+    cache_salt: _builtins.str
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def params(self) -> Global___SamplingParams: ...
+    @_builtins.property
+    def resume_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Output tokens the client already has: the request resumes after them (its decode
+        worker failed). Prompt and these tokens are reused from the pool where it has them and
+        recomputed otherwise; chunks carry only what follows.
+        """
+
     def __init__(
         self,
         *,
@@ -304,10 +324,12 @@ class GenerateRequest(_message.Message):
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         params: Global___SamplingParams | None = ...,
         first_token: _builtins.int | None = ...,
+        resume_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        cache_salt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_first_token", b"_first_token", "first_token", b"first_token", "params", b"params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_first_token", b"_first_token", "first_token", b"first_token", "params", b"params", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_first_token", b"_first_token", "cache_salt", b"cache_salt", "first_token", b"first_token", "params", b"params", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "resume_token_ids", b"resume_token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__first_token: _TypeAlias = _typing.Literal["first_token"]  # noqa: Y015
     _WhichOneofArgType__first_token: _TypeAlias = _typing.Literal["_first_token", b"_first_token"]  # noqa: Y015
@@ -434,6 +456,7 @@ class LoadReport(_message.Message):
     KV_EXPOSED_SECONDS_FIELD_NUMBER: _builtins.int
     REQUESTS_FIELD_NUMBER: _builtins.int
     POOL_CONNECTED_FIELD_NUMBER: _builtins.int
+    POOL_OUTAGES_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     draining: _builtins.bool
     waiting: _builtins.int
@@ -456,6 +479,9 @@ class LoadReport(_message.Message):
     kv_exposed_seconds: _builtins.float
     requests: _builtins.int
     pool_connected: _builtins.bool
+    """joined the pool, and the pool is reachable now"""
+    pool_outages: _builtins.int
+    """times the pool became unreachable since start"""
     def __init__(
         self,
         *,
@@ -480,10 +506,11 @@ class LoadReport(_message.Message):
         kv_exposed_seconds: _builtins.float = ...,
         requests: _builtins.int = ...,
         pool_connected: _builtins.bool = ...,
+        pool_outages: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "draining", b"draining", "free_pages", b"free_pages", "kv_bytes_read", b"kv_bytes_read", "kv_bytes_written", b"kv_bytes_written", "kv_exposed_seconds", b"kv_exposed_seconds", "kv_read_seconds", b"kv_read_seconds", "kv_write_seconds", b"kv_write_seconds", "output_tokens", b"output_tokens", "pool_connected", b"pool_connected", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prompt_tokens_computed", b"prompt_tokens_computed", "prompt_tokens_local", b"prompt_tokens_local", "prompt_tokens_pool", b"prompt_tokens_pool", "queued_prefill_tokens", b"queued_prefill_tokens", "requests", b"requests", "reserved", b"reserved", "role", b"role", "running", b"running", "total_pages", b"total_pages", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "draining", b"draining", "free_pages", b"free_pages", "kv_bytes_read", b"kv_bytes_read", "kv_bytes_written", b"kv_bytes_written", "kv_exposed_seconds", b"kv_exposed_seconds", "kv_read_seconds", b"kv_read_seconds", "kv_write_seconds", b"kv_write_seconds", "output_tokens", b"output_tokens", "pool_connected", b"pool_connected", "pool_outages", b"pool_outages", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prompt_tokens_computed", b"prompt_tokens_computed", "prompt_tokens_local", b"prompt_tokens_local", "prompt_tokens_pool", b"prompt_tokens_pool", "queued_prefill_tokens", b"queued_prefill_tokens", "requests", b"requests", "reserved", b"reserved", "role", b"role", "running", b"running", "total_pages", b"total_pages", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -4,18 +4,25 @@ Lifecycle of an app from :func:`create_app`:
 
 1. lifespan start: the :class:`RouterService` joins the pool for lookups (optional),
    starts watching the worker registry and (``--controller``) the P:D ratio controller;
-2. per request: the body is read (413 past ``max_body_bytes``), parsed and checked
-   (400), the model checked (404, or 503 with no worker), the prompt tokenized and its
-   length checked (400), all before any worker is called; then placed and run as a flow;
+2. per request: with ``--api-key``, the key is checked first (401, :mod:`router.auth`; every
+   route but ``/health``, the OpenAPI docs included); the body is read (413 past
+   ``max_body_bytes``), parsed and checked (400), the model checked (404, or 503 with no
+   worker), the prompt tokenized and its length checked (400), all before any worker is
+   called; then placed (429 from admission control, :mod:`router.admission`) under the
+   request's cache salt (its tenant's, with ``--isolate-tenants``, and its ``cache_salt``)
+   and run as a flow;
 3. streamed answers are server-sent events; a client that disconnects, before or after
    the first event, cancels the flow, which aborts the request on every worker;
 4. lifespan end: the registry watch stops, channels close, the pool is left.
 
-Every error body is OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
+Every error body is OpenAI's ``{"error": {"message", "type", "param", "code"}}``; a 500 says
+nothing of its cause (logged instead). ``/openapi.json`` describes the real request bodies
+and error responses (:mod:`router.openapi`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,6 +36,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from kvpool.config import PoolConfig
 from proto.registry import ClusterConfig
+from router import openapi
+from router.auth import ApiKeyMiddleware, request_salt
 from router.config import RouterConfig
 from router.errors import APIError, invalid
 from router.flow_types import Chunk, sampling_params
@@ -38,10 +47,14 @@ from router.openai_models import (
     SamplingFields,
     parse_request,
 )
+from router.openapi import GENERATION_ERRORS, GENERATION_OK, openapi_body
 from router.pool_stats import pool_stats
 from router.responses import Formatter
 from router.service import RouterService
 from router.streaming import ClientGoneError, collect, sse_events, until_disconnected
+
+log = logging.getLogger(__name__)
+JSON_OK = {"application/json": {"schema": {"type": "object"}}}
 
 
 def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -> FastAPI:
@@ -59,8 +72,21 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
     app = FastAPI(title="kvserve router", lifespan=lifespan)
     app.state.service = service
     _add_error_handlers(app)
+    keys = router.api_keys
+    if keys.enabled:
+        app.add_middleware(ApiKeyMiddleware, keys=keys, on_reject=service.metrics.auth_failures.inc)
+    openapi.install(app, secured=keys.enabled)
+    generation = openapi.responses(GENERATION_ERRORS, keys.enabled, GENERATION_OK)
+    reads = openapi.responses((), keys.enabled)
 
-    @app.post("/v1/completions")
+    def salt(request: Request, req: SamplingFields) -> str:
+        return request_salt(request.scope, req.cache_salt, router.isolate_tenants)
+
+    @app.post(
+        "/v1/completions",
+        responses=generation,
+        openapi_extra=openapi_body(CompletionRequest),
+    )
     async def completions(request: Request) -> Response:
         started = time.monotonic()
         req = parse_request(CompletionRequest, await read_body(request, router.max_body_bytes))
@@ -72,9 +98,13 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
         if any(t >= tok.vocab_size for t in ids):
             raise invalid(f"token ids must be below {tok.vocab_size}", "prompt", "invalid_value")
         max_tokens = service.check_length(len(ids), req.max_tokens or 16, "prompt")
-        return await _run(request, service, req, ids, max_tokens, started, chat=False)
+        return await _run(request, service, req, ids, (max_tokens, started, salt(request, req)))
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions",
+        responses=generation,
+        openapi_extra=openapi_body(ChatCompletionRequest),
+    )
     async def chat_completions(request: Request) -> Response:
         started = time.monotonic()
         body = await read_body(request, router.max_body_bytes)
@@ -87,9 +117,9 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
         except ValueError as exc:
             raise invalid(str(exc), "messages") from None
         max_tokens = service.check_length(len(ids), req.output_limit, "messages")
-        return await _run(request, service, req, ids, max_tokens, started, chat=True)
+        return await _run(request, service, req, ids, (max_tokens, started, salt(request, req)))
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=reads)
     async def models() -> dict[str, Any]:
         name = service.model_name()
         data = [
@@ -103,7 +133,12 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
         ]
         return {"object": "list", "data": data if name else []}
 
-    @app.get("/health")
+    health_docs: dict[int | str, dict[str, Any]] = {
+        200: {"description": "A decode-capable worker is registered", "content": JSON_OK},
+        503: {"description": "No decode-capable worker is registered", "content": JSON_OK},
+    }
+
+    @app.get("/health", responses=health_docs)
     async def health() -> JSONResponse:
         serving = service.serving()
         if serving:
@@ -111,16 +146,18 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
         reason = f"no decode-capable worker is registered in cluster {cluster.cluster!r}"
         return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
-    @app.get("/metrics")
+    text = {"text/plain": {"schema": {"type": "string"}}}
+
+    @app.get("/metrics", responses=openapi.responses((), keys.enabled, text))
     async def metrics() -> Response:
         return Response(service.render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/controller")
+    @app.get("/v1/controller", responses=reads)
     async def controller() -> dict[str, Any]:
         """The P:D controller: settings, SLO window, streaks, every change and its result."""
         return service.controller.report()
 
-    @app.get("/v1/cache/stats")
+    @app.get("/v1/cache/stats", responses=reads)
     async def cache_stats() -> dict[str, Any]:
         out = service.cache_stats.report()
         out["pool_lookup"] = {"enabled": router.pool_lookup, "connected": service.pool.connected}
@@ -153,11 +190,12 @@ async def _run(
     service: RouterService,
     req: SamplingFields,
     ids: list[int],
-    max_tokens: int,
-    started: float,
-    chat: bool,
+    run: tuple[int, float, str],
 ) -> Response:
-    """Place and run the request; stream it or answer it whole."""
+    """Place and run the request; stream it or answer it whole. ``run``: its output limit,
+    when it arrived (monotonic) and its cache salt."""
+    max_tokens, started, cache_salt = run
+    chat = isinstance(req, ChatCompletionRequest)
     params = sampling_params(
         max_tokens=max_tokens,
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -167,7 +205,7 @@ async def _run(
         stop=req.stop_list,
         ignore_eos=req.ignore_eos,
     )
-    plan = await service.plan(ids, params, started)
+    plan = await service.plan(ids, params, started, cache_salt=cache_salt)
     prefix = "chatcmpl-" if chat else "cmpl-"
     fmt = Formatter(chat, prefix + plan.request_id, req.model, req.include_usage)
     chunks = service.flow(plan).chunks()
@@ -197,7 +235,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, APIError)
         if not exc.counted:
             service.metrics.count_request("rejected")
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     async def http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -205,8 +243,10 @@ def _add_error_handlers(app: FastAPI) -> None:
         err = APIError(exc.status_code, str(exc.detail), None, code)
         return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
 
-    async def internal_error(_: Request, exc: Exception) -> Response:
-        err = APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        # The cause stays in the log: exception texts can hold paths, addresses, secrets.
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        err = APIError(500, "internal server error (the router's log has the cause)")
         return JSONResponse(err.body(), status_code=500)
 
     app.add_exception_handler(APIError, api_error)

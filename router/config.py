@@ -8,10 +8,11 @@ joins the pool as a pure client, with no segment of its own, for prefix lookups)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from router.auth import ApiKeys, parse_api_keys
 from router.ratio import RatioConfig
 
 POLICIES = ("random", "round_robin", "least_loaded", "cache_aware")
@@ -47,6 +48,22 @@ class RouterConfig:
       sustained miss, the 30 s window holds enough requests at a few per second for a
       stable attainment, and the 60 s cool-down (twice the window) lets the window refill
       with the new ratio before the next move.
+    - ``api_key``: empty = no authentication; else comma-separated keys, each optionally
+      ``tenant=key``, and every route but ``/health`` needs ``Authorization: Bearer <key>``
+      (:mod:`router.auth`). Prefer the environment (``KVSERVE_API_KEY``) to the flag, which
+      other users can read in the process list; the key is never printed (``repr=False``).
+    - ``isolate_tenants``: the prefix cache of a named tenant is its own: its tenant name
+      salts the pool keys of its requests (with the request's ``cache_salt``), so that no
+      other tenant can hit its prefixes, nor learn their presence from a faster first token.
+    - ``admission_ttft_s``: refuse (HTTP 429 with ``Retry-After``) a request whose predicted
+      time to first token, queue included, exceeds this (:mod:`router.admission`); 0 = off.
+      Default off: the prediction divides by each worker's measured prefill speed, a
+      since-start average that per-step overhead dominates on small CPU machines (measured
+      here under load: 2-16 tokens/s after a few short prompts, so a 300-token prompt on an
+      idle worker predicts 150 s), and a shedder that refuses work the cluster would have
+      served is worse than none. Production: set it to the longest first-token wait your
+      clients and proxies tolerate (e.g. 30, under nginx's 60 s ``proxy_read_timeout``),
+      once ``kvserve_worker_prefill_tokens_per_s`` shows steady speeds.
     """
 
     router_host: str = "127.0.0.1"
@@ -73,6 +90,9 @@ class RouterConfig:
     controller_max_prefill: int = 64
     controller_min_decode: int = 1
     controller_max_decode: int = 64
+    api_key: str = field(default="", repr=False)
+    isolate_tenants: bool = True
+    admission_ttft_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.router_host:
@@ -102,6 +122,14 @@ class RouterConfig:
             _ = self.ratio
         except ValueError as exc:
             raise ValueError(f"controller setting (--controller-<name>): {exc}") from None
+        _ = self.api_keys  # raises, without the key, when malformed
+        if not self.admission_ttft_s >= 0:
+            raise ValueError("admission_ttft_s must be >= 0 seconds (0 = no admission control)")
+
+    @property
+    def api_keys(self) -> ApiKeys:
+        """The parsed ``api_key`` (empty: no authentication)."""
+        return parse_api_keys(self.api_key)
 
     @property
     def reserve_lease_ms(self) -> int:

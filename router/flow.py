@@ -75,6 +75,7 @@ class FlowPlan:
     lease_ms: int
     timeout_s: float
     started_at: float
+    cache_salt: str = ""
     clock: Callable[[], float] = field(default=time.monotonic)
 
     @property
@@ -94,6 +95,7 @@ class RequestFlow:
         self._completion_tokens = 0
         self._mode = plan.mode
         self._ttft_s: float | None = None
+        self._migrations = 0
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         plan = self.plan
@@ -115,7 +117,13 @@ class RequestFlow:
         finally:
             worker = self._decoder.worker_id if self._decoder else ""
             result = FlowResult(
-                self._mode, worker, status, self._elapsed(), self._ttft_s, self._completion_tokens
+                self._mode,
+                worker,
+                status,
+                self._elapsed(),
+                self._ttft_s,
+                self._completion_tokens,
+                self._migrations,
             )
             self.observer.on_finish(result)
 
@@ -126,6 +134,7 @@ class RequestFlow:
             request_id=self.plan.request_id,
             prompt_token_ids=self.plan.prompt_token_ids,
             params=self.plan.params,
+            cache_salt=self.plan.cache_salt,
         )
         try:
             reply = await prefill.stub.Prefill(request, timeout=self._time_left())
@@ -162,22 +171,47 @@ class RequestFlow:
     async def _generate_anywhere(
         self, first: LiveWorker, first_token: int | None
     ) -> AsyncGenerator[Chunk, None]:
-        """``Generate`` on ``first``, else on the next decode candidates in order, moving on
-        only while a worker did not take the call (:data:`TRY_ELSEWHERE`, no output yet)."""
-        order = [first, *(w for w in self.plan.decode if w.worker_id != first.worker_id)]
-        for worker in order:
-            produced = False
+        """``Generate`` on ``first``; when a decode worker does not take the call or fails
+        mid-stream (:data:`TRY_ELSEWHERE`: it died, froze past the keepalive, or is
+        draining), the request moves to the next decode candidate. It resumes there after
+        the output tokens the client already has (their KV comes from the pool where the
+        pool has it, the rest is recomputed), so the stream has no gap and no duplicate.
+        With no candidate left the last error is raised (the client gets an error event)."""
+        outputs: list[int] = [] if first_token is None else [first_token]
+        tried: set[str] = set()
+        worker: LiveWorker | None = first
+        while worker is not None:
+            tried.add(worker.worker_id)
+            resume = outputs if len(outputs) > (first_token is not None) else None
             try:
-                async for chunk in self._generate(worker, first_token):
-                    produced = True
+                async for chunk in self._generate(worker, first_token, resume):
+                    outputs.extend(chunk.token_ids)
                     yield chunk
                 return
             except grpc.aio.AioRpcError as exc:
-                if produced or exc.code() not in TRY_ELSEWHERE or worker is order[-1]:
+                nxt = self._next_decoder(tried)
+                if exc.code() not in TRY_ELSEWHERE or nxt is None:
                     raise
-                log.info("decode worker %s did not take %s (%s): trying the next one",
-                         worker.worker_id, self.plan.request_id, exc.code().name)  # fmt: skip
+                self._log_move(worker, nxt, exc, len(outputs) - (first_token is not None))
                 await self._leave([worker])
+                worker = nxt
+
+    def _next_decoder(self, tried: set[str]) -> LiveWorker | None:
+        return next((w for w in self.plan.decode if w.worker_id not in tried), None)
+
+    def _log_move(
+        self, old: LiveWorker, new: LiveWorker, exc: grpc.aio.AioRpcError, sent: int
+    ) -> None:
+        """Log a move to another decode worker; one after output counts as a migration."""
+        rid, code = self.plan.request_id, exc.code().name
+        if sent <= 0:
+            log.info("decode worker %s did not take %s (%s): trying %s",
+                     old.worker_id, rid, code, new.worker_id)  # fmt: skip
+            return
+        self._migrations += 1
+        self.observer.on_migrate(old.worker_id, new.worker_id)
+        log.warning("decode worker %s failed on %s after %d tokens (%s): resuming on %s",
+                    old.worker_id, rid, sent, code, new.worker_id)  # fmt: skip
 
     async def _reserve(self) -> LiveWorker:
         plan = self.plan
@@ -187,6 +221,7 @@ class RequestFlow:
             prompt_token_ids=plan.prompt_token_ids,
             max_tokens=plan.params.max_tokens,
             lease_ms=plan.lease_ms,
+            cache_salt=plan.cache_salt,
         )
         for worker in plan.decode:
             self._involved[worker.worker_id] = worker  # a failed call may still hold pages
@@ -208,18 +243,28 @@ class RequestFlow:
             + "); retry later"
         )
 
-    async def _generate(self, worker: LiveWorker, first_token: int | None) -> AsyncIterator[Chunk]:
+    async def _generate(
+        self, worker: LiveWorker, first_token: int | None, resume: list[int] | None = None
+    ) -> AsyncIterator[Chunk]:
+        """Chunks of ``Generate`` on ``worker``: after a remote prefill (``first_token``),
+        resumed after the outputs the client has (``resume``, non-empty), or from the
+        prompt (its first chunk is then the TTFT)."""
         plan = self.plan
         self._involved[worker.worker_id] = worker
         self._decoder = worker
         request = pb.GenerateRequest(
-            request_id=plan.request_id, prompt_token_ids=plan.prompt_token_ids, params=plan.params
+            request_id=plan.request_id,
+            prompt_token_ids=plan.prompt_token_ids,
+            params=plan.params,
+            cache_salt=plan.cache_salt,
         )
-        if first_token is not None:
+        if resume:
+            request.resume_token_ids.extend(resume)
+        elif first_token is not None:
             request.first_token = first_token
         call = worker.stub.Generate(request, timeout=self._time_left())
         last = plan.clock()
-        awaiting_prefill = first_token is None
+        awaiting_prefill = first_token is None and not resume
         try:
             async for msg in call:
                 now = plan.clock()

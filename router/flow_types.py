@@ -46,7 +46,8 @@ class FlowResult:
     ``mode``: ``disagg`` or ``local`` (as it ran: a refused remote prefill falls back to
     local); ``worker_id``: the worker that decoded ('' if none); ``status``: ``ok``,
     ``error``, ``timeout`` or ``cancelled``; ``e2e_s`` / ``ttft_s``: seconds from arrival
-    to the end / to the first token (None: no token came); ``output_tokens``: tokens sent.
+    to the end / to the first token (None: no token came); ``output_tokens``: tokens sent;
+    ``migrations``: times the request moved to another decode worker after output began.
     """
 
     mode: str
@@ -55,6 +56,7 @@ class FlowResult:
     e2e_s: float
     ttft_s: float | None
     output_tokens: int
+    migrations: int = 0
 
     @property
     def tpot_s(self) -> float | None:
@@ -72,6 +74,7 @@ class FlowObserver(Protocol):
     def on_transfer(self, direction: str, transfer: pb.Transfer) -> None: ...
     def on_first_token(self, mode: str, worker_id: str, seconds: float) -> None: ...
     def on_chunk(self, mode: str, worker_id: str, gap_s: float, tokens: int) -> None: ...
+    def on_migrate(self, from_worker: str, to_worker: str) -> None: ...
     def on_finish(self, result: FlowResult) -> None: ...
 
 

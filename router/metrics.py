@@ -7,6 +7,10 @@ streamed chunk: the gap since the previous chunk divided by the chunk's tokens.
 Worker gauges mirror the latest load report of each live worker (a worker that leaves
 the registry leaves the gauges too). The P:D controller's figures: role changes by
 outcome, live workers by role, and the SLO attainment of its window (NaN: too few samples).
+Refusals: ``kvserve_requests_total{status="rejected"}`` counts every API request refused
+before it ran (400, 404, 413, 429, 503); ``kvserve_admission_rejections_total`` the 429s of
+admission control, by worker; ``kvserve_auth_failures_total`` the 401s of any route (no API
+key, or a wrong one).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ WORKER_GAUGES = (
     "total_pages",
     "prefill_tokens_per_s",
     "decode_tokens_per_s",
+    "pool_connected",
+    "pool_outages",
 )
 
 
@@ -62,6 +68,14 @@ class RouterMetrics:
         self.requests = Counter(
             "kvserve_requests", "Finished requests by status", ("status",), registry=r
         )
+        self.admission_rejections = Counter(
+            "kvserve_admission_rejections", "Requests refused (429) for a predicted TTFT over "
+            "--admission-ttft-s, by the worker that would have prefilled", ("worker",), registry=r,
+        )  # fmt: skip
+        self.auth_failures = Counter(
+            "kvserve_auth_failures", "HTTP requests refused (401) for a missing or wrong API key",
+            registry=r,
+        )  # fmt: skip
         self.kv_bytes = Counter(
             "kvserve_kv_bytes", "KV bytes moved to/from the pool", ("direction",), registry=r
         )

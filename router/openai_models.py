@@ -3,7 +3,9 @@
 :func:`parse_request` turns a raw body into a request model or an :class:`APIError` (400)
 in OpenAI's error format; :meth:`check` methods reject what is well-typed but unsupported
 (``n`` > 1, ``echo``, logprobs, tools...). Unknown fields are ignored, as OpenAI-compatible
-servers do, so that clients sending extra defaults keep working.
+servers do, so that clients sending extra defaults keep working. Types are strict, as
+OpenAI's are: ``"max_tokens": "5"`` or ``"stream": 1`` is a 400, not a guess (a JSON integer
+is still a valid number).
 """
 
 from __future__ import annotations
@@ -17,22 +19,23 @@ from router.errors import APIError, invalid
 TokenId = Annotated[int, Field(ge=0, lt=1 << 32)]
 TokenCount = Annotated[int, Field(ge=1, lt=1 << 32)]
 MAX_SEED = (1 << 64) - 1
+MAX_CACHE_SALT = 256
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None  # extension; -1 or 0 = off
+    top_k: Annotated[int, Field(ge=-1, lt=1 << 32)] | None = None  # extension; -1, 0 = off
     ignore_eos: bool = False  # extension (as vLLM's): generate max_tokens whatever comes
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     stop: str | list[str] | None = None
@@ -42,6 +45,8 @@ class SamplingFields(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     user: str | None = None
+    cache_salt: Annotated[str, Field(max_length=MAX_CACHE_SALT)] | None = None
+    """Extension, as vLLM's: requests with different salts share no cached prefix."""
 
     @property
     def stop_list(self) -> list[str]:
@@ -102,13 +107,13 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 
 from kvpool.config import PoolConfig
-from kvpool.hashing import hash_chain
+from kvpool.hashing import hash_chain, salt_root
 from kvpool.keys import KeySpace, longest_prefix
 from kvpool.store import MooncakeStore, PoolUnavailableError
 from proto.registry import WorkerRecord
@@ -82,12 +82,16 @@ class PoolLookup:
                 return
         store.close()  # closed while joining
 
-    async def pooled_tokens(self, token_ids: Sequence[int], record: WorkerRecord) -> int:
-        """Leading tokens of ``token_ids`` stored in the pool (whole blocks; 0 if unknown)."""
+    async def pooled_tokens(
+        self, token_ids: Sequence[int], record: WorkerRecord, cache_salt: str = ""
+    ) -> int:
+        """Leading tokens of ``token_ids`` stored in the pool (whole blocks; 0 if unknown),
+        under the chain of ``cache_salt`` (see :func:`kvpool.hashing.salt_root`)."""
         store = self._store
         if store is None or record.block_tokens <= 0 or record.num_layers <= 0:
             return 0
-        hashes = hash_chain(token_ids, record.block_tokens, record.hash_seed)
+        root = salt_root(cache_salt, record.hash_seed)
+        hashes = hash_chain(token_ids, record.block_tokens, record.hash_seed, root)
         if not hashes:
             return 0
         try:

@@ -7,7 +7,8 @@ Lifecycle of :class:`RouterService`:
    poll included) and, with ``--controller``, the P:D ratio controller;
 2. per request, before any worker is called: :meth:`check_model` (404/503),
    :meth:`tokenizer` (loaded once from the local model directory), :meth:`check_length`
-   (400), then :meth:`plan` (pool lookup, conductor placement; 503 when nobody can serve);
+   (400), then :meth:`plan` (pool lookup, conductor placement; 503 when nobody can serve;
+   429 with ``Retry-After`` when admission control predicts too late a first token);
 3. :meth:`flow` runs the plan; its chunks report to the shared metrics and cache stats,
    and its result to the controller's SLO window;
 4. ``stop()`` ends the controller and the worker view and leaves the pool.
@@ -24,11 +25,12 @@ from pathlib import Path
 from kvpool.config import PoolConfig
 from proto import worker_pb2 as pb
 from proto.registry import ClusterConfig
+from router.admission import admit
 from router.cache_stats import CacheStats
 from router.conductor import PlacementRequest, make_policy
 from router.config import RouterConfig
 from router.controller import RoleController
-from router.errors import APIError, invalid, unavailable
+from router.errors import APIError, invalid, too_busy, unavailable
 from router.flow import FlowPlan, RequestFlow
 from router.metrics import RouterMetrics
 from router.pending import PendingLoad
@@ -132,16 +134,30 @@ class RouterService:
         return wanted
 
     async def plan(
-        self, prompt_token_ids: Sequence[int], params: pb.SamplingParams, started_at: float
+        self,
+        prompt_token_ids: Sequence[int],
+        params: pb.SamplingParams,
+        started_at: float,
+        cache_salt: str = "",
     ) -> FlowPlan:
-        """Look the prompt up in the pool and place it; 503 when nobody can serve it."""
+        """Look the prompt up in the pool (under ``cache_salt``, the request's tenant salt)
+        and place it; 503 when nobody can serve it, 429 when admission control refuses it
+        (:mod:`router.admission`; then nothing is counted as pending)."""
         live = self.view.live()
-        pooled = await self.pool.pooled_tokens(prompt_token_ids, live[0].record) if live else 0
+        pooled = (
+            await self.pool.pooled_tokens(prompt_token_ids, live[0].record, cache_salt)
+            if live
+            else 0
+        )
         request = PlacementRequest(prompt_tokens=len(prompt_token_ids), pooled_tokens=pooled)
         loads = self.pending.apply([w.load() for w in live])
         placement = self.policy.place(request, loads)
         if placement is None:
             raise unavailable("no decode-capable worker can take a request now")
+        rejection = admit(placement, request, loads, self.config.admission_ttft_s)
+        if rejection is not None:
+            self.metrics.admission_rejections.labels(rejection.worker).inc()
+            raise too_busy(rejection.message, rejection.retry_after_s)
         self.pending.placed(placement, request, loads)
         by_id = {w.worker_id: w for w in live}
         return FlowPlan(
@@ -153,6 +169,7 @@ class RouterService:
             lease_ms=self.config.reserve_lease_ms,
             timeout_s=self.config.request_timeout_s,
             started_at=started_at,
+            cache_salt=cache_salt,
         )
 
     def flow(self, plan: FlowPlan) -> RequestFlow:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from prometheus_client import Counter
+
 from proto import worker_pb2 as pb
 from router.cache_stats import CacheStats, PrefillRecord
 from router.flow_types import FlowResult
@@ -22,6 +24,12 @@ class Telemetry:
         self.cache_stats = cache_stats
         self.on_result = on_result
         """Called with every finished flow's result (after the metrics)."""
+        self.migrations = Counter(
+            "kvserve_migrations",
+            "Requests moved to another decode worker after output began (the first failed)",
+            ("from_worker", "to_worker"),
+            registry=metrics.registry,
+        )
 
     def on_prefill(self, worker_id: str, usage: pb.PromptUsage) -> None:
         self.metrics.observe_prefill(worker_id, usage)
@@ -45,6 +53,9 @@ class Telemetry:
 
     def on_chunk(self, mode: str, worker_id: str, gap_s: float, tokens: int) -> None:
         self.metrics.itl.labels(mode, worker_id).observe(gap_s / max(1, tokens))
+
+    def on_migrate(self, from_worker: str, to_worker: str) -> None:
+        self.migrations.labels(from_worker, to_worker).inc()
 
     def on_finish(self, result: FlowResult) -> None:
         self.metrics.count_request(result.status)

@@ -5,10 +5,16 @@ Lifecycle of :class:`WorkerView`:
 1. ``start()`` polls the registry once (so a router that starts next to a running
    cluster serves at once), then keeps polling every ``poll_s`` in a task;
 2. each poll reads every record (``proto.registry.list_workers``, in a thread: redis-py's
-   blocking client) and opens one ``grpc.aio`` channel + stub per new worker address;
-3. :meth:`live` gives the workers whose record was seen by a poll within
-   ``heartbeat_ttl_s``: a worker that stops heartbeating, or a registry that stops
-   answering, takes workers out of routing within that time;
+   blocking client, from ``proto.registry.connect`` with the cluster's credentials; a
+   refused or failed read is logged and the last view kept) and opens one ``grpc.aio``
+   channel + stub per new worker address (``proto.channels.channel``: TLS per the
+   cluster's settings, and keepalive pings that fail every call to a frozen worker with
+   UNAVAILABLE within about ``peer_timeout_s``);
+3. :meth:`live` gives the workers heard from within ``heartbeat_ttl_s``: in the registry,
+   or, while the registry cannot be read, by answering ``GetLoad`` directly (so the router
+   keeps serving through a Redis outage, and a worker that stops heartbeating and
+   answering leaves routing within that time); a registry restarted empty is refilled by
+   the workers' next heartbeats meanwhile;
 4. a channel whose address has not been seen for ``channel_grace_s`` is closed (in-flight
    calls to a vanished worker get that long to end by themselves);
 5. ``stop()`` ends polling and closes every channel.
@@ -23,16 +29,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 import redis
+from google.protobuf.json_format import MessageToDict
 
-from proto.registry import ClusterConfig, WorkerRecord, list_workers
+from proto import channels
+from proto import worker_pb2 as pb
+from proto.registry import ClusterConfig, WorkerRecord, connect, explain, list_workers
 from proto.worker_pb2_grpc import WorkerStub
 from router.conductor import WorkerLoad
 
@@ -42,6 +52,7 @@ if TYPE_CHECKING:  # typing-only class of the generated stubs
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
+PROBE_TIMEOUT_S = 1.0
 CHANNEL_GRACE_S = 60.0
 
 
@@ -120,7 +131,9 @@ class WorkerView:
         self._poll_s = poll_s
         self._grace_s = channel_grace_s
         self._clock = clock
-        self._redis: redis.Redis = redis.Redis.from_url(cluster.redis_url)
+        self._redis: redis.Redis = connect(
+            cluster, socket_timeout=cluster.heartbeat_ttl_s, socket_connect_timeout=1.0
+        )
         self._channels: dict[str, _Channel] = {}
         self._seen: dict[str, tuple[float, WorkerRecord]] = {}
         self._holds: dict[str, str] = {}  # worker id -> the role that ends its hold
@@ -164,21 +177,45 @@ class WorkerView:
         self._holds.pop(worker_id, None)
 
     async def poll_once(self) -> None:
-        """Read the registry and refresh the view (a failed read keeps the last view)."""
+        """Read the registry and refresh the view.
+
+        A worker missing from a readable registry stays in the view until its last
+        sighting is ``heartbeat_ttl_s`` old (a Redis restarted empty is refilled by the
+        next heartbeats). When the registry cannot be read, the known workers are asked
+        directly (``GetLoad``): those that answer stay, with their fresh load; the others
+        drop out once unheard for ``heartbeat_ttl_s``.
+        """
         try:
             records = await asyncio.to_thread(list_workers, self._redis, self._cluster.keys)
         except redis.RedisError as exc:
-            log.warning("worker registry at %s unreadable: %s", self._cluster.redis_url, exc)
-            records = None
+            log.warning("worker registry unreadable: %s", explain(self._cluster, exc))
+            records = await self._probe_known()
         now = self._clock()
-        if records is not None:
-            self._seen = {r.worker_id: (now, r) for r in records}
-            for r in records:
-                self._channel(r.address, now)
-            self._end_holds()
+        horizon = now - self._cluster.heartbeat_ttl_s
+        seen = {k: v for k, v in self._seen.items() if v[0] >= horizon}
+        seen.update({r.worker_id: (now, r) for r in records})
+        self._seen = seen
+        for r in records:
+            self._channel(r.address, now)
+        self._end_holds()
         await self._close_stale(now)
         if self._on_poll is not None:
             self._on_poll(self.live())
+
+    async def _probe_known(self) -> list[WorkerRecord]:
+        """The known workers that answer ``GetLoad`` now, with that load in their record."""
+        known = [(r, self._channels.get(r.address)) for _, r in self._seen.values()]
+        asked = [(r, e) for r, e in known if e is not None]
+        timeout = min(PROBE_TIMEOUT_S, self._cluster.heartbeat_ttl_s)
+        replies = await asyncio.gather(
+            *(e.stub.GetLoad(pb.LoadRequest(), timeout=timeout) for _, e in asked),
+            return_exceptions=True,
+        )
+        return [
+            dataclasses.replace(r, load=MessageToDict(reply, preserving_proto_field_name=True))
+            for (r, _), reply in zip(asked, replies, strict=True)
+            if isinstance(reply, pb.LoadReport)
+        ]
 
     def _end_holds(self) -> None:
         for worker_id, role in list(self._holds.items()):
@@ -197,7 +234,7 @@ class WorkerView:
     def _channel(self, address: str, now: float) -> None:
         entry = self._channels.get(address)
         if entry is None:
-            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            channel = channels.channel(address, self._cluster)
             entry = _Channel(channel, WorkerStub(channel), now)
             self._channels[address] = entry
         entry.seen_at = now
@@ -206,9 +243,3 @@ class WorkerView:
         stale = [a for a, e in self._channels.items() if now - e.seen_at > self._grace_s]
         for address in stale:
             await self._channels.pop(address).channel.close(None)
-
-
-_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.max_send_message_length", 64 << 20),
-]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from kvpool.hashing import ROOT_PARENT, hash_block, hash_chain
+from kvpool.hashing import hash_block, hash_chain
 from workers.block_pool import BlockPool
 from workers.sequence import Sequence
 
@@ -55,7 +55,7 @@ class BlockManager:
             return [], []
         blocks: list[int] = []
         hashes: list[int] = []
-        parent = ROOT_PARENT
+        parent = seq.hash_root
         bt = self.block_tokens
         for start in range(0, seq.num_tokens - 1 - bt + 1, bt):
             parent = hash_block(parent, seq.token_ids[start : start + bt], self.hash_seed)
@@ -110,7 +110,7 @@ class BlockManager:
             return []
         bt = self.block_tokens
         full = min(seq.num_computed_tokens + num_new_tokens, seq.num_tokens) // bt
-        parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_PARENT
+        parent = seq.block_hashes[-1] if seq.block_hashes else seq.hash_root
         named: list[tuple[int, int]] = []
         for i in range(len(seq.block_hashes), full):
             parent = hash_block(parent, seq.token_ids[i * bt : (i + 1) * bt], self.hash_seed)
@@ -137,7 +137,9 @@ class BlockManager:
         """
         if not self.prefix_caching or seq.num_computed_tokens:
             return 0
-        hashes = hash_chain(seq.token_ids[: seq.num_tokens - 1], self.block_tokens, self.hash_seed)
+        hashes = hash_chain(
+            seq.token_ids[: seq.num_tokens - 1], self.block_tokens, self.hash_seed, seq.hash_root
+        )
         local = next((i for i, h in enumerate(hashes) if self.pool.lookup(h) is None), len(hashes))
         wanted = hashes[local:]
         if not wanted:

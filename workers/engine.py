@@ -30,7 +30,7 @@ import time
 import torch
 
 from kvpool.config import PoolConfig
-from kvpool.hashing import Namespace
+from kvpool.hashing import Namespace, salt_root
 from workers.config import EngineConfig
 from workers.detokenizer import IncrementalText
 from workers.kv_cache import KVCache, blocks_for_memory
@@ -109,23 +109,54 @@ class Engine:
         params: SamplingParams,
         request_id: str | None = None,
         handoff: bool = False,
+        cache_salt: str = "",
     ) -> str:
         """Queue a request; ``ValueError`` if it is invalid or can never fit.
 
         ``handoff``: prefill only (see the module docstring); needs the pool.
+        ``cache_salt``: the request's tenant salt (it shares prefixes only with its salt).
         """
         if handoff and self.streamer is None:
             raise ValueError("handing a prefill off to a decode worker needs the KV pool")
-        seq = self._enqueue(request_id, list(prompt_token_ids), params, len(prompt_token_ids))
+        seq = self._enqueue(
+            request_id, list(prompt_token_ids), params, len(prompt_token_ids), cache_salt
+        )
         seq.handoff = handoff
         return seq.request_id
 
+    def resume(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        output_token_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str = "",
+    ) -> Transfer:
+        """Continue a request that produced ``output_token_ids`` elsewhere (a remote prefill's
+        first token, or a decode worker that failed): it is queued with prompt and outputs,
+        which admission reuses from the pool where present and computes otherwise; seeded
+        sampling, stop strings, ``max_tokens`` and the released text go on as if it had run
+        here all along. Only new tokens are reported. ``ValueError`` if nothing is left."""
+        if not output_token_ids or len(output_token_ids) >= params.max_tokens:
+            raise ValueError("a resumed request needs 1 to max_tokens - 1 output tokens")
+        tokens = [*prompt_token_ids, *output_token_ids]
+        seq = self._enqueue(request_id, tokens, params, len(prompt_token_ids), cache_salt)
+        self.runner.skip_draws(seq, len(output_token_ids))
+        self._texts[seq.request_id].push(list(output_token_ids))
+        return Transfer()
+
     def _enqueue(
-        self, request_id: str | None, token_ids: list[int], params: SamplingParams, prompt: int
+        self,
+        request_id: str | None,
+        token_ids: list[int],
+        params: SamplingParams,
+        prompt: int,
+        cache_salt: str = "",
     ) -> Sequence:
         request_id = request_id or f"req-{next(self._ids)}"
         self._check_new(request_id, token_ids)
         seq = Sequence(request_id, token_ids, params, prompt, arrival_step=self.stats.steps)
+        seq.hash_root = salt_root(cache_salt, self.namespace.seed)
         self.scheduler.add(seq)
         self._track(seq)
         self.stats.requests += 1
@@ -144,13 +175,19 @@ class Engine:
         self._transfers[seq.request_id] = Transfer()
 
     def reserve(
-        self, request_id: str, prompt_token_ids: list[int], max_tokens: int, lease_s: float
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        lease_s: float,
+        cache_salt: str = "",
     ) -> Sequence | None:
         """Hold pages for a prompt whose prefill runs elsewhere (see
         :mod:`workers.reservations`); ``None`` if they are not free now, ``ValueError`` if
         the request can never fit. Released after ``lease_s`` unless :meth:`adopt` comes."""
         self._check_new(request_id, prompt_token_ids)
-        return self.reservations.reserve(request_id, prompt_token_ids, max_tokens, lease_s)
+        root = salt_root(cache_salt, self.namespace.seed)
+        return self.reservations.reserve(request_id, prompt_token_ids, max_tokens, lease_s, root)
 
     def adopt(
         self,
@@ -158,6 +195,7 @@ class Engine:
         prompt_token_ids: list[int],
         first_token: int,
         params: SamplingParams,
+        cache_salt: str = "",
     ) -> Transfer:
         """Take over a request whose prefill ran elsewhere and produced ``first_token``.
 
@@ -168,20 +206,18 @@ class Engine:
         prompt reused from the pool through admission. Returns the KV read.
         """
         seq, landing = self.reservations.take(request_id, prompt_token_ids)
-        transfer = Transfer()
         if seq is None:
-            tokens = [*prompt_token_ids, first_token]
-            seq = self._enqueue(request_id, tokens, params, len(prompt_token_ids))
-        else:
-            seq.params = params
-            if self.pool is not None:
-                transfer = pull_prompt(self.pool, self.scheduler.blocks, seq, landing)
-                self.stats.kv_read.add(transfer)
-            self.scheduler.blocks.commit(seq)
-            seq.token_ids.append(first_token)
-            self.scheduler.resume(seq)
-            self._track(seq)
-            self.stats.requests += 1
+            return self.resume(request_id, prompt_token_ids, [first_token], params, cache_salt)
+        seq.params = params
+        transfer = Transfer()
+        if self.pool is not None:
+            transfer = pull_prompt(self.pool, self.scheduler.blocks, seq, landing)
+            self.stats.kv_read.add(transfer)
+        self.scheduler.blocks.commit(seq)
+        seq.token_ids.append(first_token)
+        self.scheduler.resume(seq)
+        self._track(seq)
+        self.stats.requests += 1
         self.runner.skip_draws(seq, 1)
         self._texts[request_id].push([first_token])
         return transfer

@@ -1,8 +1,10 @@
 """A worker's presence in the cluster registry (Redis), kept alive by heartbeats.
 
-Lifecycle: ``Heartbeat(...)`` -> :meth:`Heartbeat.beat` once at start (raises
+Lifecycle: ``Heartbeat(...)`` (its Redis client comes from :func:`proto.registry.connect`,
+with the cluster's credentials) -> :meth:`Heartbeat.beat` once at start (raises
 :class:`proto.registry.ContractMismatchError` for a worker that does not fit the cluster,
-or ``redis.RedisError`` when Redis is unreachable) -> :meth:`Heartbeat.start` publishes the
+:class:`proto.registry.RegistryAccessError` when Redis refuses its credentials, or
+``redis.RedisError`` when Redis is unreachable) -> :meth:`Heartbeat.start` publishes the
 record and its load report every ``heartbeat_s`` on a thread (a failed beat is logged and
 retried at the next one: a Redis restart is healed within one beat) -> :meth:`Heartbeat.stop`
 withdraws the record.
@@ -19,7 +21,16 @@ from typing import Any
 
 import redis
 
-from proto.registry import ClusterConfig, ContractMismatchError, WorkerRecord, publish, withdraw
+from proto.registry import (
+    ClusterConfig,
+    ContractMismatchError,
+    RegistryAccessError,
+    WorkerRecord,
+    connect,
+    explain,
+    publish,
+    withdraw,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +45,8 @@ class Heartbeat:
         self.cluster = cluster
         self.record = record
         self.load = load
-        self.client = redis.Redis.from_url(
-            cluster.redis_url, socket_timeout=cluster.heartbeat_s, socket_connect_timeout=1.0
+        self.client = connect(
+            cluster, socket_timeout=cluster.heartbeat_s, socket_connect_timeout=1.0
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -43,7 +54,10 @@ class Heartbeat:
     def beat(self) -> None:
         """Publish the record with a fresh load report now."""
         self.record = replace(self.record, heartbeat_at=time.time(), load=self.load())
-        publish(self.client, self.cluster.keys, self.record, self.cluster.heartbeat_ttl_s)
+        try:
+            publish(self.client, self.cluster.keys, self.record, self.cluster.heartbeat_ttl_s)
+        except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
+            raise RegistryAccessError(explain(self.cluster, exc)) from exc
 
     def start(self) -> Heartbeat:
         self._thread.start()
@@ -53,10 +67,10 @@ class Heartbeat:
         while not self._stop.wait(self.cluster.heartbeat_s):
             try:
                 self.beat()
-            except ContractMismatchError as exc:
+            except (ContractMismatchError, RegistryAccessError) as exc:
                 log.error("%s", exc)
             except (redis.RedisError, OSError) as exc:
-                log.warning("heartbeat to %s failed: %s", self.cluster.redis_url, exc)
+                log.warning("heartbeat failed: %s", explain(self.cluster, exc))
 
     def stop(self) -> None:
         self._stop.set()
@@ -65,5 +79,5 @@ class Heartbeat:
         try:
             withdraw(self.client, self.cluster.keys, self.record.worker_id)
         except (redis.RedisError, OSError) as exc:
-            log.warning("could not withdraw from the registry: %s", exc)
+            log.warning("could not withdraw from the registry: %s", explain(self.cluster, exc))
         self.client.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+from kvpool.hashing import ROOT_PARENT
 from kvpool.landing import Lander, Landing
 from kvpool.pool import KVPool
 from workers.kv_transfer import start_landing
@@ -48,11 +49,18 @@ class Reservations:
             self.lander.nudge()
 
     def reserve(
-        self, request_id: str, prompt_token_ids: list[int], max_tokens: int, lease_s: float
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        lease_s: float,
+        hash_root: int = ROOT_PARENT,
     ) -> Sequence | None:
-        """Hold pages for a prompt; ``None`` if they are not free now, ``ValueError`` if the
-        request can never fit."""
+        """Hold pages for a prompt (its hash chain rooted at ``hash_root``, the request's
+        cache salt); ``None`` if they are not free now, ``ValueError`` if the request can
+        never fit."""
         seq = Sequence(request_id, list(prompt_token_ids), SamplingParams(max_tokens=max_tokens))
+        seq.hash_root = hash_root
         if not self.scheduler.reserve(seq):
             return None
         blocks = self.scheduler.blocks

@@ -14,6 +14,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from kvpool.hashing import ROOT_PARENT
+
 
 class SeqStatus(enum.Enum):
     RESERVED = "reserved"
@@ -89,6 +91,9 @@ class Sequence:
     arrival_step: int = 0
     handoff: bool = False
     """Prefill only: end after the first token and leave the prompt's KV in the pool."""
+    hash_root: int = ROOT_PARENT
+    """Parent of the first block's hash: the request's cache salt
+    (:func:`kvpool.hashing.salt_root`); requests with different roots share no prefix."""
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -2,13 +2,16 @@
 
 Lifecycle:
 
-1. load the model and size the KV cache (:class:`workers.engine.Engine`), join the KV pool
+1. check that the registry (Redis) lets this worker in (credentials, ACL): a refusal stops
+   the worker at once, naming the setting to change, before the model is loaded;
+   load the model and size the KV cache (:class:`workers.engine.Engine`), join the KV pool
    (a pool that cannot be joined is logged: a ``mixed`` worker serves without it, the other
    roles refuse to start);
 2. check the worker's KV contract against the cluster's and publish its record (Redis):
    a mismatch stops the worker with the reason;
 3. start the engine thread, the gRPC server (``Worker`` and the standard health service,
-   SERVING from here on) and the heartbeat thread;
+   SERVING from here on; keepalive and TLS from :mod:`proto.channels`) and the heartbeat
+   thread;
 4. on SIGTERM or SIGINT: health NOT_SERVING, withdraw the record, stop accepting RPCs and
    give running ones a grace period, stop the engine thread, leave the pool.
 """
@@ -23,15 +26,22 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import grpc
 import redis
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvpool.config import PoolConfig
-from proto import worker_pb2_grpc
-from proto.registry import ClusterConfig, ContractMismatchError, WorkerRecord
+from proto import channels, worker_pb2_grpc
+from proto.registry import (
+    ClusterConfig,
+    ContractMismatchError,
+    RegistryAccessError,
+    WorkerRecord,
+    check,
+    connect,
+    explain,
+)
 from workers.config import EngineConfig, WorkerConfig
 from workers.engine import Engine
 from workers.engine_loop import EngineLoop
@@ -76,6 +86,13 @@ def serve(
     worker: WorkerConfig, engine_config: EngineConfig, pool: PoolConfig, cluster: ClusterConfig
 ) -> int:
     """Run a worker until SIGTERM/SIGINT; returns the exit code."""
+    if not registry_admits(cluster):
+        return 1
+    try:
+        channels.server_credentials(cluster)  # a TLS setting that cannot serve fails here
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 1
     if engine_config.step_log_dir:  # one folder per starting role: costs differ by role
         folder = str(Path(engine_config.step_log_dir) / worker.role)
         engine_config = replace(engine_config, step_log_dir=folder)
@@ -87,6 +104,22 @@ def serve(
         return asyncio.run(_serve(worker, engine, cluster))
     finally:
         engine.close()
+
+
+def registry_admits(cluster: ClusterConfig) -> bool:
+    """Whether Redis accepts this worker's credentials (an unreachable Redis passes: the
+    first heartbeat, after the model is loaded, reports it)."""
+    client = connect(cluster, socket_timeout=cluster.heartbeat_ttl_s, socket_connect_timeout=1.0)
+    try:
+        check(client, cluster)
+    except RegistryAccessError as exc:
+        log.error("cannot join cluster %r: %s", cluster.cluster, exc)
+        return False
+    except (redis.RedisError, OSError):
+        pass
+    finally:
+        client.close()
+    return True
 
 
 async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -> int:
@@ -102,8 +135,12 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
     loop.start()
     try:
         heartbeat.beat()
-    except (ContractMismatchError, redis.RedisError, OSError) as exc:
-        log.error("cannot join cluster %r at %s: %s", cluster.cluster, cluster.redis_url, exc)
+    except (ContractMismatchError, RegistryAccessError) as exc:
+        log.error("cannot join cluster %r: %s", cluster.cluster, exc)
+        loop.stop()
+        return 1
+    except (redis.RedisError, OSError) as exc:
+        log.error("cannot join cluster %r: %s", cluster.cluster, explain(cluster, exc))
         loop.stop()
         return 1
 
@@ -111,19 +148,25 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
         heartbeat.record = replace(heartbeat.record, role=servicer.role)
         try:
             heartbeat.beat()
-        except (redis.RedisError, OSError) as exc:
-            log.warning("could not publish the role change now: %s", exc)
+        except (redis.RedisError, OSError, RegistryAccessError) as exc:
+            log.warning("could not publish the role change now: %s", explain(cluster, exc))
 
     servicer.on_change = republish
-    server = grpc.aio.server()
+    server = channels.server(cluster)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    server.add_insecure_port(f"{worker.worker_host}:{worker.worker_port}")
+    channels.add_port(server, f"{worker.worker_host}:{worker.worker_port}", cluster)
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     heartbeat.start()
-    log.info("worker %s (%s) serving on %s", record.worker_id, worker.role, record.address)
+    log.info(
+        "worker %s (%s) serving on %s (%s)",
+        record.worker_id,
+        worker.role,
+        record.address,
+        "TLS" if cluster.grpc_tls else "plaintext",
+    )
     stop = asyncio.Event()
     aio = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

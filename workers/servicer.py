@@ -109,7 +109,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
         def reserve(engine: Engine) -> pb.ReserveReply:
             try:
-                seq = engine.reserve(request.request_id, prompt, request.max_tokens, lease)
+                seq = engine.reserve(
+                    request.request_id, prompt, request.max_tokens, lease, request.cache_salt
+                )
             except ValueError as exc:
                 return pb.ReserveReply(ok=False, reason=str(exc))
             if seq is None:
@@ -129,7 +131,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         prompt = list(request.prompt_token_ids)
         _, outputs = await self._start(
             request.request_id,
-            lambda e: e.add_request(prompt, params, request.request_id, handoff=True),
+            lambda e: e.add_request(
+                prompt, params, request.request_id, handoff=True, cache_salt=request.cache_salt
+            ),
             context,
         )
         try:
@@ -158,17 +162,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         )
         await self._admit("Generate", context, held)
         params = await self._params(request.params, context)
-        prompt = list(request.prompt_token_ids)
-        if request.HasField("first_token"):
-            first = request.first_token
-            landing = await self._on_engine(lambda e: e.reservations.landing(rid))
-            if landing is not None:  # wait off the engine thread; decodes go on meanwhile
-                self.loop.engine.reservations.nudge()
-                await asyncio.to_thread(landing.done.wait, LANDING_WAIT_S)
-            start: Callable[[Engine], Any] = lambda e: e.adopt(rid, prompt, first, params)  # noqa: E731
-        else:
-            start = lambda e: e.add_request(prompt, params, rid)  # noqa: E731
-        started, outputs = await self._start(rid, start, context)
+        started, outputs = await self._start(
+            rid, await self._generate_start(request, params), context
+        )
         read = started if isinstance(started, Transfer) else None
         first_chunk = True
         try:
@@ -191,6 +187,25 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except asyncio.CancelledError:
             await self._cancel(rid)
             raise
+
+    async def _generate_start(
+        self, request: pb.GenerateRequest, params: Any
+    ) -> Callable[[Engine], Any]:
+        """How a ``Generate`` starts on the engine: resumed after the outputs the client
+        has, adopted after a remote prefill (its landing let finish first), or new."""
+        rid, salt = request.request_id, request.cache_salt
+        prompt = list(request.prompt_token_ids)
+        if request.resume_token_ids:
+            resumed = list(request.resume_token_ids)
+            return lambda e: e.resume(rid, prompt, resumed, params, salt)
+        if request.HasField("first_token"):
+            first = request.first_token
+            landing = await self._on_engine(lambda e: e.reservations.landing(rid))
+            if landing is not None:  # wait off the engine thread; decodes go on meanwhile
+                self.loop.engine.reservations.nudge()
+                await asyncio.to_thread(landing.done.wait, LANDING_WAIT_S)
+            return lambda e: e.adopt(rid, prompt, first, params, salt)
+        return lambda e: e.add_request(prompt, params, rid, cache_salt=salt)
 
     async def _params(
         self, msg: pb.SamplingParams, context: grpc.aio.ServicerContext[Any, Any]

@@ -37,12 +37,16 @@ def finish_reason(reason: FinishReason | None) -> pb.FinishReason.ValueType:
 
 
 def usage(out: RequestOutput) -> pb.PromptUsage:
+    """Where the prompt's tokens came from. A resumed request also reuses output tokens
+    made elsewhere; only the prompt's share is counted here."""
     prompt = len(out.prompt_token_ids)
+    cached = min(out.num_cached_tokens, prompt)
+    pool = min(out.num_pool_tokens, cached)
     return pb.PromptUsage(
         prompt_tokens=prompt,
-        local_tokens=out.num_cached_tokens - out.num_pool_tokens,
-        pool_tokens=out.num_pool_tokens,
-        computed_tokens=prompt - out.num_cached_tokens,
+        local_tokens=cached - pool,
+        pool_tokens=pool,
+        computed_tokens=prompt - cached,
     )
 
 
@@ -80,5 +84,8 @@ def load_report(engine: Engine, role: str, draining: bool) -> pb.LoadReport:
         kv_read_seconds=s.kv_read.seconds,
         kv_exposed_seconds=s.kv_write.exposed_seconds,
         requests=s.requests,
-        pool_connected=engine.pool is not None,
+        pool_connected=engine.pool is not None
+        and engine.pool.store.available
+        and engine.pool.store.healthy(),
+        pool_outages=engine.pool.store.outages if engine.pool is not None else 0,
     )

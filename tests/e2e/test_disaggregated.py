@@ -175,3 +175,24 @@ def test_cancelled_stream_returns_every_page(client: openai.OpenAI, cluster: Clu
     assert idle, {name: str(r) for name, r in reports.items()}
     decode = reports["decode-0"]
     assert decode.output_tokens < 1900  # it stopped early: the abort reached it
+
+
+def test_cache_salts_keep_tenants_apart(client: openai.OpenAI, tiny_model_dir: Path) -> None:
+    """The same long prompt under two salts shares nothing, in any worker's cache or in
+    the pool; under one salt it is reused; the output is the same either way."""
+    prompt = prompt_of(96, 77)
+
+    def run(salt: str) -> tuple[str, int]:
+        out = client.completions.create(
+            model=MODEL_NAME, prompt=prompt, max_tokens=4, temperature=0,
+            extra_body={"cache_salt": salt},
+        )  # fmt: skip
+        details = out.usage.prompt_tokens_details if out.usage else None
+        return out.choices[0].text, (details.cached_tokens or 0) if details else 0
+
+    first, cached_first = run("tenant-a")
+    again, cached_again = run("tenant-a")
+    other, cached_other = run("tenant-b")
+    assert cached_first == 0 and cached_again == (len(prompt) - 1) // BLOCK * BLOCK
+    assert cached_other == 0
+    assert first == again == other

@@ -4,7 +4,10 @@ The stub workers are real ``grpc.aio`` servers and deterministic: output token `
 prompt ``p`` is ``p[i % len(p)] + 1`` and its text is ``" t<id>"``. They record every call
 (method, request id); the verbs in ``refusing`` answer UNAVAILABLE, as a draining worker's.
 :class:`Harness` runs them and the router (uvicorn) on one event loop in a thread,
-registered in a real Redis; everything binds 127.0.0.1 only.
+registered in a real Redis; everything binds 127.0.0.1 only. A stub's ``load`` fields
+join its registered load report (e.g. ``prefill_tokens_per_s``); the harness's
+``router_options`` override its :class:`RouterConfig` (``api_key``: then :meth:`client` and
+:meth:`get` send the first key unless told otherwise); the stubs register ``max_model_len``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import http.client
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +26,12 @@ import grpc
 import openai
 import redis
 import uvicorn
+from fastapi import FastAPI
 from typing_extensions import override
 
 from kvpool.config import PoolConfig
 from kvpool.master import free_local_ports
+from kvserve.services import RedisConfig, RedisProcess
 from proto import worker_pb2 as pb
 from proto.registry import ClusterConfig, WorkerRecord, publish
 from proto.worker_pb2_grpc import WorkerServicer, add_WorkerServicer_to_server
@@ -53,8 +59,15 @@ def prompt_usage(n: int) -> pb.PromptUsage:
 
 
 class StubWorker(WorkerServicer):
-    def __init__(self, worker_id: str, role: str, free_pages: int = 100) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        role: str,
+        free_pages: int = 100,
+        load: Mapping[str, object] | None = None,
+    ) -> None:
         self.worker_id, self.role, self.free_pages = worker_id, role, free_pages
+        self.load = dict(load or {})
         self.delay_s = 0.0
         self.refuse = False
         self.refusing: set[str] = set()
@@ -63,6 +76,10 @@ class StubWorker(WorkerServicer):
 
     def called(self, method: str) -> list[str]:
         return [rid for m, rid in self.calls if m == method]
+
+    def work_calls(self) -> int:
+        """Calls that place or run work (Reserve, Prefill, Generate)."""
+        return sum(m in ("Reserve", "Prefill", "Generate") for m, _ in self.calls)
 
     async def _admit(self, verb: str, request_id: str, context: Any) -> None:
         self.calls.append((verb, request_id))
@@ -125,10 +142,24 @@ class StubWorker(WorkerServicer):
 class Harness:
     """Stub workers (gRPC) and the router (uvicorn) on one event loop in a thread."""
 
-    def __init__(self, redis_url: str, model_dir: Path, stubs: list[StubWorker]) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        model_dir: Path,
+        stubs: list[StubWorker],
+        router_options: Mapping[str, Any] | None = None,
+        max_model_len: int = 2048,
+    ) -> None:
+        self.max_model_len = max_model_len
         self.cluster = ClusterConfig(redis_url=redis_url, cluster=f"rt{uuid.uuid4().hex[:8]}")
         self.model_dir, self.stubs = model_dir, {s.worker_id: s for s in stubs}
         (self.port,) = free_local_ports(1)
+        options = {"disagg_threshold_tokens": 4, "pool_lookup": False, **(router_options or {})}
+        self.config = RouterConfig(router_port=self.port, **options)
+        first = self.config.api_key.split(",")[0].strip()
+        _, named, key = first.partition("=")
+        self.api_key = (key if named else first) or None
+        self.app: FastAPI | None = None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.servers: list[grpc.aio.Server] = []
@@ -156,10 +187,9 @@ class Harness:
             self.servers.append(server)
             publish(client, self.cluster.keys, self._record(stub, port), ttl_s=120)
         client.close()
-        config = RouterConfig(router_port=self.port, disagg_threshold_tokens=4, pool_lookup=False)
-        app = create_app(config, self.cluster, PoolConfig())
+        self.app = create_app(self.config, self.cluster, PoolConfig())
         self.web = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         )
         self.web_task = asyncio.create_task(self.web.serve())
         while not self.web.started:
@@ -177,25 +207,46 @@ class Harness:
         return WorkerRecord(
             worker_id=stub.worker_id, address=f"127.0.0.1:{port}", role=stub.role, model=MODEL,
             model_dir=str(self.model_dir), contract="stub", hash_seed=1, block_tokens=16,
-            num_layers=2, max_model_len=2048, started_at=now, heartbeat_at=now,
+            num_layers=2, max_model_len=self.max_model_len, started_at=now, heartbeat_at=now,
             load={"role": stub.role, "free_pages": stub.free_pages, "total_pages": 200,
-                  "queued_prefill_tokens": str(stub.free_pages // 10)},  # uint64: JSON text
+                  "queued_prefill_tokens": str(stub.free_pages // 10), **stub.load},  # uint64: text
         )  # fmt: skip
 
-    def client(self) -> openai.OpenAI:
+    def client(self, api_key: str | None = None) -> openai.OpenAI:
         base = f"http://127.0.0.1:{self.port}/v1"
-        return openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=20)
+        key = api_key or self.api_key or "none"
+        return openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=20)
 
-    def get(self, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    def get(
+        self, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """GET ``path`` (POST with ``body``); ``headers`` replace the default ones."""
+        status, _, data = self.request(path, body, headers)
+        return status, data
+
+    def request(
+        self, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        """Status, headers and body of GET ``path`` (POST with ``body``)."""
+        if headers is None:
+            headers = {"Content-Type": "application/json"}
+            if self.api_key:
+                headers["Authorization"] = f"Bearer {self.api_key}"
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
-            method = "GET" if body is None else "POST"
-            headers = {"Content-Type": "application/json"}
-            conn.request(method, path, body=body, headers=headers)
+            conn.request("GET" if body is None else "POST", path, body=body, headers=headers)
             resp = conn.getresponse()
-            return resp.status, resp.read()
+            return resp.status, dict(resp.getheaders()), resp.read()
         finally:
             conn.close()
+
+
+@contextmanager
+def running_redis(log_dir: Path) -> Iterator[str]:
+    """A real Redis on a free 127.0.0.1 port (its URL), stopped on exit."""
+    (port,) = free_local_ports(1)
+    with RedisProcess(RedisConfig(port=port), log_dir / "redis.log") as server:
+        yield server.url
 
 
 def wait_for(predicate: Any, timeout: float = 5.0) -> bool:

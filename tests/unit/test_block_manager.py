@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool.hashing import hash_chain
+from kvpool.hashing import hash_chain, salt_root
 from workers.block_manager import BlockManager
 from workers.sequence import SamplingParams, Sequence
 
@@ -122,6 +122,22 @@ def test_match_prefix_depends_on_hash_seed() -> None:
     other.pool = bm.pool  # same pages and names, other namespace
     assert bm.match_prefix(make_seq("b", list(range(9))))[0] == [0, 1]
     assert other.match_prefix(make_seq("b", list(range(9)))) == ([], [])
+
+
+def test_cache_salts_never_share_a_prefix() -> None:
+    bm = BlockManager(8, BT, SEED)
+    tenant_a = make_seq("a", list(range(9)))
+    tenant_a.hash_root = salt_root("tenant-a", SEED)
+    run_prefill(bm, tenant_a)
+
+    def salted(rid: str, salt: str) -> Sequence:
+        seq = make_seq(rid, list(range(9)))
+        seq.hash_root = salt_root(salt, SEED)
+        return seq
+
+    assert bm.match_prefix(salted("b", "tenant-a"))[0] == [0, 1]
+    assert bm.match_prefix(salted("c", "tenant-b")) == ([], [])
+    assert bm.match_prefix(salted("d", "")) == ([], [])  # unsalted is its own tenant
 
 
 # -- allocate with hits ------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,13 +13,15 @@ import kvserve.cli as cli
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvserve.cluster_spec import ClusterSpec, config_argv, split_cores
-from kvserve.services import RedisConfig, redis_command
+from kvserve.services import RedisConfig, redis_auth_conf, redis_command
 from kvserve.settings import config_from_args
 from proto.registry import ClusterConfig
 from workers.config import EngineConfig
 
 REGISTRY = ["--redis-url", "redis://127.0.0.1:6379/0", "--cluster", "kvserve"]
-REGISTRY += ["--heartbeat-s", "1.0", "--heartbeat-ttl-s", "3.0"]
+REGISTRY += ["--heartbeat-s", "1.0", "--heartbeat-ttl-s", "3.0", "--redis-username", ""]
+REGISTRY += ["--peer-timeout-s", "5.0", "--grpc-tls-cert", "", "--grpc-tls-key", ""]
+REGISTRY += ["--grpc-tls-ca", ""]  # the password goes through the environment (below)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +68,9 @@ def test_two_cores_one_prefill_one_decode_pins_one_core_each() -> None:
     assert flag(decode.argv, "--pool-local-hostname") == "127.0.0.1"
     assert flag(decode.argv, "--pool-segment-mib") == "256"
     assert (prefill.cores, decode.cores) == ((0,), (1,))
-    assert dict(decode.env) == {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    assert dict(decode.env) == {
+        **{"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "KVSERVE_REDIS_PASSWORD": ""}
+    }
     assert decode.address == "127.0.0.1:50062"
     assert not plan.shared_cores and plan.notes == ()
     router = ["py", "-m", "kvserve", "router", "--router-host", "127.0.0.1"]
@@ -122,8 +127,12 @@ def test_pool_and_registry_point_at_this_clusters_services() -> None:
     s = spec(pool=pool, redis_port=7000, redis_password="pw", cluster_name="c1")
     assert s.pool_config.pool_master == s.master.rpc_address
     assert s.pool_config.pool_local_hostname == "127.0.0.1"
-    assert s.cluster_config.redis_url == "redis://:pw@127.0.0.1:7000/0"
+    assert s.cluster_config.redis_url == "redis://127.0.0.1:7000/0"
+    assert s.cluster_config.redis_password == "pw" and "pw" not in repr(s.cluster_config)
     assert s.cluster_config.cluster == "c1"
+    for p in (*s.plan([0, 1]).workers, s.plan([0, 1]).router):  # never on a command line
+        assert "pw" not in p.argv and ("KVSERVE_REDIS_PASSWORD", "pw") in p.env
+        assert "pw" not in repr(p)
 
 
 def test_free_ports_are_distinct_and_cover_every_process() -> None:
@@ -146,7 +155,13 @@ def test_redis_command() -> None:
         *["redis-server", "--port", "7001", "--bind", "127.0.0.1", "--save", ""],
         *["--appendonly", "no", "--protected-mode", "yes"],
     ]
-    assert redis_command(RedisConfig(password="s"))[-2:] == ["--requirepass", "s"]
+    conf = Path("/run/redis.auth.conf")
+    assert redis_command(RedisConfig(password="s"), "r", conf)[:3] == ["r", str(conf), "--port"]
+    assert "s" not in redis_command(RedisConfig(password="s"), "r", conf)
+    assert redis_auth_conf(RedisConfig(password='a"b')) == 'requirepass "a\\"b"\n'
+    assert redis_auth_conf(RedisConfig(password="p", username="u")) == (
+        'user default off\nuser u on ">p" ~* &* +@all\n'
+    )
 
 
 @pytest.mark.parametrize(

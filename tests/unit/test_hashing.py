@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpool.hashing import ROOT_PARENT, Namespace, hash_block, hash_chain
+from kvpool.hashing import ROOT_PARENT, Namespace, hash_block, hash_chain, salt_root
 
 NS = Namespace(model="tiny@0123", dtype="float32", block_tokens=4)
 
@@ -44,3 +44,11 @@ def test_namespace_validation() -> None:
         Namespace(model="m", dtype="float32", block_tokens=0)
     with pytest.raises(ValueError, match="model identity"):
         Namespace(model="", dtype="float32", block_tokens=4)
+
+
+def test_salt_root() -> None:
+    assert salt_root("", NS.seed) == ROOT_PARENT  # no salt: the unsalted chain
+    assert salt_root("tenant-a", NS.seed) == 0xF501DA5448C8F287  # pinned (see golden values)
+    assert salt_root("tenant-a", NS.seed) != salt_root("tenant-b", NS.seed)
+    salted = hash_chain([1, 2, 3, 4], 4, NS.seed, salt_root("tenant-a", NS.seed))
+    assert salted != hash_chain([1, 2, 3, 4], 4, NS.seed)

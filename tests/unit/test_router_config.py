@@ -27,6 +27,9 @@ from router.ratio import RatioConfig
         ({"controller_interval_s": 0.0}, "controller_interval_s"),
         ({"controller_target": 2.0}, "controller setting.*target"),
         ({"controller_min_decode": 0}, "controller setting.*min_decode"),
+        ({"admission_ttft_s": -1.0}, "admission_ttft_s"),
+        ({"admission_ttft_s": float("nan")}, "admission_ttft_s"),
+        ({"api_key": "alice="}, "api_key entry 1"),
     ],
 )
 def test_rejects_bad_values(fields: dict[str, object], match: str) -> None:
@@ -38,6 +41,8 @@ def test_defaults_and_helpers(tmp_path: Path) -> None:
     cfg = RouterConfig()
     assert (cfg.router_host, cfg.router_port, cfg.policy) == ("127.0.0.1", 8000, "cache_aware")
     assert cfg.reserve_lease_ms == 30000
+    assert cfg.api_key == "" and not cfg.api_keys.enabled
+    assert cfg.isolate_tenants and cfg.admission_ttft_s == 0.0
     assert master_metrics_address("http://10.0.0.2:9003/metrics") == ("10.0.0.2", 9003)
     (tmp_path / "tokenizer.json").write_text("{}")
     assert RouterConfig(tokenizer_dir=str(tmp_path)).tokenizer_dir == str(tmp_path)
@@ -63,3 +68,17 @@ def test_controller_settings_make_the_ratio_config() -> None:
     add_config_args(parser, RouterConfig)
     ns = parser.parse_args(["--controller", "--controller-patience", "1"])
     assert config_from_args(RouterConfig, ns).ratio.patience == 1
+
+
+def test_api_key_from_the_environment_and_never_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSERVE_API_KEY", "sk-one,alice=sk-alice")
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, RouterConfig)
+    assert "sk-" not in parser.format_help()
+    cfg = config_from_args(RouterConfig, parser.parse_args(["--no-isolate-tenants"]))
+    assert cfg.api_key == "sk-one,alice=sk-alice" and not cfg.isolate_tenants
+    assert cfg.api_keys.tenant_of("sk-alice") == "alice"
+    assert "sk-" not in repr(cfg) and "api_key" not in repr(cfg)
+    ns = parser.parse_args(["--api-key", "sk-two", "--admission-ttft-s", "30"])
+    cfg = config_from_args(RouterConfig, ns)
+    assert cfg.api_keys.tenant_of("sk-two") == "" and cfg.admission_ttft_s == 30.0

@@ -98,6 +98,21 @@ def test_out_of_range_values() -> None:
     assert error_of(completion, prompt=[1, -2])[1]["error"]["param"] == "prompt.1"
     err = error_of(completion, prompt="x", max_tokens="many")[1]["error"]
     assert (err["param"], err["code"]) == ("max_tokens", "invalid_type")
+    for bad in (-1, 1 << 32):
+        assert error_of(completion, prompt="x", max_tokens=bad)[1]["error"]["param"] == "max_tokens"
+    assert error_of(completion, prompt="x", top_k=1 << 32)[1]["error"]["param"] == "top_k"
+    err = error_of(chat, max_completion_tokens=0)[1]["error"]
+    assert (err["param"], err["code"]) == ("max_completion_tokens", "invalid_value")
+
+
+def test_cache_salt() -> None:
+    assert completion(prompt="x").cache_salt is None
+    assert completion(prompt="x", cache_salt="s" * 256).cache_salt == "s" * 256
+    assert chat(cache_salt="tenant-a").cache_salt == "tenant-a"
+    err = error_of(chat, cache_salt="s" * 257)[1]["error"]
+    assert (err["param"], err["code"]) == ("cache_salt", "invalid_value")
+    err = error_of(completion, prompt="x", cache_salt=5)[1]["error"]
+    assert (err["param"], err["code"]) == ("cache_salt", "invalid_type")
 
 
 def test_unsupported_features() -> None:

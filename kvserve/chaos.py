@@ -1,0 +1,242 @@
+"""``kvserve chaos``: load on a loopback cluster while its processes are killed, frozen and
+restarted at random; prints what became of every request.
+
+1. start a cluster on 127.0.0.1 only (``--prefill`` + ``--decode`` workers, Redis,
+   mooncake_master, router; the tiny random model unless ``--model``), and compute the
+   fault-free greedy reference of the workload on an in-process engine;
+2. run the load (:mod:`kvserve.chaos_load`) while a fault thread, one fault at a time
+   after a random pause (mean ``--fault-every-s``), picks from ``--faults``: SIGKILL a
+   decode or prefill worker, SIGSTOP a decode worker (a hung peer), SIGKILL the master or
+   Redis; after ``--down-s`` it restarts (or SIGCONTs) it and waits until the cluster is
+   whole again. Each fault records its detection time (until the router stops routing to
+   the worker, or a worker reports the pool unreachable) and recovery time (until every
+   worker is routable and, after a master fault, uses the pool again);
+3. once the load is done (bounded by ``--requests`` and ``--max-seconds``): every
+   process is restored, the workers are waited on until idle, and the table reports
+   requests succeeded, migrated (router metric), failed with a clear error, hung (must
+   be 0), served with wrong tokens (must be 0), pages leaked (must be 0) and the fault
+   times. Exit status 1 when any must-be-0 figure is not 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import asdict
+from pathlib import Path
+
+from kvpool.config import PoolConfig
+from kvserve import faults
+from kvserve.chaos_load import Outcome, reference_texts, run_load, workload
+from kvserve.chaos_report import MUST_BE_ZERO, FaultRecord, print_table, summarize
+from kvserve.cluster import Cluster, ClusterSpec
+from workers.config import EngineConfig
+
+FAULTS = ("kill-decode", "kill-prefill", "freeze-decode", "kill-master", "kill-redis")
+WAIT_S = 60.0
+"""Longest wait for a detection or a recovery before it is recorded as not seen."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--requests", type=int, default=500)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--max-seconds", type=float, default=1200.0, help="stop sending after this")
+    p.add_argument("--fault-every-s", type=float, default=8.0, help="mean pause between faults")
+    p.add_argument("--down-s", type=float, default=2.0, help="how long a killed process stays down")
+    p.add_argument("--freeze-s", type=float, default=8.0, help="how long a frozen worker stays")
+    p.add_argument("--hang-s", type=float, default=120.0, help="no answer after this: hung")
+    p.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
+    p.add_argument("--prefill", type=int, default=1)
+    p.add_argument("--decode", type=int, default=2)
+    p.add_argument("--model", default="", help="model directory (default: the tiny model)")
+    p.add_argument("--block-tokens", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", default="", help="process logs (default: a temporary folder)")
+    p.add_argument("--json", default="", help="also write the results as JSON to this file")
+
+
+def _model_dir(arg: str) -> Path:
+    if arg:
+        return Path(arg)
+    from workers.model.prepare import make_tiny_model
+
+    target = Path.home() / ".cache" / "kvserve" / "models" / "tiny-llama"
+    return target if (target / "config.json").is_file() else make_tiny_model(target)
+
+
+def _spec(args: argparse.Namespace, engine: EngineConfig) -> ClusterSpec:
+    return ClusterSpec(
+        prefill=args.prefill,
+        decode=args.decode,
+        host="127.0.0.1",
+        engine=engine,
+        pool=PoolConfig(pool_segment_mib=128, pool_local_buffer_mib=16),
+        disagg_threshold_tokens=0,
+        pin_cores=False,
+        threads_per_worker=1,
+        log_dir=Path(args.log_dir) if args.log_dir else None,
+        startup_timeout_s=300,
+    ).with_free_ports()
+
+
+def _until(check: object, timeout: float = WAIT_S) -> float | None:
+    """Seconds until ``check()`` holds, polled; None if it did not within ``timeout``."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if check():  # type: ignore[operator]
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    return None
+
+
+def _pool_connected(cluster: Cluster) -> list[bool]:
+    out = []
+    for name in cluster.worker_names:
+        try:
+            out.append(faults.load_of(cluster.plan_of(name).address, 1.0).pool_connected)
+        except Exception:  # a worker down counts as not connected
+            out.append(False)
+    return out
+
+
+class FaultInjector:
+    """One fault at a time, at random, until the load is done (see the module docstring).
+
+    It runs on the main thread, because it restarts processes: a child started from a
+    helper thread would get its death signal when that thread ends
+    (:func:`kvserve.services._die_with_parent`)."""
+
+    def __init__(self, cluster: Cluster, args: argparse.Namespace, t0: float) -> None:
+        self.cluster, self.args, self.t0 = cluster, args, t0
+        self.rng = random.Random(args.seed + 1)
+        self.records: list[FaultRecord] = []
+
+    def run_until(self, done: threading.Event) -> None:
+        while not done.wait(self.rng.expovariate(1 / self.args.fault_every_s)):
+            record = self._inject(self.rng.choice(self.args.faults), done)
+            self.records.append(record)
+            print(f"[chaos] {record}", file=sys.stderr, flush=True)
+
+    def _workers(self, role: str) -> list[str]:
+        return [n for n in self.cluster.worker_names if self.cluster.plan_of(n).role == role]
+
+    def _inject(self, kind: str, done: threading.Event) -> FaultRecord:
+        cluster, args = self.cluster, self.args
+        action, _, what = kind.partition("-")
+        target = {"master": "mooncake_master", "redis": "redis"}.get(what)
+        target = target or self.rng.choice(self._workers(what))
+        record = FaultRecord(kind, target, round(time.monotonic() - self.t0, 2))
+        live = faults.routable(cluster)
+        started = time.monotonic()
+        if action == "freeze":
+            faults.freeze(cluster, target)
+        else:
+            faults.kill(cluster, target)
+        if what in ("decode", "prefill"):
+            seen = _until(lambda: faults.routable(cluster) < live)
+        elif what == "master":
+            seen = _until(lambda: not all(_pool_connected(cluster)))
+        else:
+            seen = None  # a Redis outage is served through, by asking workers directly
+        record.detected_s = None if seen is None else round(seen, 2)
+        done.wait(args.freeze_s if action == "freeze" else args.down_s)
+        if action == "freeze":
+            faults.thaw(cluster, target)
+        else:
+            cluster.restart(target)
+        whole = _until(lambda: faults.wait_routable(cluster, 0.0) and all(_pool_connected(cluster)))
+        if whole is not None:
+            record.recovered_s = round(time.monotonic() - started, 2)
+        return record
+
+
+def _migrations(cluster: Cluster) -> int:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(cluster.router_url + "/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return int(
+        sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "kvserve_migrations_total"
+        )
+    )
+
+
+def _served_model(cluster: Cluster) -> str:
+    with urllib.request.urlopen(cluster.router_url + "/v1/models", timeout=10) as reply:
+        return str(json.load(reply)["data"][0]["id"])
+
+
+def _restore(cluster: Cluster) -> None:
+    """Every process running and unfrozen, the router seeing every worker."""
+    for name in cluster.worker_names:
+        faults.thaw(cluster, name)
+    dead = cluster.dead()
+    for service in ("mooncake_master", "redis"):
+        if service in dead:
+            cluster.restart(service)
+    cluster.restart_workers([n for n in dead if n in cluster.worker_names])
+    faults.wait_routable(cluster, WAIT_S)
+
+
+def _progress(done: int) -> None:
+    if done % 50 == 0:
+        print(f"[chaos] {done} requests done", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    model = _model_dir(args.model)
+    engine = EngineConfig(model=str(model), block_tokens=args.block_tokens, kv_cache_mib=64)
+    from workers.model.config import load_model_config
+
+    requests = workload(args.requests, args.seed, load_model_config(model).vocab_size)
+    print(f"[chaos] reference for {len(requests)} requests...", file=sys.stderr, flush=True)
+    references = reference_texts(
+        EngineConfig(model=str(model), block_tokens=args.block_tokens, kv_cache_mib=256),
+        requests,
+    )
+    with Cluster(_spec(args, engine)).start() as cluster:
+        t0 = time.monotonic()
+        injector = FaultInjector(cluster, args, t0)
+        outcomes: list[Outcome | None] = []
+        done = threading.Event()
+
+        def load() -> None:
+            try:
+                outcomes.extend(
+                    run_load(
+                        cluster.router_url + "/v1",
+                        _served_model(cluster),
+                        requests,
+                        args.concurrency,
+                        args.hang_s,
+                        t0 + args.max_seconds,
+                        _progress,
+                    )
+                )
+            finally:
+                done.set()
+
+        loader = threading.Thread(target=load, name="chaos-load")
+        loader.start()
+        injector.run_until(done)
+        loader.join()
+        if len(outcomes) != len(requests):
+            raise RuntimeError("the load generator failed (its error is printed above)")
+        _restore(cluster)
+        leaked = faults.wait_idle(cluster, timeout=WAIT_S)
+        summary = summarize(outcomes, references, _migrations(cluster), leaked, injector.records)
+        summary["seconds"] = round(time.monotonic() - t0, 1)
+        summary["fault_log"] = [asdict(r) for r in injector.records]
+    print_table(summary)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+    return 1 if any(summary[k] for k in MUST_BE_ZERO) else 0

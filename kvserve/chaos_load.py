@@ -1,0 +1,127 @@
+"""The load side of ``kvserve chaos``: a seeded greedy workload, its fault-free reference,
+and running it against a router while recording how each request ended.
+
+1. :func:`workload` draws requests (prompts sharing a few prefixes, so the pool serves
+   prefix hits; a few output lengths; half of them streamed), all greedy with EOS ignored;
+2. :func:`reference_texts` runs the same prompts on an in-process engine, fault-free;
+3. :func:`run_load` sends them with ``concurrency`` clients (the official ``openai``
+   client) and returns one :class:`Outcome` per request: ``ok`` (with its text),
+   ``error`` (the server answered with a clear error: an HTTP status or an error event),
+   or ``hung`` (no answer within ``hang_s``).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import openai
+
+from workers.config import EngineConfig
+from workers.sequence import SamplingParams
+
+OUTPUT_LENGTHS = (16, 32, 64)
+
+
+@dataclass(frozen=True)
+class ChaosRequest:
+    prompt: tuple[int, ...]
+    max_tokens: int
+    stream: bool
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """``status``: ``ok``, ``error`` or ``hung``; ``detail``: the error's text."""
+
+    status: str
+    text: str = ""
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def workload(count: int, seed: int, vocab: int, prefixes: int = 8) -> list[ChaosRequest]:
+    """``count`` requests: one of ``prefixes`` shared 64-token prefixes, then 8-80 tokens
+    of its own; output lengths from :data:`OUTPUT_LENGTHS`; every other one streamed."""
+    rng = random.Random(seed)
+    heads = [[rng.randrange(100, vocab) for _ in range(64)] for _ in range(prefixes)]
+    out: list[ChaosRequest] = []
+    for i in range(count):
+        tail = [rng.randrange(100, vocab) for _ in range(rng.randint(8, 80))]
+        prompt = tuple(rng.choice(heads) + tail)
+        out.append(ChaosRequest(prompt, rng.choice(OUTPUT_LENGTHS), stream=i % 2 == 1))
+    return out
+
+
+def reference_texts(config: EngineConfig, requests: list[ChaosRequest]) -> list[str]:
+    """Each request's greedy text from an in-process engine with no faults."""
+    from workers.engine import Engine
+
+    engine = Engine(config)
+    params = [
+        SamplingParams(max_tokens=r.max_tokens, temperature=0, ignore_eos=True) for r in requests
+    ]
+    outs = engine.generate([list(r.prompt) for r in requests], params)
+    return [o.text or "" for o in outs]
+
+
+def _send(client: openai.OpenAI, model: str, req: ChaosRequest) -> str:
+    kwargs = {
+        "model": model,
+        "prompt": list(req.prompt),
+        "max_tokens": req.max_tokens,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    if not req.stream:
+        return client.completions.create(**kwargs).choices[0].text  # type: ignore[call-overload, no-any-return]
+    chunks = client.completions.create(stream=True, **kwargs)  # type: ignore[call-overload]
+    return "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+def send_one(client: openai.OpenAI, model: str, req: ChaosRequest) -> Outcome:
+    """One request, classified (see the module docstring)."""
+    t0 = time.monotonic()
+    try:
+        text = _send(client, model, req)
+    except openai.APITimeoutError:
+        return Outcome("hung", seconds=time.monotonic() - t0)
+    except openai.APIStatusError as exc:
+        return Outcome("error", detail=f"HTTP {exc.status_code}", seconds=time.monotonic() - t0)
+    except openai.APIError as exc:  # an error event in a stream, or the connection broke
+        return Outcome("error", detail=type(exc).__name__, seconds=time.monotonic() - t0)
+    return Outcome("ok", text=text, seconds=time.monotonic() - t0)
+
+
+def run_load(
+    base_url: str,
+    model: str,
+    requests: list[ChaosRequest],
+    concurrency: int,
+    hang_s: float,
+    deadline: float,
+    on_done: Callable[[int], None] | None = None,
+) -> list[Outcome | None]:
+    """Send every request (``concurrency`` at a time) until ``deadline`` (monotonic); a
+    request not sent before it is ``None``."""
+    client = openai.OpenAI(base_url=base_url, api_key="chaos", max_retries=0, timeout=hang_s)
+    outcomes: list[Outcome | None] = [None] * len(requests)
+    lock = threading.Lock()
+    done = [0]
+
+    def one(i: int) -> None:
+        if time.monotonic() > deadline:
+            return
+        outcomes[i] = send_one(client, model, requests[i])
+        with lock:
+            done[0] += 1
+            if on_done is not None:
+                on_done(done[0])
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, range(len(requests))))
+    return outcomes

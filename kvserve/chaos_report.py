@@ -1,0 +1,86 @@
+"""The results of ``kvserve chaos``: the figures (:func:`summarize`) and their table."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from kvserve.chaos_load import Outcome
+
+MUST_BE_ZERO = ("hung", "wrong_tokens", "pages_leaked")
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    target: str
+    at_s: float
+    detected_s: float | None = None
+    recovered_s: float | None = None
+
+
+def _times(values: list[float | None]) -> str:
+    seen = [v for v in values if v is not None]
+    if not seen:
+        return "-"
+    return f"median {statistics.median(seen):.2f} s, max {max(seen):.2f} s ({len(seen)})"
+
+
+def summarize(
+    outcomes: list[Outcome | None],
+    references: list[str],
+    migrated: int,
+    leaked: dict[str, int],
+    records: list[FaultRecord],
+) -> dict[str, object]:
+    """The results table's figures (see the module docstring)."""
+    sent = [(o, ref) for o, ref in zip(outcomes, references, strict=True) if o is not None]
+    ok = [(o, ref) for o, ref in sent if o.status == "ok"]
+    errors: dict[str, int] = {}
+    for o, _ in sent:
+        if o.status == "error":
+            errors[o.detail] = errors.get(o.detail, 0) + 1
+    by_kind: dict[str, list[FaultRecord]] = {}
+    for r in records:
+        by_kind.setdefault(r.kind, []).append(r)
+    return {
+        "requests": len(sent),
+        "succeeded": len(ok),
+        "migrated": migrated,
+        "failed_with_clear_error": sum(errors.values()),
+        "errors": errors,
+        "hung": sum(o.status == "hung" for o, _ in sent),
+        "wrong_tokens": sum(o.text != ref for o, ref in ok),
+        "pages_leaked": sum(abs(v) for v in leaked.values()),
+        "leaked_by_worker": leaked,
+        "faults": {
+            kind: {
+                "count": len(rs),
+                "detection": _times([r.detected_s for r in rs]),
+                "recovery": _times([r.recovered_s for r in rs]),
+            }
+            for kind, rs in sorted(by_kind.items())
+        },
+    }
+
+
+def print_table(summary: dict[str, object]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="kvserve chaos")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key in ("requests", "succeeded", "migrated", "failed_with_clear_error", "hung",
+                "wrong_tokens", "pages_leaked"):  # fmt: skip
+        table.add_row(key.replace("_", " "), str(summary[key]))
+    faults_table = Table(title="faults")
+    for col in ("fault", "count", "detection", "recovery"):
+        faults_table.add_column(col)
+    for kind, row in summary["faults"].items():  # type: ignore[attr-defined]
+        faults_table.add_row(kind, str(row["count"]), row["detection"], row["recovery"])
+    console = Console()
+    console.print(table)
+    console.print(faults_table)
+    if summary["errors"]:
+        console.print(f"errors: {summary['errors']}")

@@ -1,0 +1,122 @@
+"""Faults on a running one-machine :class:`~kvserve.cluster.Cluster`, and the checks that
+follow them: used by the fault tests and by ``kvserve chaos``.
+
+- :func:`kill` (SIGKILL), :func:`freeze` / :func:`thaw` (SIGSTOP / SIGCONT) any process by
+  its cluster name (a worker, ``router``, ``redis``, ``mooncake_master``);
+- :func:`load_of` asks a worker for its :class:`LoadReport` over gRPC;
+- :func:`wait_routable` waits until the router sees every running worker again;
+- :func:`held_pages` is what a worker holds for requests and reservations (a page in the
+  local prefix cache but used by nobody counts as free); :func:`wait_idle` waits until
+  every named worker is idle and returns what each still holds (all 0: nothing leaked).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+
+import grpc
+
+from kvserve.cluster import Cluster
+from proto import worker_pb2 as pb
+from proto.worker_pb2_grpc import WorkerStub
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.2
+
+
+def kill(cluster: Cluster, name: str) -> None:
+    """SIGKILL ``name`` (no clean shutdown: a crash) and reap it."""
+    proc = cluster.process(name)
+    proc.kill()
+    if proc.pid is not None:
+        proc.wait(10)
+
+
+def freeze(cluster: Cluster, name: str) -> None:
+    """SIGSTOP ``name``: it holds its sockets but answers nothing (a hung peer)."""
+    cluster.process(name).send_signal(signal.SIGSTOP)
+
+
+def thaw(cluster: Cluster, name: str) -> None:
+    cluster.process(name).send_signal(signal.SIGCONT)
+
+
+def load_of(address: str, timeout: float = 2.0) -> pb.LoadReport:
+    """A worker's load report; raises ``grpc.RpcError`` if it does not answer in time."""
+    with grpc.insecure_channel(address) as channel:
+        report: pb.LoadReport = WorkerStub(channel).GetLoad(pb.LoadRequest(), timeout=timeout)
+        return report
+
+
+def held_pages(report: pb.LoadReport) -> int:
+    """Pages a worker holds for requests or reservations (cached but unused ones are free)."""
+    return report.total_pages - report.free_pages
+
+
+def is_idle(report: pb.LoadReport) -> bool:
+    return not (report.running or report.waiting or report.reserved or held_pages(report))
+
+
+def wait_idle(
+    cluster: Cluster, names: Iterable[str] | None = None, timeout: float = 30.0
+) -> dict[str, int]:
+    """Wait until every named running worker (default: all that run) is idle, or the
+    timeout; returns the pages each still holds then (a worker that does not answer
+    counts as -1)."""
+    wanted = cluster.worker_names if names is None else names
+    todo = [n for n in wanted if cluster.worker(n).running]
+    deadline = time.monotonic() + timeout
+    while True:
+        held: dict[str, int] = {}
+        for name in todo:
+            try:
+                report = load_of(cluster.plan_of(name).address)
+                held[name] = 0 if is_idle(report) else max(1, held_pages(report))
+            except grpc.RpcError as exc:
+                log.warning("%s did not answer GetLoad: %s", name, exc)
+                held[name] = -1
+        if not any(held.values()) or time.monotonic() > deadline:
+            return held
+        time.sleep(IDLE_POLL_S)
+
+
+def serving_worker(cluster: Cluster, role: str) -> str | None:
+    """The first running ``role`` worker with a running request (None: none has one)."""
+    for name in cluster.worker_names:
+        plan = cluster.plan_of(name)
+        if plan.role != role or not cluster.worker(name).running:
+            continue
+        try:
+            if load_of(plan.address, timeout=1.0).running:
+                return name
+        except grpc.RpcError:
+            continue
+    return None
+
+
+def routable(cluster: Cluster) -> int:
+    """How many workers the router's ``/health`` counts as live (0 if it does not answer)."""
+    try:
+        with urllib.request.urlopen(cluster.router_url + "/health", timeout=2) as reply:
+            return int(json.load(reply).get("workers", 0))
+    except (OSError, ValueError, urllib.error.URLError):
+        return 0
+
+
+def wait_routable(cluster: Cluster, timeout: float = 30.0) -> bool:
+    """Wait until the router counts every running worker as live; False on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = sum(cluster.worker(n).running for n in cluster.worker_names)
+        if routable(cluster) >= running:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(IDLE_POLL_S)

@@ -1,0 +1,142 @@
+"""gRPC channels and servers of a cluster, built in one place: keepalive and TLS.
+
+Every process that speaks gRPC to a worker (the router's view, the launcher's health
+checks) dials through :func:`channel` / :func:`sync_channel`, and a worker serves through
+:func:`server` + :func:`add_port`, so both ends agree on two things:
+
+1. **Peer liveness.** A frozen peer (stopped, swapping, its host gone) may still have a
+   kernel that ACKs TCP, so TCP alone never notices; an HTTP/2 PING does. Each end pings
+   every ``peer_timeout_s / 2`` (with or without calls in flight) and closes the
+   connection when a ping is not acknowledged within another ``peer_timeout_s / 2``: every
+   call on it then fails with UNAVAILABLE, within about ``peer_timeout_s``, instead of
+   waiting for its own deadline. The server accepts pings as often as every
+   ``peer_timeout_s / 4`` (a client whose setting is up to twice as eager still fits)
+   and does not count them against the client, so it never answers them with GOAWAY.
+2. **Transport security** (:attr:`ClusterConfig.grpc_tls`): with ``grpc_tls_cert`` and
+   ``grpc_tls_key`` a worker serves TLS, and with ``grpc_tls_ca`` it also requires a
+   client certificate signed by that CA (mutual TLS). A client verifies the worker with
+   ``grpc_tls_ca`` (the system's roots when empty) and presents its own certificate when
+   it has one. Worker certificates must name the address workers advertise (a SAN such as
+   ``IP:127.0.0.1`` or the host name).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from proto.registry import ClusterConfig
+
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+def keepalive_ms(cluster: ClusterConfig) -> int:
+    """Ping interval, and also the time a ping may go unanswered: half the peer timeout."""
+    return max(50, int(cluster.peer_timeout_s * 500))
+
+
+def _common_options(cluster: ClusterConfig) -> list[tuple[str, Any]]:
+    half = keepalive_ms(cluster)
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", half),
+        ("grpc.keepalive_timeout_ms", half),
+        # This gRPC core waits for every ping, keepalive ones included, for
+        # ping_timeout_ms (default 60 s) whatever keepalive_timeout_ms says: bound it too.
+        ("grpc.http2.ping_timeout_ms", half),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),  # keepalive pings never run out
+    ]
+
+
+RECONNECT_BACKOFF_MS = (100, 1000)
+"""First and longest wait before redialing a worker that went away: a restarted worker
+(same address) is called again within a second, not after gRPC's default of up to 2 min."""
+
+
+def channel_options(cluster: ClusterConfig) -> list[tuple[str, Any]]:
+    """Options of every client channel to a worker."""
+    first, longest = RECONNECT_BACKOFF_MS
+    return [
+        *_common_options(cluster),
+        ("grpc.initial_reconnect_backoff_ms", first),
+        ("grpc.min_reconnect_backoff_ms", first),
+        ("grpc.max_reconnect_backoff_ms", longest),
+    ]
+
+
+def server_options(cluster: ClusterConfig) -> list[tuple[str, Any]]:
+    """Options of a worker's gRPC server (it pings its clients too, so a frozen router's
+    streams are cancelled and their requests aborted)."""
+    return [
+        *_common_options(cluster),
+        ("grpc.http2.min_ping_interval_without_data_ms", max(10, keepalive_ms(cluster) // 2)),
+        ("grpc.http2.max_ping_strikes", 0),  # 0: pings never earn a GOAWAY
+    ]
+
+
+def _read(path: str) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+def channel_credentials(cluster: ClusterConfig) -> grpc.ChannelCredentials | None:
+    """TLS credentials of a client, or None for plaintext."""
+    if not cluster.grpc_tls:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(cluster.grpc_tls_ca),
+        private_key=_read(cluster.grpc_tls_key),
+        certificate_chain=_read(cluster.grpc_tls_cert),
+    )
+
+
+def server_credentials(cluster: ClusterConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials of a worker's server (client certificates required when a CA is
+    set), or None for plaintext; raises ValueError when TLS is asked for without a
+    certificate to serve."""
+    if not cluster.grpc_tls:
+        return None
+    key, cert = _read(cluster.grpc_tls_key), _read(cluster.grpc_tls_cert)
+    if key is None or cert is None:
+        raise ValueError(
+            "a worker serving TLS needs its own certificate: set grpc_tls_cert and "
+            "grpc_tls_key (KVSERVE_GRPC_TLS_CERT, KVSERVE_GRPC_TLS_KEY), or clear grpc_tls_ca "
+            "for plaintext"
+        )
+    ca = _read(cluster.grpc_tls_ca)
+    return grpc.ssl_server_credentials([(key, cert)], ca, require_client_auth=ca is not None)
+
+
+def channel(address: str, cluster: ClusterConfig) -> grpc.aio.Channel:
+    """An asyncio channel to the worker at ``host:port`` (keepalive, TLS per ``cluster``)."""
+    creds = channel_credentials(cluster)
+    options = channel_options(cluster)
+    if creds is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, creds, options=options)
+
+
+def sync_channel(address: str, cluster: ClusterConfig) -> grpc.Channel:
+    """A blocking channel to the worker at ``host:port`` (health checks, tools)."""
+    creds = channel_credentials(cluster)
+    options = channel_options(cluster)
+    if creds is None:
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, creds, options=options)
+
+
+def server(cluster: ClusterConfig) -> grpc.aio.Server:
+    """An asyncio gRPC server with the cluster's keepalive policy (add a port with
+    :func:`add_port`)."""
+    return grpc.aio.server(options=server_options(cluster))
+
+
+def add_port(srv: grpc.aio.Server, address: str, cluster: ClusterConfig) -> int:
+    """Listen on ``host:port`` (TLS per ``cluster``); returns the bound port."""
+    creds = server_credentials(cluster)
+    if creds is None:
+        return srv.add_insecure_port(address)
+    return srv.add_secure_port(address, creds)

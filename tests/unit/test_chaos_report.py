@@ -1,0 +1,45 @@
+"""The chaos command's pure parts: its workload and how outcomes become the table's figures."""
+
+from __future__ import annotations
+
+from kvserve.chaos_load import OUTPUT_LENGTHS, Outcome, workload
+from kvserve.chaos_report import FaultRecord, summarize
+
+
+def test_workload_is_seeded_shares_prefixes_and_alternates_streaming() -> None:
+    a, b = workload(40, seed=3, vocab=1000), workload(40, seed=3, vocab=1000)
+    assert a == b and a != workload(40, seed=4, vocab=1000)
+    assert {r.stream for r in a[::2]} == {False} and {r.stream for r in a[1::2]} == {True}
+    assert {r.max_tokens for r in a} <= set(OUTPUT_LENGTHS)
+    heads = {r.prompt[:64] for r in a}
+    assert len(heads) <= 8 < len(a)
+    assert all(72 <= len(r.prompt) <= 144 and max(r.prompt) < 1000 for r in a)
+
+
+def test_summarize_counts_every_outcome_against_the_reference() -> None:
+    outcomes = [
+        Outcome("ok", "abc"),
+        Outcome("ok", "abX"),  # wrong tokens
+        Outcome("error", detail="HTTP 503"),
+        Outcome("error", detail="HTTP 503"),
+        Outcome("hung"),
+        None,  # never sent (time ran out)
+    ]
+    refs = ["abc", "abc", "x", "y", "z", "w"]
+    records = [
+        FaultRecord("kill-decode", "decode-0", 1.0, 3.0, 20.0),
+        FaultRecord("kill-decode", "decode-1", 9.0, 5.0, None),
+        FaultRecord("kill-redis", "redis", 30.0),
+    ]
+    s = summarize(outcomes, refs, migrated=2, leaked={"d0": 0, "d1": 3, "p0": -1}, records=records)
+    assert s["requests"] == 5 and s["succeeded"] == 2 and s["migrated"] == 2
+    assert s["failed_with_clear_error"] == 2 and s["errors"] == {"HTTP 503": 2}
+    assert s["hung"] == 1 and s["wrong_tokens"] == 1 and s["pages_leaked"] == 4
+    assert s["faults"] == {
+        "kill-decode": {
+            "count": 2,
+            "detection": "median 4.00 s, max 5.00 s (2)",
+            "recovery": "median 20.00 s, max 20.00 s (1)",
+        },
+        "kill-redis": {"count": 1, "detection": "-", "recovery": "-"},
+    }
