@@ -12,8 +12,9 @@ every pending :class:`Landing` of a worker:
    them last), then every block is verified against its checksums, in order (each object
    was checksummed as it was read, so this last step only compares numbers);
 3. :meth:`Landing.wait` returns the metas of the leading verified blocks (blocks after the
-   first failure are not usable: the caller recomputes them). A landing past its deadline
-   ends with what it verified; :meth:`Lander.cancel` ends it at once and, once it returns,
+   first failure are not usable: the caller recomputes them). A landing past its deadline,
+   or while the pool is out (:attr:`kvpool.store.MooncakeStore.available`), ends with what
+   it verified; :meth:`Lander.cancel` ends it at once and, once it returns,
    the thread never touches that landing's pages again (they may be reused).
 """
 
@@ -59,8 +60,8 @@ class Landing:
         """One round of polling and reading; True when the landing is over (``progressed``
         says whether this round read anything)."""
         self.progressed = False
-        if time.monotonic() > self.deadline:
-            self._verify(self.metas or [])
+        if time.monotonic() > self.deadline or not self.pool.store.available:
+            self._verify(self.metas or [])  # past its lease, or the pool is out: recompute
             return True
         if self.pending:
             return self._read_landed()

@@ -44,8 +44,10 @@ class PoolUnavailableError(RuntimeError):
 
 
 class MooncakeStore:
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, master: tuple[str, int] | None = None) -> None:
         self._client = client
+        self._master = master
+        """``(host, port)`` of the master's RPC service, probed before closing the breaker."""
         self.outages = 0
         """Outages seen since start (each opened the breaker once)."""
         self._retry_at = 0.0  # 0: breaker closed; else when the next probe may run
@@ -57,12 +59,17 @@ class MooncakeStore:
             return True
         if time.monotonic() < self._retry_at:
             return False
-        if self.healthy():
+        if self._master_answers() and self.healthy():
             self._retry_at = 0.0
             log.warning("the KV pool is reachable again: using it")
             return True
         self._retry_at = time.monotonic() + OUTAGE_BACKOFF_S
         return False
+
+    def _master_answers(self) -> bool:
+        """Whether the master's port accepts a connection (the client's own health flag
+        can say "healthy" while the master is still down)."""
+        return self._master is None or port_open(*self._master, timeout=MASTER_PROBE_S / 4)
 
     def _check(self, codes: list[int]) -> list[int]:
         """Open the breaker when a call to the master failed, or a verb failed and the
@@ -85,7 +92,8 @@ class MooncakeStore:
                 "mooncake-transfer-engine-non-cuda and Debian's libibverbs1)"
             ) from exc
         host, _, port = config.pool_master.rpartition(":")
-        if port.isdigit() and not port_open(host.strip("[]"), int(port), MASTER_PROBE_S):
+        master = (host.strip("[]"), int(port)) if port.isdigit() else None
+        if master is not None and not port_open(*master, MASTER_PROBE_S):
             # mooncake's own setup retries for about 90 s before giving up
             raise PoolUnavailableError(
                 f"nothing answers at {config.pool_master}: is mooncake_master running there?"
@@ -107,7 +115,7 @@ class MooncakeStore:
                 f"(segments under 16 MiB were refused here; this one is "
                 f"{config.pool_segment_mib} MiB)"
             )
-        return cls(client)
+        return cls(client, master)
 
     def register(self, ptr: int, size: int) -> None:
         """Make ``size`` bytes at ``ptr`` a source/target of zero-copy transfers."""

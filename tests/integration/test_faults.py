@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import openai
@@ -24,6 +25,7 @@ from workers.config import EngineConfig
 BLOCK = 16
 MODEL_NAME = "tiny-llama"
 LONG = 300  # output tokens: long enough that a fault lands mid-stream on the tiny model
+PEER_TIMEOUT = ("--peer-timeout-s", "2")  # a frozen peer fails its calls within ~2 s
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +39,8 @@ def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         pool=PoolConfig(pool_segment_mib=64, pool_local_buffer_mib=16),
         policy="round_robin",
         disagg_threshold_tokens=0,
+        router_args=PEER_TIMEOUT,
+        worker_args=PEER_TIMEOUT,
         pin_cores=False,
         threads_per_worker=1,
         log_dir=tmp_path_factory.mktemp("faults"),
@@ -64,6 +68,16 @@ def whole_cluster_after(cluster: Cluster) -> Iterator[None]:
     cluster.restart_workers([n for n in dead if n in cluster.worker_names])
     assert faults.wait_routable(cluster)
     assert faults.wait_idle(cluster) == dict.fromkeys(cluster.worker_names, 0)
+
+
+def metric(cluster: Cluster, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(cluster.router_url + "/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(
+        s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name
+    )
 
 
 def prompt_of(length: int, seed: int) -> list[int]:
@@ -112,44 +126,50 @@ def inject_when(ready: threading.Event, action: object) -> threading.Thread:
     return thread
 
 
-def test_decode_worker_killed_mid_stream_resumes_on_another(
-    client: openai.OpenAI, cluster: Cluster
-) -> None:
-    prompt = prompt_of(40, 1)
-    reference = complete(client, prompt, LONG)
-    killed: list[str] = []
+def fault_mid_stream(
+    client: openai.OpenAI, cluster: Cluster, prompt: list[int], fault: Callable[[str], None]
+) -> tuple[str, str]:
+    """Stream ``prompt``; after a few chunks apply ``fault`` to the decode worker serving
+    it; returns the text the client got and that worker's name."""
+    hit: list[str] = []
 
-    def kill_serving_decoder() -> None:
+    def on_serving_decoder() -> None:
         name = faults.serving_worker(cluster, "decode")
         assert name is not None, "the stream ended before the fault"
-        faults.kill(cluster, name)
-        killed.append(name)
+        fault(name)
+        hit.append(name)
 
     ready = threading.Event()
-    thread = inject_when(ready, kill_serving_decoder)
-    got = stream_with_fault(client, prompt, LONG, after=5, fault=ready)
-    thread.join(10)
-    assert killed, "no decode worker was killed"
+    thread = inject_when(ready, on_serving_decoder)
+    try:
+        text = stream_with_fault(client, prompt, LONG, after=5, fault=ready)
+    finally:
+        thread.join(30)
+    assert hit, "no fault was injected"
+    return text, hit[0]
+
+
+def test_decode_worker_frozen_or_killed_mid_stream(client: openai.OpenAI, cluster: Cluster) -> None:
+    """A frozen (SIGSTOP) and then a killed decode worker: each time the stream resumes on
+    the other one with exactly the fault-free output; with no decode worker left, the
+    stream ends with an error event."""
+    prompt = prompt_of(40, 1)
+    reference = complete(client, prompt, LONG)
+    migrations = metric(cluster, "kvserve_migrations_total")
+    got, frozen = fault_mid_stream(
+        client, cluster, prompt, lambda name: faults.freeze(cluster, name)
+    )
+    faults.thaw(cluster, frozen)
     assert got == reference
-    survivor = [n for n in cluster.worker_names if n.startswith("decode") and n not in killed]
-    assert faults.wait_idle(cluster, survivor) == {survivor[0]: 0}
-
-
-def test_no_decode_worker_left_ends_the_stream_with_an_error(
-    client: openai.OpenAI, cluster: Cluster
-) -> None:
-    prompt = prompt_of(24, 2)
-
-    def kill_every_decoder() -> None:
-        for name in cluster.worker_names:
-            if name.startswith("decode"):
-                faults.kill(cluster, name)
-
-    ready = threading.Event()
-    thread = inject_when(ready, kill_every_decoder)
+    assert faults.wait_idle(cluster, [frozen]) == {frozen: 0}  # its stream was aborted
+    assert faults.wait_routable(cluster)
+    got, killed = fault_mid_stream(client, cluster, prompt, lambda name: faults.kill(cluster, name))
+    assert got == reference
+    assert metric(cluster, "kvserve_migrations_total") == migrations + 2
+    last = [n for n in cluster.worker_names if n.startswith("decode") and n != killed]
+    assert faults.wait_idle(cluster, last) == {last[0]: 0}
     with pytest.raises(openai.APIError):
-        stream_with_fault(client, prompt, LONG, after=3, fault=ready)
-    thread.join(10)
+        fault_mid_stream(client, cluster, prompt, lambda name: faults.kill(cluster, name))
 
 
 def test_prefill_worker_killed_mid_prefill_is_rerouted(
