@@ -32,8 +32,8 @@ from pathlib import Path
 
 from kvpool.config import PoolConfig
 from kvserve import faults
-from kvserve.chaos_load import Outcome, reference_texts, run_load, workload
-from kvserve.chaos_report import MUST_BE_ZERO, FaultRecord, print_table, summarize
+from kvserve.chaos_load import ChaosRequest, Outcome, reference_texts, run_load, workload
+from kvserve.chaos_report import MUST_BE_ZERO, FaultRecord, mismatches, print_table, summarize
 from kvserve.cluster import Cluster, ClusterSpec
 from workers.config import EngineConfig
 
@@ -187,6 +187,31 @@ def _restore(cluster: Cluster) -> None:
     faults.wait_routable(cluster, WAIT_S)
 
 
+def _fp_ties(
+    model: Path,
+    block_tokens: int,
+    requests: list[ChaosRequest],
+    outcomes: list[Outcome | None],
+    references: list[str],
+) -> frozenset[int]:
+    """The mismatches that are exact greedy answers up to floating-point ties."""
+    todo = mismatches(outcomes, references)
+    if not todo:
+        return frozenset()
+    from kvserve.chaos_verify import TieChecker
+
+    checker = TieChecker(model, EngineConfig(model=str(model), block_tokens=block_tokens))
+    exact: set[int] = set()
+    for i in todo:
+        served = outcomes[i]
+        assert served is not None
+        verdict = checker.check(requests[i], served.text)
+        print(f"[chaos] request {i}: {verdict}", file=sys.stderr, flush=True)
+        if verdict.exact:
+            exact.add(i)
+    return frozenset(exact)
+
+
 def _progress(done: int) -> None:
     if done % 50 == 0:
         print(f"[chaos] {done} requests done", file=sys.stderr, flush=True)
@@ -233,9 +258,11 @@ def run(args: argparse.Namespace) -> int:
             raise RuntimeError("the load generator failed (its error is printed above)")
         _restore(cluster)
         leaked = faults.wait_idle(cluster, timeout=WAIT_S)
-        summary = summarize(outcomes, references, _migrations(cluster), leaked, injector.records)
-        summary["seconds"] = round(time.monotonic() - t0, 1)
-        summary["fault_log"] = [asdict(r) for r in injector.records]
+        migrated = _migrations(cluster)
+    ties = _fp_ties(model, args.block_tokens, requests, outcomes, references)
+    summary = summarize(outcomes, references, migrated, leaked, injector.records, ties)
+    summary["seconds"] = round(time.monotonic() - t0, 1)
+    summary["fault_log"] = [asdict(r) for r in injector.records]
     print_table(summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))

@@ -42,6 +42,7 @@ class Outcome:
     text: str = ""
     detail: str = ""
     seconds: float = 0.0
+    response_id: str = ""
 
 
 def workload(count: int, seed: int, vocab: int, prefixes: int = 8) -> list[ChaosRequest]:
@@ -69,7 +70,8 @@ def reference_texts(config: EngineConfig, requests: list[ChaosRequest]) -> list[
     return [o.text or "" for o in outs]
 
 
-def _send(client: openai.OpenAI, model: str, req: ChaosRequest) -> str:
+def _send(client: openai.OpenAI, model: str, req: ChaosRequest) -> tuple[str, str]:
+    """The text and the response id (``cmpl-<the router's request id>``)."""
     kwargs = {
         "model": model,
         "prompt": list(req.prompt),
@@ -78,23 +80,28 @@ def _send(client: openai.OpenAI, model: str, req: ChaosRequest) -> str:
         "extra_body": {"ignore_eos": True},
     }
     if not req.stream:
-        return client.completions.create(**kwargs).choices[0].text  # type: ignore[call-overload, no-any-return]
-    chunks = client.completions.create(stream=True, **kwargs)  # type: ignore[call-overload]
-    return "".join(c.choices[0].text for c in chunks if c.choices)
+        out = client.completions.create(**kwargs)  # type: ignore[call-overload]
+        return out.choices[0].text, out.id
+    parts: list[str] = []
+    rid = ""
+    for chunk in client.completions.create(stream=True, **kwargs):  # type: ignore[call-overload]
+        rid = chunk.id
+        parts.extend(c.text for c in chunk.choices)
+    return "".join(parts), rid
 
 
 def send_one(client: openai.OpenAI, model: str, req: ChaosRequest) -> Outcome:
     """One request, classified (see the module docstring)."""
     t0 = time.monotonic()
     try:
-        text = _send(client, model, req)
+        text, rid = _send(client, model, req)
     except openai.APITimeoutError:
         return Outcome("hung", seconds=time.monotonic() - t0)
     except openai.APIStatusError as exc:
         return Outcome("error", detail=f"HTTP {exc.status_code}", seconds=time.monotonic() - t0)
     except openai.APIError as exc:  # an error event in a stream, or the connection broke
         return Outcome("error", detail=type(exc).__name__, seconds=time.monotonic() - t0)
-    return Outcome("ok", text=text, seconds=time.monotonic() - t0)
+    return Outcome("ok", text=text, seconds=time.monotonic() - t0, response_id=rid)
 
 
 def run_load(

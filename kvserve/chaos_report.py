@@ -32,9 +32,13 @@ def summarize(
     migrated: int,
     leaked: dict[str, int],
     records: list[FaultRecord],
+    ties: frozenset[int] = frozenset(),
 ) -> dict[str, object]:
-    """The results table's figures (see the module docstring)."""
+    """The results table's figures (see the module docstring). ``ties``: indices of the
+    answers that differ from the reference only through floating-point ties (checked
+    by :mod:`kvserve.chaos_verify`): exact, so not wrong."""
     sent = [(o, ref) for o, ref in zip(outcomes, references, strict=True) if o is not None]
+    mismatched = mismatches(outcomes, references)
     ok = [(o, ref) for o, ref in sent if o.status == "ok"]
     errors: dict[str, int] = {}
     for o, _ in sent:
@@ -50,7 +54,9 @@ def summarize(
         "failed_with_clear_error": sum(errors.values()),
         "errors": errors,
         "hung": sum(o.status == "hung" for o, _ in sent),
-        "wrong_tokens": sum(o.text != ref for o, ref in ok),
+        "wrong_tokens": len(mismatched) - len(ties & set(mismatched)),
+        "exact_after_fp_tie": len(ties & set(mismatched)),
+        "mismatches": [_diff(i, outcomes[i], references[i], i in ties) for i in mismatched],
         "pages_leaked": sum(abs(v) for v in leaked.values()),
         "leaked_by_worker": leaked,
         "faults": {
@@ -72,7 +78,7 @@ def print_table(summary: dict[str, object]) -> None:
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key in ("requests", "succeeded", "migrated", "failed_with_clear_error", "hung",
-                "wrong_tokens", "pages_leaked"):  # fmt: skip
+                "wrong_tokens", "exact_after_fp_tie", "pages_leaked"):  # fmt: skip
         table.add_row(key.replace("_", " "), str(summary[key]))
     faults_table = Table(title="faults")
     for col in ("fault", "count", "detection", "recovery"):
@@ -84,3 +90,29 @@ def print_table(summary: dict[str, object]) -> None:
     console.print(faults_table)
     if summary["errors"]:
         console.print(f"errors: {summary['errors']}")
+
+
+def mismatches(outcomes: list[Outcome | None], references: list[str]) -> list[int]:
+    """Indices of the answers that succeeded with another text than the reference."""
+    return [
+        i
+        for i, (o, ref) in enumerate(zip(outcomes, references, strict=True))
+        if o is not None and o.status == "ok" and o.text != ref
+    ]
+
+
+def _diff(index: int, got: Outcome | None, expected: str, tie: bool) -> dict[str, object]:
+    """Where an answer departs from the reference, with some text around it."""
+    assert got is not None
+    at = next(
+        (i for i, (a, b) in enumerate(zip(got.text, expected, strict=False)) if a != b),
+        min(len(got.text), len(expected)),
+    )
+    return {
+        "index": index,
+        "exact_after_fp_tie": tie,
+        "response_id": got.response_id,
+        "diverges_at_char": at,
+        "got": got.text[max(0, at - 20) : at + 40],
+        "expected": expected[max(0, at - 20) : at + 40],
+    }

@@ -59,6 +59,7 @@ class Reservations:
         """Hold pages for a prompt (its hash chain rooted at ``hash_root``, the request's
         cache salt); ``None`` if they are not free now, ``ValueError`` if the request can
         never fit."""
+        assert request_id not in self._held, f"{request_id} is already reserved"
         seq = Sequence(request_id, list(prompt_token_ids), SamplingParams(max_tokens=max_tokens))
         seq.hash_root = hash_root
         if not self.scheduler.reserve(seq):

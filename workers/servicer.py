@@ -129,14 +129,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         await self._admit("Prefill", context)
         params = await self._params(request.params, context)
         prompt = list(request.prompt_token_ids)
-        _, outputs = await self._start(
-            request.request_id,
-            lambda e: e.add_request(
-                prompt, params, request.request_id, handoff=True, cache_salt=request.cache_salt
-            ),
-            context,
-        )
-        try:
+        try:  # a cancel while starting still aborts: the engine runs calls in order
+            _, outputs = await self._start(
+                request.request_id,
+                lambda e: e.add_request(
+                    prompt, params, request.request_id, handoff=True, cache_salt=request.cache_salt
+                ),
+                context,
+            )
             out = await outputs.get()
         except asyncio.CancelledError:
             await self._cancel(request.request_id)
@@ -162,12 +162,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         )
         await self._admit("Generate", context, held)
         params = await self._params(request.params, context)
-        started, outputs = await self._start(
-            rid, await self._generate_start(request, params), context
-        )
-        read = started if isinstance(started, Transfer) else None
-        first_chunk = True
-        try:
+        try:  # from the landing wait on: a cancel anywhere aborts the request
+            started, outputs = await self._start(
+                rid, await self._generate_start(request, params), context
+            )
+            read = started if isinstance(started, Transfer) else None
+            first_chunk = True
             while True:
                 out = await outputs.get()
                 if out is None:

@@ -73,6 +73,9 @@ class StubWorker(WorkerServicer):
         self.refusing: set[str] = set()
         self.calls: list[tuple[str, str]] = []
         self.first_tokens: dict[str, int] = {}
+        self.fail_after: int | None = None
+        """Generate fails (UNAVAILABLE, like a dead worker) after this many chunks."""
+        self.resumed: dict[str, list[int]] = {}
 
     def called(self, method: str) -> list[str]:
         return [rid for m, rid in self.calls if m == method]
@@ -113,13 +116,19 @@ class StubWorker(WorkerServicer):
         remote = request.HasField("first_token")
         if remote:
             self.first_tokens[request.request_id] = request.first_token
-        for i in range(1 if remote else 0, n):
+        resume = list(request.resume_token_ids)
+        if resume:
+            self.resumed[request.request_id] = resume
+        start = len(resume) or (1 if remote else 0)
+        for i in range(start, n):
+            if self.fail_after is not None and i - start == self.fail_after:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")
             await asyncio.sleep(self.delay_s)
             tok = out_token(prompt, i)
             chunk = pb.TokenChunk(token_ids=[tok], text=f" t{tok}")
             if i == n - 1:
                 chunk.finish_reason = LENGTH
-            if i == (1 if remote else 0):
+            if i == start:
                 chunk.usage.CopyFrom(prompt_usage(len(prompt)))
                 if remote:
                     chunk.transfer.CopyFrom(pb.Transfer(bytes=700, seconds=0.25))

@@ -26,6 +26,7 @@ from tests.integration.router_harness import (
     Harness,
     StubWorker,
     expected_text,
+    out_token,
     wait_for,
 )
 
@@ -172,6 +173,38 @@ def test_requests_refused_by_draining_workers_go_elsewhere(harness: Harness) -> 
         assert refused.value.status_code == 503
     finally:
         p1.refusing = d1.refusing = d2.refusing = set()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_decode_worker_failing_mid_stream_is_resumed_on_another(
+    harness: Harness, stream: bool
+) -> None:
+    d1, d2 = harness.stubs["d1"], harness.stubs["d2"]
+    prompt = [21, 22, 23, 24, 25]
+    d1.fail_after = d2.fail_after = None
+    try:
+        d1.fail_after = 2  # whichever decode worker starts it fails after 2 chunks...
+        d2.fail_after = 2
+        client = harness.client()
+        if stream:
+            chunks = client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=8, stream=True
+            )
+            with pytest.raises(openai.APIError):  # ...and the other one too: error event
+                "".join(c.choices[0].text for c in chunks if c.choices)
+            d2.fail_after = None
+            d1.fail_after = 2
+        else:
+            d2.fail_after = None  # ...only d1 fails: the request resumes on d2
+        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8)
+        assert out.choices[0].text == expected_text(prompt, 8)  # nothing lost or repeated
+        rid = d2.called("Generate")[-1]
+        assert d1.called("Generate")[-1] == rid and rid in d1.called("Abort")
+        assert d2.resumed[rid] == [out_token(prompt, i) for i in range(len(d2.resumed[rid]))]
+        remote_first = rid in harness.stubs["p1"].called("Prefill")
+        assert len(d2.resumed[rid]) == 2 + remote_first  # d1's two, after any remote first
+    finally:
+        d1.fail_after = d2.fail_after = None
 
 
 @pytest.mark.parametrize("prompt", [[1, 2], [11, 12, 13, 14, 15, 16]])

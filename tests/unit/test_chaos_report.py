@@ -35,6 +35,19 @@ def test_summarize_counts_every_outcome_against_the_reference() -> None:
     assert s["requests"] == 5 and s["succeeded"] == 2 and s["migrated"] == 2
     assert s["failed_with_clear_error"] == 2 and s["errors"] == {"HTTP 503": 2}
     assert s["hung"] == 1 and s["wrong_tokens"] == 1 and s["pages_leaked"] == 4
+    assert s["exact_after_fp_tie"] == 0
+    assert s["mismatches"] == [
+        {
+            "index": 1,
+            "exact_after_fp_tie": False,
+            "response_id": "",
+            "diverges_at_char": 2,
+            "got": "abX",
+            "expected": "abc",
+        }
+    ]
+    tied = summarize(outcomes, refs, 2, {}, records, ties=frozenset({1}))
+    assert tied["wrong_tokens"] == 0 and tied["exact_after_fp_tie"] == 1
     assert s["faults"] == {
         "kill-decode": {
             "count": 2,
