@@ -93,8 +93,8 @@ def _pool(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     print(
-        f"kvserve pool: mooncake_master up: rpc {cfg.rpc_address}, metadata "
-        f"{cfg.metadata_url}, metrics {cfg.metrics_url} (Ctrl-C stops it)",
+        f"kvserve pool: mooncake_master up: rpc {cfg.rpc_address}, metrics {cfg.metrics_url}; "
+        f"mooncake_http_metadata_server up: {cfg.metadata_url} (Ctrl-C stops both)",
         file=sys.stderr,
         flush=True,
     )

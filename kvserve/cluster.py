@@ -4,7 +4,8 @@ Lifecycle of a :class:`Cluster`:
 
 1. ``ClusterSpec`` is validated and turned, purely, into a :class:`ClusterPlan`: every
    worker's and the router's exact argv, ports and CPU cores;
-2. ``start()`` spawns mooncake_master (when the pool is used) and waits for its ports, then
+2. ``start()`` spawns the pool's services when the pool is used (``mooncake_metadata``, the
+   HTTP metadata server, then ``mooncake_master``) and waits for their ports, then
    redis-server and waits for PING, then every worker, then the router, each with its own
    log file in ``log_dir``;
 3. it waits until every worker's gRPC health check says SERVING and the router's
@@ -12,8 +13,9 @@ Lifecycle of a :class:`Cluster`:
    tail of its log; any failure during start stops whatever was started;
 4. the cluster serves; tests may kill or restart single workers (:meth:`Cluster.worker`,
    :meth:`Cluster.restart_worker`);
-5. ``stop()`` terminates in reverse order (router, workers, redis, master), SIGTERM then
-   SIGKILL after a grace period; it is idempotent and also runs at interpreter exit.
+5. ``stop()`` terminates in reverse order (router, workers, redis, master, metadata
+   server), SIGTERM then SIGKILL after a grace period; it is idempotent and also runs at
+   interpreter exit.
 """
 
 from __future__ import annotations
@@ -28,18 +30,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from kvpool.master import MasterConfig, port_open
+from kvpool.master import MASTER, METADATA, MasterConfig, port_open
 from kvserve.cluster_spec import ClusterPlan, ClusterSpec, ProcessPlan
-from kvserve.services import (
-    ManagedProcess,
-    RedisProcess,
-    master_process,
-    start_master,
-)
+from kvserve.services import ManagedProcess, PoolProcesses, RedisProcess
 from proto.registry import ClusterConfig
 
 __all__ = ["Cluster", "ClusterPlan", "ClusterSpec", "ProcessPlan"]
 log = logging.getLogger("kvserve.cluster")
+POOL = (METADATA, MASTER)
+"""Names of the pool's processes (see :func:`kvpool.master.pool_services`)."""
 
 
 def grpc_serving(address: str, cluster: ClusterConfig, timeout: float = 1.0) -> bool:
@@ -74,7 +73,7 @@ class Cluster:
         self.spec = spec
         self.plan = spec.plan(available_cores)
         self.log_dir = spec.log_dir or Path(tempfile.mkdtemp(prefix="kvserve-cluster-"))
-        self._master: ManagedProcess | None = None
+        self._pool: PoolProcesses | None = None
         self._redis: RedisProcess | None = None
         self._workers = {p.name: self._managed(p) for p in self.plan.workers}
         self._router = self._managed(self.plan.router)
@@ -130,9 +129,11 @@ class Cluster:
         return plans[name]
 
     def process(self, name: str) -> ManagedProcess:
-        """Any process by name: a worker, ``router``, ``redis`` or ``mooncake_master``."""
+        """Any process by name: a worker, ``router``, ``redis``, ``mooncake_master`` or
+        ``mooncake_metadata`` (the pool's HTTP metadata server)."""
         redis = self._redis.process if self._redis is not None else None
-        extra = {"router": self._router, "redis": redis, "mooncake_master": self._master}
+        extra: dict[str, ManagedProcess | None] = {"router": self._router, "redis": redis}
+        extra |= self._pool.processes if self._pool is not None else dict.fromkeys(POOL)
         found = extra.get(name) if name in extra else self.worker(name)
         if found is None:
             raise KeyError(f"{name} is not running in this cluster")
@@ -152,10 +153,8 @@ class Cluster:
             for note in self.plan.notes:
                 log.info("%s", note)
             if self.spec.use_pool:  # held before starting, so stop() reaches it on any error
-                self._master = master_process(
-                    self.spec.master, self.log_dir / "mooncake_master.log"
-                )
-                start_master(self._master, self.spec.master)
+                self._pool = PoolProcesses(self.spec.master, self.log_dir)
+                self._pool.start()
             self._redis = RedisProcess(self.spec.redis_config, self.log_dir / "redis.log")
             self._redis.start()
             for proc in self._workers.values():
@@ -216,12 +215,13 @@ class Cluster:
 
     def restart(self, name: str, timeout: float | None = None) -> None:
         """Start a process again (after a kill, or to restart it): a worker (then wait until
-        healthy), ``mooncake_master`` (wait for its ports) or ``redis`` (wait for PING; it
-        comes back empty: nothing is persisted)."""
+        healthy), ``mooncake_master`` or ``mooncake_metadata`` (that one alone, then wait
+        for its ports; each comes back empty: the members remount their segments at a new
+        master by themselves, the metadata server keeps their entries meanwhile) or
+        ``redis`` (wait for PING; it comes back empty: nothing is persisted)."""
         limit = timeout or self.spec.startup_timeout_s
-        if name == "mooncake_master" and self._master is not None:
-            self._master.stop(self.spec.stop_grace_s)
-            start_master(self._master, self.spec.master, limit)
+        if self._pool is not None and name in self._pool.processes:
+            self._pool.restart(name, self.spec.stop_grace_s, limit)
         elif name == "redis" and self._redis is not None:
             self._redis.stop(self.spec.stop_grace_s)
             self._redis.start(limit)
@@ -230,7 +230,9 @@ class Cluster:
 
     def dead(self) -> list[str]:
         """Names of started processes that have exited."""
-        procs = [self._master, self._redis.process if self._redis else None, self._router]
+        procs: list[ManagedProcess | None] = []
+        procs += self._pool.processes.values() if self._pool is not None else ()
+        procs += [self._redis.process if self._redis else None, self._router]
         procs += list(self._workers.values())
         return [p.name for p in procs if p is not None and p.pid is not None and not p.running]
 
@@ -245,8 +247,8 @@ class Cluster:
             proc.stop(max(0.1, deadline - time.monotonic()))
         if self._redis is not None:
             self._redis.stop(grace)
-        if self._master is not None:
-            self._master.stop(grace)
+        if self._pool is not None:
+            self._pool.stop(grace)  # the master, then the metadata server
         atexit.unregister(self.stop)
 
     def __enter__(self) -> Cluster:

@@ -1,4 +1,4 @@
-"""Child processes of a one-machine cluster: a generic wrapper, Redis and mooncake_master.
+"""Child processes of a one-machine cluster: a generic wrapper, Redis and the KV pool.
 
 Lifecycle of a :class:`ManagedProcess`:
 
@@ -11,9 +11,10 @@ Lifecycle of a :class:`ManagedProcess`:
 3. ``stop()`` sends SIGTERM to the process group, waits ``grace`` seconds, then SIGKILLs
    the group; it is idempotent and also sweeps any leftover member of the group.
 
-:class:`RedisProcess` and :func:`start_master` follow the same steps for ``redis-server``
-and ``mooncake_master``; both bind to loopback unless told otherwise (Redis optionally
-with a password or an ACL user, :class:`RedisConfig`). The master is run
+:class:`RedisProcess` and :class:`PoolProcesses` follow the same steps for ``redis-server``
+and the pool's services (``mooncake_metadata`` then ``mooncake_master``, as
+:func:`kvpool.master.pool_services` says); all bind to loopback unless told otherwise
+(Redis optionally with a password or an ACL user, :class:`RedisConfig`). The pool is run
 here rather than through :class:`kvpool.master.MasterProcess` because that one stays in
 the launcher's process group and would die first on Ctrl-C, before the workers using it.
 """
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from kvpool.master import MasterConfig, master_command, port_open
+from kvpool.master import MasterConfig, PoolService, pool_services
 from proto.registry import ClusterConfig, connect
 
 
@@ -320,22 +321,57 @@ class RedisProcess:
         self.stop()
 
 
-def master_process(cfg: MasterConfig, log_path: Path) -> ManagedProcess:
-    """``mooncake_master`` as a :class:`ManagedProcess` (not started yet)."""
-    return ManagedProcess("mooncake_master", master_command(cfg), log_path)
+class PoolProcesses:
+    """The pool's services of one cluster (:func:`kvpool.master.pool_services`), each a
+    :class:`ManagedProcess` logging to ``log_dir/<name>.log``.
 
+    Lifecycle: ``start()`` starts each in order (the metadata server, then the master) and
+    waits until its ports accept connections; on failure it stops what it started and the
+    error names the log -> ``restart(name)`` stops and starts one of them (the master alone:
+    members keep their entries in the metadata server and remount at the new master by
+    themselves) -> ``stop()`` stops them in reverse order; idempotent.
+    """
 
-def start_master(proc: ManagedProcess, cfg: MasterConfig, timeout: float = 20.0) -> None:
-    """Start ``proc`` (from :func:`master_process`) and return once its RPC and metadata
-    ports accept connections; on failure it is stopped and the error names its log."""
-    try:
-        proc.start()
+    def __init__(self, cfg: MasterConfig, log_dir: Path) -> None:
+        self.cfg = cfg
+        self._services = {s.name: s for s in pool_services(cfg)}
+        self.processes = {
+            name: ManagedProcess(name, s.argv, log_dir / f"{name}.log")
+            for name, s in self._services.items()
+        }
+        """Every service's process by name, in start order."""
+
+    def start(self, timeout: float = 20.0) -> PoolProcesses:
+        """Start every service in order, each given ``timeout`` seconds to be ready."""
+        try:
+            for name in self.processes:
+                self._start(name, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def restart(self, name: str, grace: float = 10.0, timeout: float = 20.0) -> None:
+        """Stop service ``name`` (``grace`` seconds before SIGKILL), start it again and wait
+        until it is ready; on failure it is left stopped and the error names its log."""
+        self.processes[name].stop(grace)
+        try:
+            self._start(name, timeout)
+        except BaseException:
+            self.processes[name].stop(grace)
+            raise
+
+    def _start(self, name: str, timeout: float) -> None:
+        service: PoolService = self._services[name]
+        service.check_ports_free()
+        proc = self.processes[name].start()
         deadline = time.monotonic() + timeout
-        ports = (cfg.master_port, cfg.master_metadata_port)
-        while not all(port_open(cfg.master_host, p) for p in ports):
+        while not service.ready():
             if not proc.running or time.monotonic() > deadline:
-                raise proc.failure(f"did not open its ports {ports}")
+                raise proc.failure(f"did not open its ports {service.ports} on {service.host}")
             time.sleep(0.05)
-    except BaseException:
-        proc.stop()
-        raise
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop every service in reverse start order; idempotent."""
+        for proc in reversed(list(self.processes.values())):
+            proc.stop(grace)

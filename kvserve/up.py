@@ -183,7 +183,7 @@ def _model_name(cluster: Cluster) -> str:
 
 def _serve(cluster: Cluster) -> int:
     reported: set[str] = set()
-    essential = {"router", "redis", "mooncake_master"}
+    essential = {"router", "redis", "mooncake_master", "mooncake_metadata"}
     while True:
         time.sleep(1.0)
         for name in sorted(set(cluster.dead()) - reported):

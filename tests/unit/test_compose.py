@@ -126,6 +126,25 @@ def test_workers_reach_the_cluster_services_by_name() -> None:
         assert "KVSERVE_WORKER_ADVERTISE" not in env  # set per replica by the entrypoint
 
 
+def test_master_service_runs_both_pool_services_and_checks_their_ports() -> None:
+    """``kvserve pool`` runs mooncake_master and the HTTP metadata server the workers are
+    told about; the healthcheck probes both on the ports the workers use."""
+    master = SERVICES["master"]
+    assert master["command"][0] == "pool"
+    ns = cli.build_parser().parse_args([str(a) for a in master["command"]])
+    cfg = config_from_args(MasterConfig, ns)
+    assert cfg.master_host == "0.0.0.0"  # inside the compose network only
+    worker_env = _environment(SERVICES["decode"])
+    assert worker_env["KVSERVE_POOL_MASTER"] == f"master:{cfg.master_port}"
+    assert worker_env["KVSERVE_POOL_METADATA_SERVER"] == (
+        f"http://master:{cfg.master_metadata_port}/metadata"
+    )
+    probe = " ".join(map(str, master["healthcheck"]["test"]))
+    for port in (cfg.master_port, cfg.master_metadata_port):
+        assert str(port) in probe, f"the master's healthcheck does not probe port {port}"
+    assert "ports" not in master  # nothing of the pool is published on the host
+
+
 def test_router_is_published_and_models_are_a_volume() -> None:
     assert any(str(p).endswith(":8000") for p in SERVICES["router"]["ports"])
     assert "models" in _compose()["volumes"]
