@@ -98,7 +98,7 @@ def _pool_connected(cluster: Cluster) -> list[bool]:
     out = []
     for name in cluster.worker_names:
         try:
-            out.append(faults.load_of(cluster.plan_of(name).address, 1.0).pool_connected)
+            out.append(faults.load_of(cluster, name, 1.0).pool_connected)
         except Exception:  # a worker down counts as not connected
             out.append(False)
     return out
@@ -156,18 +156,7 @@ class FaultInjector:
 
 
 def _migrations(cluster: Cluster) -> int:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(cluster.router_url + "/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    return int(
-        sum(
-            s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if s.name == "kvserve_migrations_total"
-        )
-    )
+    return int(faults.router_metric(cluster, "kvserve_migrations_total"))
 
 
 def _served_model(cluster: Cluster) -> str:

@@ -205,6 +205,12 @@ def _chaos(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _probe(args: argparse.Namespace) -> int:
+    from kvserve.probe import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvserve", description=__doc__.splitlines()[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -278,6 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_config_args(pool, MasterConfig)
+    from kvserve.probe import add_arguments as add_probe_arguments
+
+    add_probe_arguments(
+        verb("probe", _probe, "health check of a worker, router or pool service (0: healthy)")
+    )
 
     bench = verbs.add_parser("bench", help="benchmarks (one JSON object on stdout)")
     bench_verbs = bench.add_subparsers(dest="what", required=True)

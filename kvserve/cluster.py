@@ -31,7 +31,8 @@ from pathlib import Path
 from types import TracebackType
 
 from kvpool.master import MASTER, METADATA, MasterConfig, port_open
-from kvserve.cluster_spec import ClusterPlan, ClusterSpec, ProcessPlan
+from kvserve.cluster_spec import ClusterSpec
+from kvserve.process_plan import ClusterPlan, ProcessPlan
 from kvserve.services import ManagedProcess, PoolProcesses, RedisProcess
 from proto.registry import ClusterConfig
 
@@ -80,7 +81,8 @@ class Cluster:
         self._started = False
 
     def _managed(self, p: ProcessPlan) -> ManagedProcess:
-        return ManagedProcess(p.name, p.argv, self.log_dir / f"{p.name}.log", dict(p.env), p.cores)
+        log_path = self.log_dir / f"{p.name}.log"
+        return ManagedProcess(p.name, p.argv, log_path, dict(p.env), p.cores, p.prefix)
 
     # -- addresses -------------------------------------------------------------------------
 
@@ -101,7 +103,7 @@ class Cluster:
     @property
     def master(self) -> MasterConfig | None:
         """The pool's master, or None when the cluster runs without the pool."""
-        return self.spec.master if self.spec.use_pool else None
+        return self.spec.pool_master if self.spec.use_pool else None
 
     @property
     def worker_addresses(self) -> dict[str, list[str]]:
@@ -153,9 +155,11 @@ class Cluster:
             for note in self.plan.notes:
                 log.info("%s", note)
             if self.spec.use_pool:  # held before starting, so stop() reaches it on any error
-                self._pool = PoolProcesses(self.spec.master, self.log_dir)
+                prefix = self.spec.prefix_of("mooncake_master")
+                self._pool = PoolProcesses(self.spec.pool_master, self.log_dir, prefix)
                 self._pool.start()
-            self._redis = RedisProcess(self.spec.redis_config, self.log_dir / "redis.log")
+            redis_log, redis_prefix = self.log_dir / "redis.log", self.spec.prefix_of("redis")
+            self._redis = RedisProcess(self.spec.redis_config, redis_log, redis_prefix)
             self._redis.start()
             for proc in self._workers.values():
                 proc.start()
@@ -168,11 +172,15 @@ class Cluster:
         return self
 
     def _check_ports_free(self) -> None:
-        busy = {n: p for n, p in self.spec.named_ports().items() if port_open(self.spec.host, p)}
+        busy = {
+            f"{n} ({self.spec.host_of(n.split()[0])})": p
+            for n, p in self.spec.named_ports().items()
+            if port_open(self.spec.host_of(n.split()[0]), p)
+        }
         if busy:
             raise RuntimeError(
-                f"ports already in use on {self.spec.host}: {busy} (another cluster or a system "
-                f"Redis?): choose other ports, or free ones (kvserve up --free-ports)"
+                f"ports already in use: {busy} (another cluster or a system Redis?): choose "
+                f"other ports, or free ones (kvserve up --free-ports)"
             )
 
     def wait_healthy(

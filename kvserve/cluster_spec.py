@@ -20,81 +20,25 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig, free_local_ports
+from kvserve.process_plan import (
+    ClusterPlan,
+    Host,
+    ProcessPlan,
+    config_argv,
+    secret_env,
+    split_cores,
+)
 from kvserve.services import RedisConfig
-from kvserve.settings import env_name
 from proto.registry import ClusterConfig
 from workers.config import EngineConfig
 
 ROLE_ORDER = ("prefill", "decode", "mixed")
-
-
-def config_argv(config: Any) -> list[str]:
-    """Every field of a settings dataclass as the flags :mod:`kvserve.settings` defines,
-    except secrets (``repr=False`` fields: see :func:`secret_env`)."""
-    argv: list[str] = []
-    for f in dataclasses.fields(config):
-        if not f.repr:
-            continue
-        flag, value = f.name.replace("_", "-"), getattr(config, f.name)
-        if isinstance(value, bool):
-            argv.append(f"--{flag}" if value else f"--no-{flag}")
-        else:
-            argv += [f"--{flag}", str(value)]
-    return argv
-
-
-def secret_env(config: Any) -> tuple[tuple[str, str], ...]:
-    """The secret (``repr=False``) fields of a settings dataclass as ``KVSERVE_*``
-    variables, empty ones included (so the launcher's own variables do not leak in)."""
-    fields = dataclasses.fields(config)
-    return tuple((env_name(f.name), str(getattr(config, f.name))) for f in fields if not f.repr)
-
-
-def split_cores(cores: Sequence[int], n: int) -> tuple[list[tuple[int, ...]], bool]:
-    """``n`` contiguous disjoint slices of ``cores`` (earlier ones get the remainder), or,
-    with fewer cores than ``n``, all cores for everyone; the flag says whether they share."""
-    ordered = sorted(cores)
-    if len(ordered) < n:
-        return [tuple(ordered)] * n, True
-    base, extra = divmod(len(ordered), n)
-    slices, start = [], 0
-    for k in range(n):
-        size = base + (1 if k < extra else 0)
-        slices.append(tuple(ordered[start : start + size]))
-        start += size
-    return slices, False
-
-
-@dataclass(frozen=True)
-class ProcessPlan:
-    """One process to run: exact argv, the address it serves on, cores to pin it to."""
-
-    name: str
-    role: str
-    argv: tuple[str, ...]
-    host: str
-    port: int
-    cores: tuple[int, ...] = ()
-    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold secrets
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class ClusterPlan:
-    workers: tuple[ProcessPlan, ...]
-    router: ProcessPlan
-    shared_cores: bool
-    notes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -104,6 +48,10 @@ class ClusterSpec:
     - ``prefill`` / ``decode`` / ``mixed``: worker counts; at least one decode-capable
       (decode or mixed) worker; prefill workers need decode workers and the pool.
     - ``host``: address every process binds to and advertises (loopback by default).
+    - ``hosts``: processes that run elsewhere, by name (``router``, ``redis``,
+      ``mooncake_master`` for the pool's services, or a worker's name): each binds to and
+      advertises its :class:`Host`'s address and starts under its prefix (e.g. in its own
+      network namespace: :mod:`kvserve.netns`); the others run on ``host``.
     - ``redis_username`` / ``redis_password``: Redis is started with these credentials
       (:class:`kvserve.services.RedisConfig`) and every process gets them, the password
       through its environment.
@@ -127,6 +75,7 @@ class ClusterSpec:
     decode: int = 1
     mixed: int = 0
     host: str = "127.0.0.1"
+    hosts: Mapping[str, Host] = field(default_factory=dict)
     router_port: int = 8000
     worker_base_port: int = 50061
     worker_ports: tuple[int, ...] = ()
@@ -183,12 +132,36 @@ class ClusterSpec:
             raise ValueError("disagg_threshold_tokens must be >= 0 (None: router default)")
         if self.startup_timeout_s <= 0 or self.stop_grace_s <= 0:
             raise ValueError("startup_timeout_s and stop_grace_s must be positive")
-        if not self.host or self.host in ("0.0.0.0", "::"):
-            raise ValueError(
-                f"host must be this machine's address (workers advertise it), e.g. "
-                f"127.0.0.1, got {self.host!r}"
-            )
+        self._check_hosts()
         _ = self.cluster_config  # validates cluster_name, heartbeats, credentials, TLS
+
+    def _check_hosts(self) -> None:
+        unknown = set(self.hosts) - set(self.process_names())
+        if unknown:
+            raise ValueError(f"hosts names {sorted(unknown)}: not in {self.process_names()}")
+        for name in ("", *self.hosts):
+            address = self.host_of(name)
+            if not address or address in ("0.0.0.0", "::"):
+                raise ValueError(
+                    f"{name or 'host'} must be an address others reach it at (it is "
+                    f"advertised), e.g. 127.0.0.1, got {address!r}"
+                )
+
+    def process_names(self) -> list[str]:
+        """Every process that :attr:`hosts` may place: the pool's services (as
+        ``mooncake_master``, when used), ``redis``, the workers, ``router``."""
+        pool = ["mooncake_master"] if self.use_pool else []
+        return [*pool, "redis", *(n for n, _ in self.worker_roles()), "router"]
+
+    def host_of(self, name: str) -> str:
+        """The address process ``name`` binds to and advertises."""
+        host = self.hosts.get(name)
+        return host.address if host is not None else self.host
+
+    def prefix_of(self, name: str) -> tuple[str, ...]:
+        """The argv prefix that starts process ``name`` on its host."""
+        host = self.hosts.get(name)
+        return host.prefix if host is not None else ()
 
     @property
     def num_workers(self) -> int:
@@ -205,7 +178,8 @@ class ClusterSpec:
         ]
 
     def named_ports(self) -> dict[str, int]:
-        """Every port this cluster listens on, by process (for the in-use check)."""
+        """Every port this cluster listens on, by process (for the in-use check; the
+        process is the name's first word)."""
         named = {"router": self.router_port, "redis": self.redis_port}
         named.update(zip((n for n, _ in self.worker_roles()), self._worker_ports(), strict=True))
         if self.use_pool:
@@ -217,12 +191,12 @@ class ClusterSpec:
 
     @property
     def router_url(self) -> str:
-        return f"http://{self.host}:{self.router_port}"
+        return f"http://{self.host_of('router')}:{self.router_port}"
 
     @property
     def redis_config(self) -> RedisConfig:
         return RedisConfig(
-            host=self.host,
+            host=self.host_of("redis"),
             port=self.redis_port,
             username=self.redis_username,
             password=self.redis_password,
@@ -242,12 +216,19 @@ class ClusterSpec:
         )
 
     @property
-    def pool_config(self) -> PoolConfig:
+    def pool_master(self) -> MasterConfig:
+        """``master`` on its host (see :attr:`hosts`)."""
+        if "mooncake_master" not in self.hosts:
+            return self.master
+        return dataclasses.replace(self.master, master_host=self.host_of("mooncake_master"))
+
+    def pool_config(self, name: str) -> PoolConfig:
+        """The pool settings of process ``name`` (a worker or the router)."""
         return dataclasses.replace(
             self.pool,
-            pool_master=self.master.rpc_address,
-            pool_metadata_server=self.master.metadata_url,
-            pool_local_hostname=self.host,
+            pool_master=self.pool_master.rpc_address,
+            pool_metadata_server=self.pool_master.metadata_url,
+            pool_local_hostname=self.host_of(name),
         )
 
     def with_free_ports(self) -> ClusterSpec:
@@ -291,23 +272,26 @@ class ClusterSpec:
         self, name: str, role: str, port: int, cores: tuple[int, ...], threads: int
     ) -> ProcessPlan:
         engine = dataclasses.replace(self.engine, threads=threads)
-        pool = config_argv(self.pool_config) if self.use_pool else ["--no-use-pool"]
+        pool = config_argv(self.pool_config(name)) if self.use_pool else ["--no-use-pool"]
+        host = self.host_of(name)
         argv = [self.python, "-m", "kvserve", "worker", "--role", role]
-        argv += ["--worker-host", self.host, "--worker-port", str(port), "--worker-id", name]
+        argv += ["--worker-host", host, "--worker-port", str(port), "--worker-id", name]
         argv += [*config_argv(engine), *pool, *config_argv(self.cluster_config)]
         env = (
             ("OMP_NUM_THREADS", str(threads)),
             ("PYTHONUNBUFFERED", "1"),
             *secret_env(self.cluster_config),
         )
-        return ProcessPlan(name, role, (*argv, *self.worker_args), self.host, port, cores, env)
+        argv += self.worker_args
+        return ProcessPlan(name, role, tuple(argv), host, port, cores, env, self.prefix_of(name))
 
     def _router_plan(self) -> ProcessPlan:
-        argv = [self.python, "-m", "kvserve", "router", "--router-host", self.host]
+        host = self.host_of("router")
+        argv = [self.python, "-m", "kvserve", "router", "--router-host", host]
         argv += ["--router-port", str(self.router_port), *config_argv(self.cluster_config)]
         if self.use_pool:
-            argv += config_argv(self.pool_config)
-            argv += ["--master-metrics-url", self.master.metrics_url]
+            argv += config_argv(self.pool_config("router"))
+            argv += ["--master-metrics-url", self.pool_master.metrics_url]
         else:
             argv += ["--no-pool-lookup"]
         if self.policy:
@@ -316,4 +300,5 @@ class ClusterSpec:
             argv += ["--disagg-threshold-tokens", str(self.disagg_threshold_tokens)]
         env = (("PYTHONUNBUFFERED", "1"), *secret_env(self.cluster_config))
         argv += self.router_args
-        return ProcessPlan("router", "router", tuple(argv), self.host, self.router_port, (), env)
+        prefix = self.prefix_of("router")
+        return ProcessPlan("router", "router", tuple(argv), host, self.router_port, (), env, prefix)

@@ -3,7 +3,9 @@ follow them: used by the fault tests and by ``kvserve chaos``.
 
 - :func:`kill` (SIGKILL), :func:`freeze` / :func:`thaw` (SIGSTOP / SIGCONT) any process by
   its cluster name (a worker, ``router``, ``redis``, ``mooncake_master``);
-- :func:`load_of` asks a worker for its :class:`LoadReport` over gRPC;
+- :func:`load_of` asks a worker for its :class:`LoadReport` over gRPC (TLS when the
+  cluster has it);
+- :func:`router_metric` reads a counter or gauge from the router's ``/metrics``;
 - :func:`wait_routable` waits until the router sees every running worker again;
 - :func:`held_pages` is what a worker holds for requests and reservations (a page in the
   local prefix cache but used by nobody counts as free); :func:`wait_idle` waits until
@@ -21,9 +23,11 @@ import urllib.request
 from collections.abc import Iterable
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvserve.cluster import Cluster
 from proto import worker_pb2 as pb
+from proto.channels import sync_channel
 from proto.worker_pb2_grpc import WorkerStub
 
 log = logging.getLogger(__name__)
@@ -48,11 +52,25 @@ def thaw(cluster: Cluster, name: str) -> None:
     cluster.process(name).send_signal(signal.SIGCONT)
 
 
-def load_of(address: str, timeout: float = 2.0) -> pb.LoadReport:
-    """A worker's load report; raises ``grpc.RpcError`` if it does not answer in time."""
-    with grpc.insecure_channel(address) as channel:
+def load_of(cluster: Cluster, name: str, timeout: float = 2.0) -> pb.LoadReport:
+    """Worker ``name``'s load report; raises ``grpc.RpcError`` if it does not answer in
+    time."""
+    with sync_channel(cluster.plan_of(name).address, cluster.cluster_config) as channel:
         report: pb.LoadReport = WorkerStub(channel).GetLoad(pb.LoadRequest(), timeout=timeout)
         return report
+
+
+def router_metric(cluster: Cluster, name: str, **labels: str) -> float:
+    """The sum of the router's ``/metrics`` samples called ``name`` whose labels include
+    ``labels`` (0 when there is none)."""
+    with urllib.request.urlopen(cluster.router_url + "/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def held_pages(report: pb.LoadReport) -> int:
@@ -77,7 +95,7 @@ def wait_idle(
         held: dict[str, int] = {}
         for name in todo:
             try:
-                report = load_of(cluster.plan_of(name).address)
+                report = load_of(cluster, name)
                 held[name] = 0 if is_idle(report) else max(1, held_pages(report))
             except grpc.RpcError as exc:
                 log.warning("%s did not answer GetLoad: %s", name, exc)
@@ -94,7 +112,7 @@ def serving_worker(cluster: Cluster, role: str) -> str | None:
         if plan.role != role or not cluster.worker(name).running:
             continue
         try:
-            if load_of(plan.address, timeout=1.0).running:
+            if load_of(cluster, name, timeout=1.0).running:
                 return name
         except grpc.RpcError:
             continue

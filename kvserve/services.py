@@ -22,6 +22,7 @@ the launcher's process group and would die first on Ctrl-C, before the workers u
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import re
 import shutil
@@ -71,9 +72,10 @@ class ManagedProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         cores: Sequence[int] = (),
+        prefix: Sequence[str] = (),
     ) -> None:
         self.name = name
-        self.argv = list(argv)
+        self.argv = [*prefix, *argv]
         self.log_path = log_path
         self.env = dict(env or {})
         self.cores = tuple(cores)
@@ -176,11 +178,22 @@ class ManagedProcess:
 _REDIS_USER = re.compile(r"[A-Za-z0-9_.@-]+")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address or ``localhost``) is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class RedisConfig:
     """Where the cluster's Redis listens (loopback by default) and who may use it.
 
-    ``password`` empty means no authentication (fine on loopback); with a password and no
+    ``password`` empty means no authentication, allowed on loopback only (Redis's protected
+    mode refuses other hosts then, so that is an error here); with a password and no
     ``username`` it is Redis's ``requirepass``; with a ``username`` too, that ACL user gets
     every command and key and the ``default`` user is switched off. The password never
     reaches a command line: it goes to redis-server through a mode-0600 config file (removed
@@ -201,6 +214,11 @@ class RedisConfig:
             )
         if any(c in self.password for c in "\r\n\0"):
             raise ValueError("the Redis password must not contain line breaks or NUL")
+        if not self.password and not is_loopback(self.host):
+            raise ValueError(
+                f"Redis on {self.host} is reachable from other hosts: set a password "
+                f"(redis_password; kvserve up --hosts makes one up when none is given)"
+            )
 
     @property
     def url(self) -> str:
@@ -264,11 +282,11 @@ class RedisProcess:
     """``redis-server`` for one cluster: ``start()`` returns once it answers PING (with
     ``cfg``'s credentials)."""
 
-    def __init__(self, cfg: RedisConfig, log_path: Path) -> None:
+    def __init__(self, cfg: RedisConfig, log_path: Path, prefix: Sequence[str] = ()) -> None:
         self.cfg = cfg
         self._auth_conf = log_path.with_suffix(".auth.conf") if cfg.password else None
         argv = redis_command(cfg, redis_binary(), self._auth_conf)
-        self.process = ManagedProcess("redis", argv, log_path)
+        self.process = ManagedProcess("redis", argv, log_path, prefix=prefix)
 
     def start(self, timeout: float = 20.0) -> RedisProcess:
         import redis
@@ -332,11 +350,11 @@ class PoolProcesses:
     themselves) -> ``stop()`` stops them in reverse order; idempotent.
     """
 
-    def __init__(self, cfg: MasterConfig, log_dir: Path) -> None:
+    def __init__(self, cfg: MasterConfig, log_dir: Path, prefix: Sequence[str] = ()) -> None:
         self.cfg = cfg
         self._services = {s.name: s for s in pool_services(cfg)}
         self.processes = {
-            name: ManagedProcess(name, s.argv, log_dir / f"{name}.log")
+            name: ManagedProcess(name, s.argv, log_dir / f"{name}.log", prefix=prefix)
             for name, s in self._services.items()
         }
         """Every service's process by name, in start order."""

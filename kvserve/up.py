@@ -1,7 +1,10 @@
 """``kvserve up``: a whole cluster on this machine in one command.
 
 1. The flags (each also a ``KVSERVE_*`` variable) become a :class:`ClusterSpec`; with
-   ``--free-ports`` every port is a free loopback port instead;
+   ``--free-ports`` every port is a free loopback port instead; with ``--hosts`` every
+   process gets its own network host first (:class:`kvserve.netns.NetHosts`: a namespace
+   with its own address on a private bridge; Redis gets a made-up password unless one is
+   given), and the hosts are removed again after step 5;
 2. the :class:`Cluster` starts mooncake_master, Redis (with a password or an ACL user when
    ``--redis-password`` / ``KVSERVE_REDIS_PASSWORD`` is set), the workers (each pinned to its own
    cores when there are enough) and the router, and waits until all are healthy;
@@ -17,6 +20,7 @@ each, 256 MiB of pool memory per worker.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +34,7 @@ from types import FrameType
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvserve.cluster import Cluster, ClusterSpec
+from kvserve.netns import DEFAULT_SUBNET, DEFAULT_TAG, NetHosts, NetnsError
 from kvserve.settings import add_config_args, config_from_args, env_name
 from proto.registry import ClusterConfig
 from workers.config import EngineConfig
@@ -71,6 +76,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="run mooncake_master and join the KV pool (--no-use-pool: mixed workers only)",
+    )
+    g.add_argument(
+        "--hosts",
+        action="store_true",
+        help="run every process on its own network host: a network namespace with its own "
+        "address on a private bridge (Linux, as root; see kvserve/netns.py)",
+    )
+    g.add_argument(
+        "--hosts-subnet", default=DEFAULT_SUBNET, help="addresses for --hosts (an IPv4 subnet)"
+    )
+    g.add_argument(
+        "--hosts-tag", default=DEFAULT_TAG, help="prefix of the namespaces and links of --hosts"
     )
     g.add_argument("--startup-timeout-s", type=float, default=300.0)
     g.add_argument(
@@ -199,7 +216,16 @@ def run(args: argparse.Namespace) -> int:
     """Start the cluster, serve until Ctrl-C/SIGTERM, stop it (steps 1-5)."""
     logging.basicConfig(level=logging.INFO, format="kvserve up: %(message)s", stream=sys.stderr)
     spec = spec_from_args(args)
-    cluster = Cluster(spec)
+    net = NetHosts.for_spec(spec, args.hosts_subnet, args.hosts_tag) if args.hosts else None
+    try:
+        with net.made() if net is not None else contextlib.nullcontext():
+            return _run(Cluster(net.place(spec) if net is not None else spec), args)
+    except NetnsError as exc:
+        print(f"kvserve up: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _run(cluster: Cluster, args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     begin = time.monotonic()
     try:

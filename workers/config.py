@@ -77,6 +77,9 @@ class WorkerConfig:
     - ``worker_advertise``: ``host:port`` others reach it at; empty means ``worker_host``
       (or this machine's hostname when listening on 0.0.0.0) and ``worker_port``.
     - ``worker_id``: its name in the registry; empty means ``<advertised host>-<port>``.
+    - ``worker_metrics_port``: serve Prometheus ``/metrics`` (its load report) on
+      ``worker_host`` at this port; 0 (default) serves none
+      (:mod:`workers.metrics_http`).
     - ``use_pool``: join the KV pool (prefill and decode roles need it).
     """
 
@@ -85,6 +88,7 @@ class WorkerConfig:
     worker_port: int = 50061
     worker_advertise: str = ""
     worker_id: str = ""
+    worker_metrics_port: int = 0
     use_pool: bool = True
 
     def __post_init__(self) -> None:
@@ -92,6 +96,10 @@ class WorkerConfig:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if not 0 < self.worker_port < 65536:
             raise ValueError(f"worker_port must be a TCP port, got {self.worker_port}")
+        if not 0 <= self.worker_metrics_port < 65536:
+            raise ValueError(
+                f"worker_metrics_port must be 0 or a TCP port, got {self.worker_metrics_port}"
+            )
         if self.worker_advertise and ":" not in self.worker_advertise:
             raise ValueError(f"worker_advertise must be host:port, got {self.worker_advertise!r}")
         if "/" in self.worker_id or ":" in self.worker_id:

@@ -33,6 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvpool.config import PoolConfig
 from proto import channels, worker_pb2_grpc
+from proto import worker_pb2 as pb
 from proto.registry import (
     ClusterConfig,
     ContractMismatchError,
@@ -46,6 +47,7 @@ from workers.config import EngineConfig, WorkerConfig
 from workers.engine import Engine
 from workers.engine_loop import EngineLoop
 from workers.kv_transfer import layout_of
+from workers.metrics_http import serve_metrics
 from workers.registration import Heartbeat
 from workers.servicer import WorkerServicer
 from workers.wire import load_report
@@ -127,9 +129,13 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
     record = make_record(worker, engine, advertised(worker))
     servicer = WorkerServicer(loop, worker.role, lambda: None)
 
+    def report() -> pb.LoadReport:
+        call = loop.call(lambda e: load_report(e, servicer.role, servicer.draining))
+        done: pb.LoadReport = call.result(timeout=5)
+        return done
+
     def load() -> dict[str, object]:
-        report = loop.call(lambda e: load_report(e, servicer.role, servicer.draining))
-        return MessageToDict(report.result(timeout=5), preserving_proto_field_name=True)
+        return MessageToDict(report(), preserving_proto_field_name=True)
 
     heartbeat = Heartbeat(cluster, record, load)
     loop.start()
@@ -152,6 +158,14 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
             log.warning("could not publish the role change now: %s", explain(cluster, exc))
 
     servicer.on_change = republish
+    metrics = None
+    if worker.worker_metrics_port:
+        try:
+            metrics = serve_metrics(worker.worker_host, worker.worker_metrics_port, report)
+        except OSError as exc:
+            log.error("cannot serve /metrics on port %d: %s", worker.worker_metrics_port, exc)
+            loop.stop()
+            return 1
     server = channels.server(cluster)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_servicer = health_aio.HealthServicer()
@@ -174,6 +188,8 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
     await stop.wait()
     await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     heartbeat.stop()
+    if metrics is not None:
+        metrics.shutdown()
     await server.stop(GRACE_S)
     loop.stop()
     return 0

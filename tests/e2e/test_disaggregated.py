@@ -1,65 +1,109 @@
 """The whole system, as a user runs it: real Redis, mooncake_master, router and workers
-(2 prefill + 1 decode on the tiny model), talked to with the official ``openai`` client.
+(2 prefill + 2 decode on the tiny model), talked to with the official ``openai`` client.
 
+As root (CI), every process runs on its own network host, a network namespace with its
+own address on a private bridge (:mod:`kvserve.netns`, as ``kvserve up --hosts``), so that
+every connection, KV transfers through the pool included, crosses a real network interface
+between distinct addresses; otherwise everything runs on loopback and the tests that need
+separate hosts are skipped.
+
+- every process lives on its own host and advertises its own address (root only);
 - greedy outputs, streaming and not, equal the colocated in-process engine's and
   transformers' for prompts with and without a partial last block;
 - a request sharing a long prefix with an earlier one, prefilled on the other prefill
-  worker, takes the prefix from the pool (usage, /v1/cache/stats and /metrics say so) and
-  computes only the rest;
-- a stream cancelled mid-way gives every page back on every worker.
+  worker (host), takes the prefix from the pool (usage, /v1/cache/stats and /metrics say
+  so) and computes only the rest;
+- a stream cancelled mid-way gives every page back on every worker;
+- cache salts keep tenants apart;
+- the decode host serving a stream is cut off (link down) mid-load: every request
+  completes with its fault-free output on the other decode host; with the link back, the
+  host rejoins and nothing is held (root only);
+- teardown removes every namespace and link.
 """
 
 from __future__ import annotations
 
-import time
+import contextlib
+import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import openai
 import pytest
 
-from kvpool.config import PoolConfig
-from kvserve.cluster import Cluster, ClusterSpec
-from proto import worker_pb2 as pb
-from proto import worker_pb2_grpc
+from kvserve import faults
+from kvserve.cluster import Cluster
+from kvserve.netns import NetHosts
+from proto.registry import Keys, connect, list_workers
 from tests.integration.reference import hf_greedy
+from tests.midstream import LONG, complete, fault_mid_stream
+from tests.tiny_cluster import BLOCK, MODEL_NAME, prompt_of, tiny_cluster_spec
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.sequence import SamplingParams
 
-BLOCK = 16
-MODEL_NAME = "tiny-llama"
+SUBNET = "203.0.113.0/24"  # TEST-NET-3; `kvserve up --hosts` defaults to TEST-NET-2
+PEER_TIMEOUT = ("--peer-timeout-s", "2")  # a host cut off fails its calls within ~2 s
+ROOT = os.geteuid() == 0
+needs_hosts = pytest.mark.skipif(not ROOT, reason="separate network hosts need root (CI: root)")
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    spec = ClusterSpec(
+def net_cluster(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[NetHosts | None, Cluster]]:
+    spec = tiny_cluster_spec(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("cluster"),
         prefill=2,
-        decode=1,
-        engine=EngineConfig(
-            model=str(tiny_model_dir), block_tokens=BLOCK, kv_cache_mib=16, threads=1
-        ),
-        pool=PoolConfig(pool_segment_mib=64, pool_local_buffer_mib=16),
+        decode=2,
         policy="round_robin",
-        disagg_threshold_tokens=0,
-        pin_cores=False,
-        threads_per_worker=1,
-        log_dir=tmp_path_factory.mktemp("cluster"),
-        startup_timeout_s=180,
-    ).with_free_ports()
-    with Cluster(spec).start() as running:
-        yield running
+        router_args=PEER_TIMEOUT,
+        worker_args=PEER_TIMEOUT,
+    )
+    net = NetHosts.for_spec(spec, SUBNET, tag=f"kvt{os.getpid() % 100000}") if ROOT else None
+    hosts = net.made() if net else contextlib.nullcontext()
+    with hosts, Cluster(net.place(spec) if net else spec) as cluster:
+        yield net, cluster
+    if net is not None:
+        assert net.existing() == []  # namespaces, veths and the bridge are gone
+
+
+@pytest.fixture(scope="module")
+def cluster(net_cluster: tuple[NetHosts | None, Cluster]) -> Cluster:
+    return net_cluster[1]
 
 
 @pytest.fixture(scope="module")
 def client(cluster: Cluster) -> openai.OpenAI:
-    return openai.OpenAI(base_url=cluster.router_url + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(
+        base_url=cluster.router_url + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
 
 
-def prompt_of(length: int, seed: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 49000 + 100 for i in range(length)]
+def netns_of(pid: int | str | None) -> str:
+    return str(Path(f"/proc/{pid}/ns/net").readlink())
+
+
+@needs_hosts
+def test_every_process_has_its_own_host(net_cluster: tuple[NetHosts | None, Cluster]) -> None:
+    net, cluster = net_cluster
+    assert net is not None
+    names = cluster.spec.process_names()
+    namespaces = {netns_of(cluster.process(n).pid) for n in names}
+    assert len(namespaces) == len(names)
+    assert netns_of("self") not in namespaces
+    registry = connect(cluster.cluster_config)
+    try:
+        records = list_workers(registry, Keys(cluster.cluster_config.cluster))
+    finally:
+        registry.close()
+    advertised = {r.worker_id: r.address for r in records}
+    assert advertised == {n: f"{net.addresses[n]}:{cluster.plan_of(n).port}" for n in advertised}
+    assert sorted(advertised) == sorted(cluster.worker_names)
+    assert cluster.router_url.startswith(f"http://{net.addresses['router']}:")
 
 
 def completion_text(client: openai.OpenAI, prompt: list[int], n: int, stream: bool) -> str:
@@ -99,21 +143,6 @@ def cache_stats(cluster: Cluster) -> dict[str, Any]:
     return workers
 
 
-def metric(cluster: Cluster, name: str, **labels: str) -> float:
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(cluster.router_url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
-
-
 def test_shared_prefix_from_the_pool_on_the_other_prefill_worker(
     client: openai.OpenAI, cluster: Cluster
 ) -> None:
@@ -122,7 +151,7 @@ def test_shared_prefix_from_the_pool_on_the_other_prefill_worker(
         model=MODEL_NAME, prompt=[*prefix, 11, 12, 13], max_tokens=2, temperature=0
     )
     before = cache_stats(cluster)
-    pool_before = metric(cluster, "kvserve_prompt_tokens_total", source="pool")
+    pool_before = faults.router_metric(cluster, "kvserve_prompt_tokens_total", source="pool")
     second = client.completions.create(
         model=MODEL_NAME, prompt=[*prefix, 21, 22, 23, 24], max_tokens=2, temperature=0
     )
@@ -137,22 +166,18 @@ def test_shared_prefix_from_the_pool_on_the_other_prefill_worker(
     assert worker["pool_tokens"] - was["pool_tokens"] == len(prefix)
     assert worker["local_tokens"] == was["local_tokens"]
     assert worker["computed_tokens"] - was["computed_tokens"] == 4
-    assert metric(cluster, "kvserve_prompt_tokens_total", source="pool") - pool_before == len(
-        prefix
-    )
+    pool_after = faults.router_metric(cluster, "kvserve_prompt_tokens_total", source="pool")
+    assert pool_after - pool_before == len(prefix)
 
 
-def loads(cluster: Cluster) -> dict[str, pb.LoadReport]:
-    out = {}
-    for role, addresses in cluster.worker_addresses.items():
-        for i, address in enumerate(addresses):
-            with grpc.insecure_channel(address) as channel:
-                stub = worker_pb2_grpc.WorkerStub(channel)
-                out[f"{role}-{i}"] = stub.GetLoad(pb.LoadRequest(), timeout=10)
-    return out
+def decoded_tokens(cluster: Cluster) -> int:
+    """Output tokens the decode workers have produced so far."""
+    decoders = [n for n in cluster.worker_names if cluster.plan_of(n).role == "decode"]
+    return sum(faults.load_of(cluster, n).output_tokens for n in decoders)
 
 
 def test_cancelled_stream_returns_every_page(client: openai.OpenAI, cluster: Cluster) -> None:
+    before = decoded_tokens(cluster)
     stream = client.completions.create(
         model=MODEL_NAME, prompt=prompt_of(50, 7), max_tokens=1900, temperature=0, stream=True
     )
@@ -162,19 +187,8 @@ def test_cancelled_stream_returns_every_page(client: openai.OpenAI, cluster: Clu
         if received >= 3:
             break
     stream.close()
-    deadline = time.monotonic() + 60
-    while True:
-        reports = loads(cluster)
-        idle = all(
-            r.running == 0 and r.waiting == 0 and r.reserved == 0 and r.free_pages == r.total_pages
-            for r in reports.values()
-        )
-        if idle or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert idle, {name: str(r) for name, r in reports.items()}
-    decode = reports["decode-0"]
-    assert decode.output_tokens < 1900  # it stopped early: the abort reached it
+    assert faults.wait_idle(cluster, timeout=60) == dict.fromkeys(cluster.worker_names, 0)
+    assert decoded_tokens(cluster) - before < 1900  # it stopped early: the abort reached it
 
 
 def test_cache_salts_keep_tenants_apart(client: openai.OpenAI, tiny_model_dir: Path) -> None:
@@ -196,3 +210,42 @@ def test_cache_salts_keep_tenants_apart(client: openai.OpenAI, tiny_model_dir: P
     assert cached_first == 0 and cached_again == (len(prompt) - 1) // BLOCK * BLOCK
     assert cached_other == 0
     assert first == again == other
+
+
+@needs_hosts
+def test_decode_host_cut_off_mid_load(
+    client: openai.OpenAI, net_cluster: tuple[NetHosts | None, Cluster]
+) -> None:
+    """While other requests run, the link of the decode host serving a stream goes down:
+    every request completes with its fault-free output; with the link back up, the host
+    rejoins and no worker holds a page."""
+    net, cluster = net_cluster
+    assert net is not None
+    prompts = [prompt_of(48, 20 + i) for i in range(4)]
+    expected = {i: complete(client, p, LONG) for i, p in enumerate(prompts)}
+    got: dict[int, str] = {}
+
+    def background(i: int) -> None:
+        got[i] = complete(client, prompts[i], LONG)
+
+    load = [threading.Thread(target=background, args=(i,)) for i in range(1, len(prompts))]
+    for thread in load:
+        thread.start()
+    migrations = faults.router_metric(cluster, "kvserve_migrations_total")
+    cut: list[str] = []
+
+    def cut_off(name: str) -> None:
+        net.link_down(name)
+        cut.append(name)
+
+    try:
+        got[0], _ = fault_mid_stream(client, cluster, prompts[0], cut_off)
+        for thread in load:
+            thread.join(180)
+    finally:
+        for name in cut:
+            net.link_up(name)
+    assert got == expected
+    assert faults.router_metric(cluster, "kvserve_migrations_total") > migrations
+    assert faults.wait_routable(cluster, timeout=60)
+    assert faults.wait_idle(cluster, timeout=60) == dict.fromkeys(cluster.worker_names, 0)

@@ -15,25 +15,18 @@ from typing import Any
 
 import pytest
 
-from kvpool.config import PoolConfig
 from kvserve.bench import serve
-from kvserve.cluster import Cluster, ClusterSpec
-from workers.config import EngineConfig
+from kvserve.cluster import Cluster
+from tests.tiny_cluster import tiny_cluster_spec
 
 REQUESTS = 12
 
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    spec = ClusterSpec(
-        prefill=1,
-        decode=1,
-        engine=EngineConfig(model=str(tiny_model_dir), block_tokens=16, kv_cache_mib=16, threads=1),
-        pool=PoolConfig(pool_segment_mib=64, pool_local_buffer_mib=16),
-        pin_cores=False,
-        threads_per_worker=1,
-        log_dir=tmp_path_factory.mktemp("cluster"),
-    ).with_free_ports()
+    spec = tiny_cluster_spec(
+        tiny_model_dir, tmp_path_factory.mktemp("cluster"), disagg_threshold_tokens=None
+    )
     with Cluster(spec).start() as running:
         yield running
 

@@ -37,13 +37,11 @@ from urllib.parse import urlsplit
 import grpc
 import pytest
 
-from kvpool.config import PoolConfig
-from kvserve.cluster import Cluster, ClusterSpec
+from kvserve.cluster import Cluster
 from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
-from workers.config import EngineConfig
+from tests.tiny_cluster import MODEL_NAME, tiny_cluster_spec
 
-MODEL_NAME = "tiny-llama"
 IDLE_WAIT_S = 20.0
 LEASE_S = 30.0
 """The router's reservation lease: longer than IDLE_WAIT_S, so that only an abort frees a
@@ -57,25 +55,13 @@ VOCAB = 49000
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    spec = ClusterSpec(
-        prefill=1,
-        decode=1,
-        engine=EngineConfig(
-            model=str(tiny_model_dir),
-            block_tokens=16,
-            kv_cache_mib=16,
-            threads=1,
-            max_num_batched_tokens=CHUNK,
-        ),
-        pool=PoolConfig(pool_segment_mib=64, pool_local_buffer_mib=16),
+    spec = tiny_cluster_spec(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("cluster"),
+        engine={"max_num_batched_tokens": CHUNK},
         policy="round_robin",
-        disagg_threshold_tokens=0,
         router_args=("--reserve-lease-s", str(LEASE_S)),
-        pin_cores=False,
-        threads_per_worker=1,
-        log_dir=tmp_path_factory.mktemp("cluster"),
-        startup_timeout_s=180,
-    ).with_free_ports()
+    )
     with Cluster(spec).start() as running:
         warm_up = RawRequest(running.router_url, body(fresh_prompt(40), 2, stream=False))
         assert warm_up.read_all()[0] == 200  # the first request loads what later ones reuse

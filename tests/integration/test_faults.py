@@ -9,43 +9,31 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from kvpool.config import PoolConfig
 from kvserve import faults
-from kvserve.cluster import Cluster, ClusterSpec
+from kvserve.cluster import Cluster
 from proto.registry import ClusterConfig, Keys, connect, list_workers
-from workers.config import EngineConfig
+from tests.midstream import LONG, complete, fault_mid_stream
+from tests.tiny_cluster import prompt_of, tiny_cluster_spec
 
-BLOCK = 16
-MODEL_NAME = "tiny-llama"
-LONG = 300  # output tokens: long enough that a fault lands mid-stream on the tiny model
 PEER_TIMEOUT = ("--peer-timeout-s", "2")  # a frozen peer fails its calls within ~2 s
 
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    spec = ClusterSpec(
-        prefill=1,
+    spec = tiny_cluster_spec(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("faults"),
         decode=2,
-        engine=EngineConfig(
-            model=str(tiny_model_dir), block_tokens=BLOCK, kv_cache_mib=16, threads=1
-        ),
-        pool=PoolConfig(pool_segment_mib=64, pool_local_buffer_mib=16),
         policy="round_robin",
-        disagg_threshold_tokens=0,
         router_args=PEER_TIMEOUT,
         worker_args=PEER_TIMEOUT,
-        pin_cores=False,
-        threads_per_worker=1,
-        log_dir=tmp_path_factory.mktemp("faults"),
-        startup_timeout_s=180,
-    ).with_free_ports()
+    )
     with Cluster(spec).start() as running:
         yield running
 
@@ -70,92 +58,13 @@ def whole_cluster_after(cluster: Cluster) -> Iterator[None]:
     assert faults.wait_idle(cluster) == dict.fromkeys(cluster.worker_names, 0)
 
 
-def metric(cluster: Cluster, name: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(cluster.router_url + "/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    return sum(
-        s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name
-    )
-
-
-def prompt_of(length: int, seed: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 49000 + 100 for i in range(length)]
-
-
-def complete(client: openai.OpenAI, prompt: list[int], n: int) -> str:
-    out = client.completions.create(
-        model=MODEL_NAME,
-        prompt=prompt,
-        max_tokens=n,
-        temperature=0,
-        extra_body={"ignore_eos": True},
-    )
-    return out.choices[0].text
-
-
-def stream_with_fault(
-    client: openai.OpenAI, prompt: list[int], n: int, after: int, fault: threading.Event
-) -> str:
-    """Stream a greedy completion; set ``fault`` once ``after`` chunks have come and wait
-    for the fault to be injected before reading on."""
-    chunks = client.completions.create(
-        model=MODEL_NAME,
-        prompt=prompt,
-        max_tokens=n,
-        temperature=0,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
-    parts: list[str] = []
-    for i, chunk in enumerate(chunks):
-        parts.append(chunk.choices[0].text if chunk.choices else "")
-        if i == after:
-            fault.set()
-    return "".join(parts)
-
-
-def inject_when(ready: threading.Event, action: object) -> threading.Thread:
-    def run() -> None:
-        assert ready.wait(60)
-        action()  # type: ignore[operator]
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
-def fault_mid_stream(
-    client: openai.OpenAI, cluster: Cluster, prompt: list[int], fault: Callable[[str], None]
-) -> tuple[str, str]:
-    """Stream ``prompt``; after a few chunks apply ``fault`` to the decode worker serving
-    it; returns the text the client got and that worker's name."""
-    hit: list[str] = []
-
-    def on_serving_decoder() -> None:
-        name = faults.serving_worker(cluster, "decode")
-        assert name is not None, "the stream ended before the fault"
-        fault(name)
-        hit.append(name)
-
-    ready = threading.Event()
-    thread = inject_when(ready, on_serving_decoder)
-    try:
-        text = stream_with_fault(client, prompt, LONG, after=5, fault=ready)
-    finally:
-        thread.join(30)
-    assert hit, "no fault was injected"
-    return text, hit[0]
-
-
 def test_decode_worker_frozen_or_killed_mid_stream(client: openai.OpenAI, cluster: Cluster) -> None:
     """A frozen (SIGSTOP) and then a killed decode worker: each time the stream resumes on
     the other one with exactly the fault-free output; with no decode worker left, the
     stream ends with an error event."""
     prompt = prompt_of(40, 1)
     reference = complete(client, prompt, LONG)
-    migrations = metric(cluster, "kvserve_migrations_total")
+    migrations = faults.router_metric(cluster, "kvserve_migrations_total")
     got, frozen = fault_mid_stream(
         client, cluster, prompt, lambda name: faults.freeze(cluster, name)
     )
@@ -165,7 +74,7 @@ def test_decode_worker_frozen_or_killed_mid_stream(client: openai.OpenAI, cluste
     assert faults.wait_routable(cluster)
     got, killed = fault_mid_stream(client, cluster, prompt, lambda name: faults.kill(cluster, name))
     assert got == reference
-    assert metric(cluster, "kvserve_migrations_total") == migrations + 2
+    assert faults.router_metric(cluster, "kvserve_migrations_total") == migrations + 2
     last = [n for n in cluster.worker_names if n.startswith("decode") and n != killed]
     assert faults.wait_idle(cluster, last) == {last[0]: 0}
     with pytest.raises(openai.APIError):
@@ -189,14 +98,14 @@ def test_prefill_worker_killed_mid_prefill_is_rerouted(
 def pool_reads(cluster: Cluster) -> int:
     """KV bytes the decode workers have read from the pool so far."""
     return sum(
-        faults.load_of(cluster.plan_of(n).address).kv_bytes_read
+        faults.load_of(cluster, n).kv_bytes_read
         for n in cluster.worker_names
         if n.startswith("decode")
     )
 
 
 def pool_connected(cluster: Cluster) -> list[bool]:
-    return [faults.load_of(cluster.plan_of(n).address).pool_connected for n in cluster.worker_names]
+    return [faults.load_of(cluster, n).pool_connected for n in cluster.worker_names]
 
 
 def test_pool_master_restart_keeps_serving_then_reuses_the_pool(

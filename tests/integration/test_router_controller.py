@@ -20,14 +20,13 @@ import grpc
 import openai
 import redis
 
-from kvpool.config import PoolConfig
-from kvserve.cluster import Cluster, ClusterSpec
+from kvserve.cluster import Cluster
+from kvserve.faults import router_metric
 from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
 from proto.registry import list_workers
-from tests.e2e.test_disaggregated import MODEL_NAME, metric, prompt_of
 from tests.integration.router_harness import wait_for
-from workers.config import EngineConfig
+from tests.tiny_cluster import MODEL_NAME, prompt_of, tiny_cluster_spec
 
 CONTROLLER_ARGS = (
     "--controller", "--controller-interval-s", "0.5", "--controller-window-s", "30",
@@ -50,7 +49,7 @@ def moved(cluster: Cluster) -> bool:
 
 
 def prefilled_on(cluster: Cluster, worker: str) -> float:
-    return metric(cluster, "kvserve_ttft_seconds_count", mode="disagg", worker=worker)
+    return router_metric(cluster, "kvserve_ttft_seconds_count", mode="disagg", worker=worker)
 
 
 class Load:
@@ -90,18 +89,9 @@ class Load:
 def test_controller_moves_a_decode_worker_to_prefill_and_loses_no_request(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    spec = ClusterSpec(
-        prefill=0,
-        decode=2,
-        engine=EngineConfig(model=str(tiny_model_dir), block_tokens=16, kv_cache_mib=16, threads=1),
-        pool=PoolConfig(pool_segment_mib=64, pool_local_buffer_mib=16),
-        disagg_threshold_tokens=0,
-        router_args=CONTROLLER_ARGS,
-        pin_cores=False,
-        threads_per_worker=1,
-        log_dir=tmp_path,
-        startup_timeout_s=180,
-    ).with_free_ports()
+    spec = tiny_cluster_spec(
+        tiny_model_dir, tmp_path, prefill=0, decode=2, router_args=CONTROLLER_ARGS
+    )
     with Cluster(spec).start() as cluster:
         client = openai.OpenAI(
             base_url=cluster.router_url + "/v1", api_key="unused", max_retries=0, timeout=60
@@ -130,9 +120,9 @@ def test_controller_moves_a_decode_worker_to_prefill_and_loses_no_request(
         records = list_workers(redis.Redis.from_url(cluster.redis_url), spec.cluster_config.keys)
         assert {r.worker_id: r.role for r in records}[worker] == "prefill"
 
-        changes = metric(cluster, "kvserve_role_changes_total", from_role="decode",
+        changes = router_metric(cluster, "kvserve_role_changes_total", from_role="decode",
                          to_role="prefill", result="completed")  # fmt: skip
         assert changes == 1
-        assert metric(cluster, "kvserve_workers", role="prefill") == 1
-        assert metric(cluster, "kvserve_workers", role="decode") == 1
-        assert metric(cluster, "kvserve_slo_attainment", metric="tpot") == 1.0
+        assert router_metric(cluster, "kvserve_workers", role="prefill") == 1
+        assert router_metric(cluster, "kvserve_workers", role="decode") == 1
+        assert router_metric(cluster, "kvserve_slo_attainment", metric="tpot") == 1.0

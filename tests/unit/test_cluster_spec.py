@@ -12,7 +12,8 @@ import pytest
 import kvserve.cli as cli
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
-from kvserve.cluster_spec import ClusterSpec, config_argv, split_cores
+from kvserve.cluster_spec import ClusterSpec
+from kvserve.process_plan import Host, config_argv, split_cores
 from kvserve.services import RedisConfig, redis_auth_conf, redis_command
 from kvserve.settings import config_from_args
 from proto.registry import ClusterConfig
@@ -48,7 +49,7 @@ def worker_argv(role: str, port: int, name: str, threads: int) -> list[str]:
     head = ["py", "-m", "kvserve", "worker", "--role", role, "--worker-host", "127.0.0.1"]
     head += ["--worker-port", str(port), "--worker-id", name]
     engine = config_argv(EngineConfig(model="/m", threads=threads))
-    return [*head, *engine, *config_argv(spec().pool_config), *REGISTRY]
+    return [*head, *engine, *config_argv(spec().pool_config(name)), *REGISTRY]
 
 
 def test_config_argv_spells_every_field_as_its_flag() -> None:
@@ -74,7 +75,7 @@ def test_two_cores_one_prefill_one_decode_pins_one_core_each() -> None:
     assert decode.address == "127.0.0.1:50062"
     assert not plan.shared_cores and plan.notes == ()
     router = ["py", "-m", "kvserve", "router", "--router-host", "127.0.0.1"]
-    router += ["--router-port", "8000", *REGISTRY, *config_argv(spec().pool_config)]
+    router += ["--router-port", "8000", *REGISTRY, *config_argv(spec().pool_config("router"))]
     router += ["--master-metrics-url", "http://127.0.0.1:9003/metrics"]
     assert list(plan.router.argv) == router
     assert plan.router.cores == () and plan.router.port == 8000
@@ -125,8 +126,8 @@ def test_router_options_and_extra_args_come_last() -> None:
 def test_pool_and_registry_point_at_this_clusters_services() -> None:
     pool = PoolConfig(pool_master="elsewhere:1", pool_local_hostname="10.0.0.1")
     s = spec(pool=pool, redis_port=7000, redis_password="pw", cluster_name="c1")
-    assert s.pool_config.pool_master == s.master.rpc_address
-    assert s.pool_config.pool_local_hostname == "127.0.0.1"
+    assert s.pool_config("decode-0").pool_master == s.master.rpc_address
+    assert s.pool_config("decode-0").pool_local_hostname == "127.0.0.1"
     assert s.cluster_config.redis_url == "redis://127.0.0.1:7000/0"
     assert s.cluster_config.redis_password == "pw" and "pw" not in repr(s.cluster_config)
     assert s.cluster_config.cluster == "c1"
@@ -194,6 +195,51 @@ def test_no_pool_ports_are_checked_without_the_pool() -> None:
     assert s.plan([0]).workers[0].name == "mixed-0"
 
 
+def test_hosts_place_each_process_on_its_own_address_and_prefix() -> None:
+    """Each placed process binds to, advertises and is reached at its own address, and
+    starts under its prefix; the pool's services move together; the rest stay on host."""
+    hosts = {
+        "mooncake_master": Host("10.9.0.2", ("ns", "m")),
+        "redis": Host("10.9.0.3"),
+        "decode-0": Host("10.9.0.4", ("ns", "d")),
+        "router": Host("10.9.0.5", ("ns", "r")),
+    }
+    s = spec(hosts=hosts, redis_password="pw")
+    plan = s.plan([0, 1])
+    prefill, decode = plan.workers
+    assert (prefill.host, prefill.prefix) == ("127.0.0.1", ())
+    assert (decode.address, decode.prefix) == ("10.9.0.4:50062", ("ns", "d"))
+    assert flag(decode.argv, "--worker-host") == "10.9.0.4"
+    assert flag(decode.argv, "--pool-local-hostname") == "10.9.0.4"
+    assert flag(decode.argv, "--pool-master") == "10.9.0.2:50051"
+    assert flag(decode.argv, "--pool-metadata-server") == "http://10.9.0.2:8080/metadata"
+    assert flag(decode.argv, "--redis-url") == "redis://10.9.0.3:6379/0"
+    assert flag(prefill.argv, "--pool-local-hostname") == "127.0.0.1"
+    assert (plan.router.host, plan.router.prefix) == ("10.9.0.5", ("ns", "r"))
+    assert flag(plan.router.argv, "--router-host") == "10.9.0.5"
+    assert flag(plan.router.argv, "--pool-local-hostname") == "10.9.0.5"
+    assert flag(plan.router.argv, "--master-metrics-url") == "http://10.9.0.2:9003/metrics"
+    assert s.router_url == "http://10.9.0.5:8000"
+    assert s.pool_master.master_host == "10.9.0.2" and s.redis_config.host == "10.9.0.3"
+    assert s.prefix_of("mooncake_master") == ("ns", "m") and s.prefix_of("redis") == ()
+
+
+@pytest.mark.parametrize(
+    ("hosts", "error"),
+    [
+        ({"decode-7": Host("10.9.0.4")}, "not in"),
+        ({"router": Host("0.0.0.0")}, "router must be an address"),
+        ({"redis": Host("")}, "redis must be an address"),
+        ({"redis": Host("10.9.0.3")}, "reachable from other hosts: set a password"),
+    ],
+)
+def test_hosts_must_name_real_processes_and_reachable_addresses(
+    hosts: dict[str, Host], error: str
+) -> None:
+    with pytest.raises(ValueError, match=error):
+        spec(hosts=hosts)
+
+
 def _parse(argv: tuple[str, ...]) -> argparse.Namespace:
     assert argv[:3] == ("py", "-m", "kvserve")
     return cli.build_parser().parse_args(list(argv[3:]))
@@ -206,7 +252,7 @@ def test_argv_round_trips_through_the_real_cli() -> None:
     ns = _parse(plan.workers[1].argv)
     assert (ns.role, ns.worker_port, ns.worker_id) == ("decode", 50062, "decode-0")
     assert config_from_args(EngineConfig, ns) == dataclasses.replace(s.engine, threads=1)
-    assert config_from_args(PoolConfig, ns) == s.pool_config
+    assert config_from_args(PoolConfig, ns) == s.pool_config("decode-0")
     assert config_from_args(ClusterConfig, ns) == s.cluster_config
     ns = _parse(plan.router.argv)
     assert (ns.router_port, ns.policy, ns.disagg_threshold_tokens) == (8000, "cache_aware", 64)

@@ -1,0 +1,80 @@
+"""Faults injected while a greedy completion streams: the client side of the fault tests
+(:mod:`tests.integration.test_faults`, :mod:`tests.e2e.test_disaggregated`)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import openai
+
+from kvserve import faults
+from kvserve.cluster import Cluster
+from tests.tiny_cluster import MODEL_NAME
+
+LONG = 300  # output tokens: long enough that a fault lands mid-stream on the tiny model
+
+
+def complete(client: openai.OpenAI, prompt: list[int], n: int) -> str:
+    out = client.completions.create(
+        model=MODEL_NAME,
+        prompt=prompt,
+        max_tokens=n,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    return out.choices[0].text
+
+
+def stream_with_fault(
+    client: openai.OpenAI, prompt: list[int], n: int, after: int, fault: threading.Event
+) -> str:
+    """Stream a greedy completion; set ``fault`` once ``after`` chunks have come and wait
+    for the fault to be injected before reading on."""
+    chunks = client.completions.create(
+        model=MODEL_NAME,
+        prompt=prompt,
+        max_tokens=n,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    parts: list[str] = []
+    for i, chunk in enumerate(chunks):
+        parts.append(chunk.choices[0].text if chunk.choices else "")
+        if i == after:
+            fault.set()
+    return "".join(parts)
+
+
+def inject_when(ready: threading.Event, action: object) -> threading.Thread:
+    def run() -> None:
+        assert ready.wait(60)
+        action()  # type: ignore[operator]
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def fault_mid_stream(
+    client: openai.OpenAI, cluster: Cluster, prompt: list[int], fault: Callable[[str], None]
+) -> tuple[str, str]:
+    """Stream ``prompt``; after a few chunks apply ``fault`` to the decode worker serving
+    it; returns the text the client got and that worker's name."""
+    hit: list[str] = []
+
+    def on_serving_decoder() -> None:
+        name = faults.serving_worker(cluster, "decode")
+        assert name is not None, "the stream ended before the fault"
+        fault(name)
+        hit.append(name)
+
+    ready = threading.Event()
+    thread = inject_when(ready, on_serving_decoder)
+    try:
+        text = stream_with_fault(client, prompt, LONG, after=5, fault=ready)
+    finally:
+        thread.join(30)
+    assert hit, "no fault was injected"
+    return text, hit[0]

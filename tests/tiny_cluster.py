@@ -1,0 +1,45 @@
+"""The one-machine cluster the integration and end-to-end tests run: the tiny model, a
+16 MiB KV cache and 16-token blocks per worker, a 64 MiB pool segment, one thread per
+worker, no core pinning and free ports, so that several such clusters fit on a 2-core
+machine one after the other."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from kvpool.config import PoolConfig
+from kvserve.cluster import ClusterSpec
+from workers.config import EngineConfig
+
+BLOCK = 16
+MODEL_NAME = "tiny-llama"
+
+
+def tiny_cluster_spec(
+    model_dir: Path, log_dir: Path, *, engine: dict[str, Any] | None = None, **spec: Any
+) -> ClusterSpec:
+    """A :class:`ClusterSpec` for the tiny model; ``engine`` overrides
+    :class:`EngineConfig` fields, ``spec`` overrides :class:`ClusterSpec` fields (by
+    default 1 prefill + 1 decode worker, every request disaggregated)."""
+    base = EngineConfig(model=str(model_dir), block_tokens=BLOCK, kv_cache_mib=16, threads=1)
+    defaults: dict[str, Any] = {
+        "prefill": 1,
+        "decode": 1,
+        "pool": PoolConfig(pool_segment_mib=64, pool_local_buffer_mib=16),
+        "disagg_threshold_tokens": 0,
+        "pin_cores": False,
+        "threads_per_worker": 1,
+        "startup_timeout_s": 180,
+    }
+    return ClusterSpec(
+        engine=dataclasses.replace(base, **(engine or {})),
+        log_dir=log_dir,
+        **{**defaults, **spec},
+    ).with_free_ports()
+
+
+def prompt_of(length: int, seed: int) -> list[int]:
+    """``length`` token ids, a fixed function of ``seed`` (distinct seeds share no prefix)."""
+    return [(seed * 7919 + i * 104729) % 49000 + 100 for i in range(length)]
