@@ -159,6 +159,18 @@ def _migrations(cluster: Cluster) -> int:
     return int(faults.router_metric(cluster, "kvserve_migrations_total"))
 
 
+def _error_windows(outcomes: list[Outcome | None], t0: float) -> dict[str, list[float]]:
+    """For each error text: when (seconds into the run) the first and the last such
+    error ended, to line them up with the fault log."""
+    windows: dict[str, list[float]] = {}
+    for o in outcomes:
+        if o is not None and o.status == "error":
+            at = round(o.ended - t0, 2)
+            first, last = windows.get(o.detail, [at, at])
+            windows[o.detail] = [min(first, at), max(last, at)]
+    return windows
+
+
 def _served_model(cluster: Cluster) -> str:
     with urllib.request.urlopen(cluster.router_url + "/v1/models", timeout=10) as reply:
         return str(json.load(reply)["data"][0]["id"])
@@ -251,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
     ties = _fp_ties(model, args.block_tokens, requests, outcomes, references)
     summary = summarize(outcomes, references, migrated, leaked, injector.records, ties)
     summary["seconds"] = round(time.monotonic() - t0, 1)
+    summary["error_window_s"] = _error_windows(outcomes, t0)
     summary["fault_log"] = [asdict(r) for r in injector.records]
     print_table(summary)
     if args.json:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import openai
 
@@ -36,13 +36,15 @@ class ChaosRequest:
 
 @dataclass(frozen=True)
 class Outcome:
-    """``status``: ``ok``, ``error`` or ``hung``; ``detail``: the error's text."""
+    """``status``: ``ok``, ``error`` or ``hung``; ``detail``: the error's text;
+    ``ended``: when it ended (``time.monotonic()``)."""
 
     status: str
     text: str = ""
     detail: str = ""
     seconds: float = 0.0
     response_id: str = ""
+    ended: float = field(default_factory=time.monotonic)
 
 
 def workload(count: int, seed: int, vocab: int, prefixes: int = 8) -> list[ChaosRequest]:
@@ -98,7 +100,8 @@ def send_one(client: openai.OpenAI, model: str, req: ChaosRequest) -> Outcome:
     except openai.APITimeoutError:
         return Outcome("hung", seconds=time.monotonic() - t0)
     except openai.APIStatusError as exc:
-        return Outcome("error", detail=f"HTTP {exc.status_code}", seconds=time.monotonic() - t0)
+        detail = f"HTTP {exc.status_code}: {exc.message[:160]}"
+        return Outcome("error", detail=detail, seconds=time.monotonic() - t0)
     except openai.APIError as exc:  # an error event in a stream, or the connection broke
         return Outcome("error", detail=type(exc).__name__, seconds=time.monotonic() - t0)
     return Outcome("ok", text=text, seconds=time.monotonic() - t0, response_id=rid)

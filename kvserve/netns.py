@@ -33,6 +33,7 @@ import dataclasses
 import ipaddress
 import itertools
 import logging
+import os
 import re
 import secrets
 import shutil
@@ -178,6 +179,20 @@ class NetHosts:
             yield self
         finally:
             self.destroy()
+
+
+def unavailable() -> str:
+    """'' when this process can make network namespaces (root with CAP_NET_ADMIN and
+    iproute2), else why not; tries by making and deleting one."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    probe = f"kvsprobe-{os.getpid()}"
+    try:
+        ip("netns", "add", probe)
+        ip("netns", "del", probe)
+    except NetnsError as exc:
+        return str(exc)
+    return ""
 
 
 def _namespaces() -> list[str]:

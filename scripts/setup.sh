@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(libibverbs1 libnuma1 redis-server)
+apt_packages=(libibverbs1 libnuma1 redis-server iproute2)  # iproute2: `ip netns` for up --hosts
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

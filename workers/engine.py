@@ -115,6 +115,9 @@ class Engine:
 
         ``handoff``: prefill only (see the module docstring); needs the pool.
         ``cache_salt``: the request's tenant salt (it shares prefixes only with its salt).
+        A reservation under the same id is superseded, so released first: the router
+        prefills here after all (its prefill worker failed), or gave that ``Reserve`` up
+        (e.g. a frozen worker carried it out late).
         """
         if handoff and self.streamer is None:
             raise ValueError("handing a prefill off to a decode worker needs the KV pool")
@@ -136,7 +139,8 @@ class Engine:
         first token, or a decode worker that failed): it is queued with prompt and outputs,
         which admission reuses from the pool where present and computes otherwise; seeded
         sampling, stop strings, ``max_tokens`` and the released text go on as if it had run
-        here all along. Only new tokens are reported. ``ValueError`` if nothing is left."""
+        here all along. Only new tokens are reported. ``ValueError`` if nothing is left.
+        A reservation under the same id is released first, as in :meth:`add_request`."""
         if not output_token_ids or len(output_token_ids) >= params.max_tokens:
             raise ValueError("a resumed request needs 1 to max_tokens - 1 output tokens")
         tokens = [*prompt_token_ids, *output_token_ids]
@@ -154,6 +158,7 @@ class Engine:
         cache_salt: str = "",
     ) -> Sequence:
         request_id = request_id or f"req-{next(self._ids)}"
+        self.reservations.release(request_id)  # superseded: see add_request
         self._check_new(request_id, token_ids)
         seq = Sequence(request_id, token_ids, params, prompt, arrival_step=self.stats.steps)
         seq.hash_root = salt_root(cache_salt, self.namespace.seed)

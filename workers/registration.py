@@ -8,6 +8,12 @@ with the cluster's credentials) -> :meth:`Heartbeat.beat` once at start (raises
 record and its load report every ``heartbeat_s`` on a thread (a failed beat is logged and
 retried at the next one: a Redis restart is healed within one beat) -> :meth:`Heartbeat.stop`
 withdraws the record.
+
+The heartbeat says the process lives; the load report is as fresh as the engine allows.
+``load`` must give up after about ``heartbeat_s`` (raising ``TimeoutError``) when the
+engine thread is busy, e.g. with a pool transfer to a frozen peer; the beat then publishes
+the last report it has, so a worker that is slow for a few seconds stays in the router's
+view (its requests wait) instead of vanishing from it (they would fail).
 """
 
 from __future__ import annotations
@@ -52,8 +58,14 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def beat(self) -> None:
-        """Publish the record with a fresh load report now."""
-        self.record = replace(self.record, heartbeat_at=time.time(), load=self.load())
+        """Publish the record with a fresh load report now (the last one if the engine does
+        not answer in time: see the module docstring)."""
+        try:
+            load = self.load()
+        except TimeoutError:
+            log.warning("engine busy: the heartbeat carries the last load report")
+            load = self.record.load
+        self.record = replace(self.record, heartbeat_at=time.time(), load=load)
         try:
             publish(self.client, self.cluster.keys, self.record, self.cluster.heartbeat_ttl_s)
         except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:

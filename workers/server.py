@@ -54,6 +54,7 @@ from workers.wire import load_report
 
 log = logging.getLogger(__name__)
 GRACE_S = 5.0
+REPORT_WAIT_S = 5.0  # a load report for /metrics waits this long for the engine thread
 
 
 def advertised(worker: WorkerConfig) -> str:
@@ -129,13 +130,13 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
     record = make_record(worker, engine, advertised(worker))
     servicer = WorkerServicer(loop, worker.role, lambda: None)
 
-    def report() -> pb.LoadReport:
+    def report(timeout: float = REPORT_WAIT_S) -> pb.LoadReport:
         call = loop.call(lambda e: load_report(e, servicer.role, servicer.draining))
-        done: pb.LoadReport = call.result(timeout=5)
+        done: pb.LoadReport = call.result(timeout=timeout)
         return done
 
-    def load() -> dict[str, object]:
-        return MessageToDict(report(), preserving_proto_field_name=True)
+    def load() -> dict[str, object]:  # bounded by the beat: see workers.registration
+        return MessageToDict(report(cluster.heartbeat_s), preserving_proto_field_name=True)
 
     heartbeat = Heartbeat(cluster, record, load)
     loop.start()

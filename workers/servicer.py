@@ -89,6 +89,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             result = await asyncio.wrap_future(self.loop.start_request(request_id, sink, fn))
         except ValueError as exc:
+            log.warning("refused %s: %s", request_id, exc)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return result, outputs
 

@@ -115,3 +115,31 @@ def test_chat_template_renders_the_model_format(default_model_dir: Path) -> None
     ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
     text = tok.decode(ids, skip_special_tokens=False)
     assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def drain(engine: Engine) -> list[int]:
+    """Step until nothing is left; the tokens produced meanwhile."""
+    tokens: list[int] = []
+    while engine.has_unfinished:
+        for out in engine.step():
+            tokens += out.new_token_ids
+    return tokens
+
+
+def test_a_request_supersedes_its_own_stale_reservation(tiny_model_dir: Path) -> None:
+    """A reservation held under a request's id gives way when the same request arrives
+    to be resumed (its decode worker failed elsewhere) or prefilled here (its prefill
+    worker failed): the output is the same as an uninterrupted run's, nothing is held."""
+    engine = make_engine(tiny_model_dir)
+    prompt = random_prompts((37,), seed=5)[0]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    (whole,) = engine.generate([prompt], params)
+    assert engine.reserve("r1", prompt, 12, lease_s=60.0) is not None
+    engine.resume("r1", prompt, whole.output_token_ids[:5], params)
+    assert len(engine.reservations) == 0
+    assert whole.output_token_ids[:5] + drain(engine) == whole.output_token_ids
+    assert engine.reserve("r2", prompt, 12, lease_s=60.0) is not None
+    engine.add_request(prompt, params, "r2")
+    assert len(engine.reservations) == 0
+    assert drain(engine) == whole.output_token_ids
+    assert engine.num_free_blocks == engine.num_blocks

@@ -154,3 +154,29 @@ def test_acl_users(tmp_path: Path) -> None:
             elsewhere.client.close()
         finally:
             admin.close()
+
+
+def test_a_busy_engine_keeps_its_worker_registered(password_redis: RedisProcess) -> None:
+    """A load report that does not come in time (the engine thread is busy) still gives a
+    heartbeat: the record is published again with the last report, not left to expire."""
+    cluster = unique(password_redis.cluster_config)
+    reports: list[dict[str, object] | Exception] = [{"running": 3}, TimeoutError()]
+
+    def load() -> dict[str, object]:
+        answer = reports.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    beat = Heartbeat(cluster, record("busy"), load)
+    admin = connect(cluster, socket_timeout=2)
+    try:
+        beat.beat()
+        first = list_workers(admin, cluster.keys)[0]
+        beat.beat()  # the engine did not answer
+        (again,) = list_workers(admin, cluster.keys)
+        assert again.load == {"running": 3} == first.load
+        assert again.heartbeat_at > first.heartbeat_at
+    finally:
+        beat.stop()
+        admin.close()
