@@ -33,7 +33,8 @@ from types import TracebackType
 from kvpool.master import MASTER, METADATA, MasterConfig, port_open
 from kvserve.cluster_spec import ClusterSpec
 from kvserve.process_plan import ClusterPlan, ProcessPlan
-from kvserve.services import ManagedProcess, PoolProcesses, RedisProcess
+from kvserve.redis_service import RedisProcess
+from kvserve.services import ManagedProcess, PoolProcesses
 from proto.registry import ClusterConfig
 
 __all__ = ["Cluster", "ClusterPlan", "ClusterSpec", "ProcessPlan"]

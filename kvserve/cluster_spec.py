@@ -34,7 +34,7 @@ from kvserve.process_plan import (
     secret_env,
     split_cores,
 )
-from kvserve.services import RedisConfig
+from kvserve.redis_service import RedisConfig
 from proto.registry import ClusterConfig
 from workers.config import EngineConfig
 
@@ -53,7 +53,7 @@ class ClusterSpec:
       advertises its :class:`Host`'s address and starts under its prefix (e.g. in its own
       network namespace: :mod:`kvserve.netns`); the others run on ``host``.
     - ``redis_username`` / ``redis_password``: Redis is started with these credentials
-      (:class:`kvserve.services.RedisConfig`) and every process gets them, the password
+      (:class:`kvserve.redis_service.RedisConfig`) and every process gets them, the password
       through its environment.
     - ``peer_timeout_s`` / ``grpc_tls_cert`` / ``grpc_tls_key`` / ``grpc_tls_ca``: gRPC
       liveness and TLS of every worker, the router and the health checks

@@ -1,4 +1,5 @@
-"""Child processes of a one-machine cluster: a generic wrapper, Redis and the KV pool.
+"""Child processes of a one-machine cluster: a generic wrapper and the KV pool (Redis:
+:mod:`kvserve.redis_service`).
 
 Lifecycle of a :class:`ManagedProcess`:
 
@@ -11,10 +12,10 @@ Lifecycle of a :class:`ManagedProcess`:
 3. ``stop()`` sends SIGTERM to the process group, waits ``grace`` seconds, then SIGKILLs
    the group; it is idempotent and also sweeps any leftover member of the group.
 
-:class:`RedisProcess` and :class:`PoolProcesses` follow the same steps for ``redis-server``
-and the pool's services (``mooncake_metadata`` then ``mooncake_master``, as
-:func:`kvpool.master.pool_services` says); all bind to loopback unless told otherwise
-(Redis optionally with a password or an ACL user, :class:`RedisConfig`). The pool is run
+:class:`~kvserve.redis_service.RedisProcess` and :class:`PoolProcesses` follow the same
+steps for ``redis-server`` and the pool's services (``mooncake_metadata`` then
+``mooncake_master``, as :func:`kvpool.master.pool_services` says); all bind to loopback
+unless told otherwise (Redis optionally with a password or an ACL user). The pool is run
 here rather than through :class:`kvpool.master.MasterProcess` because that one stays in
 the launcher's process group and would die first on Ctrl-C, before the workers using it.
 """
@@ -22,20 +23,15 @@ the launcher's process group and would die first on Ctrl-C, before the workers u
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
-import re
 import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 from kvpool.master import MasterConfig, PoolService, pool_services
-from proto.registry import ClusterConfig, connect
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -173,170 +169,6 @@ class ManagedProcess:
         return RuntimeError(
             f"{self.name} {what}: it {state}; last lines of {self.log_path}:\n{self.log_tail()}"
         )
-
-
-_REDIS_USER = re.compile(r"[A-Za-z0-9_.@-]+")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an IP address or ``localhost``) is this machine's loopback."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-@dataclass(frozen=True)
-class RedisConfig:
-    """Where the cluster's Redis listens (loopback by default) and who may use it.
-
-    ``password`` empty means no authentication, allowed on loopback only (Redis's protected
-    mode refuses other hosts then, so that is an error here); with a password and no
-    ``username`` it is Redis's ``requirepass``; with a ``username`` too, that ACL user gets
-    every command and key and the ``default`` user is switched off. The password never
-    reaches a command line: it goes to redis-server through a mode-0600 config file (removed
-    once Redis answers) and to clients through :func:`proto.registry.connect`.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 6379
-    password: str = field(default="", repr=False)
-    username: str = ""
-
-    def __post_init__(self) -> None:
-        if self.username and not self.password:
-            raise ValueError(f"Redis user {self.username!r} needs a password (redis_password)")
-        if self.username and not _REDIS_USER.fullmatch(self.username):
-            raise ValueError(
-                f"a Redis user name is letters, digits and _.@-, got {self.username!r}"
-            )
-        if any(c in self.password for c in "\r\n\0"):
-            raise ValueError("the Redis password must not contain line breaks or NUL")
-        if not self.password and not is_loopback(self.host):
-            raise ValueError(
-                f"Redis on {self.host} is reachable from other hosts: set a password "
-                f"(redis_password; kvserve up --hosts makes one up when none is given)"
-            )
-
-    @property
-    def url(self) -> str:
-        """``redis://host:port/0``, without credentials (those travel separately)."""
-        return f"redis://{self.host}:{self.port}/0"
-
-    @property
-    def cluster_config(self) -> ClusterConfig:
-        """A registry config that reaches this Redis with its credentials."""
-        return ClusterConfig(
-            redis_url=self.url, redis_username=self.username, redis_password=self.password
-        )
-
-
-def redis_binary() -> str:
-    found = shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").is_file() else None
-    )
-    if not found:
-        raise FileNotFoundError(
-            "redis-server not found: run scripts/setup.sh (it installs Debian's redis-server)"
-        )
-    return found
-
-
-def redis_command(
-    cfg: RedisConfig, binary: str = "redis-server", auth_conf: Path | None = None
-) -> list[str]:
-    """A throwaway Redis: no snapshots, no append-only file, protected mode on; with
-    credentials, ``auth_conf`` is the file holding them (:func:`redis_auth_conf`)."""
-    argv = [binary, *([str(auth_conf)] if auth_conf else [])]
-    argv += ["--port", str(cfg.port), "--bind", cfg.host, "--save", ""]
-    return [*argv, "--appendonly", "no", "--protected-mode", "yes"]
-
-
-def _quoted(text: str) -> str:
-    """A redis.conf argument that keeps every character (double quotes, escapes)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def redis_auth_conf(cfg: RedisConfig) -> str:
-    """The redis.conf lines that set ``cfg``'s credentials ('' without a password)."""
-    if not cfg.password:
-        return ""
-    if not cfg.username:
-        return f"requirepass {_quoted(cfg.password)}\n"
-    lines = [] if cfg.username == "default" else ["user default off"]
-    lines.append(f"user {cfg.username} on {_quoted('>' + cfg.password)} ~* &* +@all")
-    return "\n".join(lines) + "\n"
-
-
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
-class RedisProcess:
-    """``redis-server`` for one cluster: ``start()`` returns once it answers PING (with
-    ``cfg``'s credentials)."""
-
-    def __init__(self, cfg: RedisConfig, log_path: Path, prefix: Sequence[str] = ()) -> None:
-        self.cfg = cfg
-        self._auth_conf = log_path.with_suffix(".auth.conf") if cfg.password else None
-        argv = redis_command(cfg, redis_binary(), self._auth_conf)
-        self.process = ManagedProcess("redis", argv, log_path, prefix=prefix)
-
-    def start(self, timeout: float = 20.0) -> RedisProcess:
-        import redis
-
-        if self._auth_conf is not None:
-            _write_private(self._auth_conf, redis_auth_conf(self.cfg))
-        self.process.start()
-        client = connect(self.cfg.cluster_config, socket_timeout=0.5, socket_connect_timeout=0.5)
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
-                    if client.ping():
-                        return self
-                if not self.process.running or time.monotonic() > deadline:
-                    raise self.process.failure(f"did not answer PING on port {self.cfg.port}")
-                time.sleep(0.05)
-        except BaseException:
-            self.stop()
-            raise
-        finally:
-            client.close()
-            if self._auth_conf is not None:  # read at start-up: the secret leaves the disk
-                self._auth_conf.unlink(missing_ok=True)
-
-    @property
-    def url(self) -> str:
-        return self.cfg.url
-
-    @property
-    def cluster_config(self) -> ClusterConfig:
-        return self.cfg.cluster_config
-
-    @property
-    def running(self) -> bool:
-        return self.process.running
-
-    def stop(self, grace: float = 5.0) -> None:
-        self.process.stop(grace)
-
-    def __enter__(self) -> RedisProcess:
-        return self.start() if not self.running else self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 class PoolProcesses:

@@ -31,7 +31,7 @@ from typing_extensions import override
 
 from kvpool.config import PoolConfig
 from kvpool.master import free_local_ports
-from kvserve.services import RedisConfig, RedisProcess
+from kvserve.redis_service import RedisConfig, RedisProcess
 from proto import worker_pb2 as pb
 from proto.registry import ClusterConfig, WorkerRecord, publish
 from proto.worker_pb2_grpc import WorkerServicer, add_WorkerServicer_to_server

@@ -20,7 +20,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from kvpool.master import free_local_ports
-from kvserve.services import RedisConfig, RedisProcess
+from kvserve.redis_service import RedisConfig, RedisProcess
 from tests.integration.router_harness import (
     MODEL,
     Harness,

@@ -28,7 +28,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvpool.master import MASTER, METADATA, MasterConfig, MasterProcess, free_local_ports
 from kvserve.cluster import grpc_serving
-from kvserve.services import ManagedProcess, PoolProcesses, RedisConfig, RedisProcess
+from kvserve.redis_service import RedisConfig, RedisProcess
+from kvserve.services import ManagedProcess, PoolProcesses
 from proto import channels
 from proto import worker_pb2 as pb
 from proto.registry import ClusterConfig

@@ -17,7 +17,8 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvpool.master import MasterConfig, free_local_ports
-from kvserve.services import ManagedProcess, RedisConfig, RedisProcess
+from kvserve.redis_service import RedisConfig, RedisProcess
+from kvserve.services import ManagedProcess
 from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
 from proto.registry import Keys, WorkerRecord, list_workers

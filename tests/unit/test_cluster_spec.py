@@ -14,7 +14,7 @@ from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvserve.cluster_spec import ClusterSpec
 from kvserve.process_plan import Host, config_argv, split_cores
-from kvserve.services import RedisConfig, redis_auth_conf, redis_command
+from kvserve.redis_service import RedisConfig, redis_auth_conf, redis_command
 from kvserve.settings import config_from_args
 from proto.registry import ClusterConfig
 from workers.config import EngineConfig

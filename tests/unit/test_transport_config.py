@@ -13,7 +13,7 @@ import kvserve.cli as cli
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig, master_command
 from kvserve.cluster_spec import ClusterSpec
-from kvserve.services import RedisConfig, redis_command
+from kvserve.redis_service import RedisConfig, redis_command
 from kvserve.settings import config_from_args
 from proto import channels
 from proto.registry import ClusterConfig, explain
