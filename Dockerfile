@@ -38,6 +38,6 @@ USER kvserve
 RUN kvserve prepare-model
 
 VOLUME ["/models"]
-EXPOSE 8000 50061 50051 8080 9003
+EXPOSE 8000 50061 50051 8080 9003 9100
 ENTRYPOINT ["kvserve"]
 CMD ["--help"]
