@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -145,6 +146,16 @@ class PoolService:
     def ready(self) -> bool:
         return all(port_open(self.host, p) for p in self.ports)
 
+    def wait_ready(self, running: Callable[[], bool], timeout: float) -> bool:
+        """Poll until the service is ready (True), or until ``running()`` says its process
+        exited or ``timeout`` seconds passed (False)."""
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if not running() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def check_ports_free(self) -> None:
         """Raise if something already listens on one of the ports: checked before starting,
         as readiness is "the ports answer" and the metadata server does not exit when it
@@ -254,22 +265,21 @@ class MasterProcess:
             self._log = self.log_path.open("wb")
         try:
             for service in pool_services(self.cfg):
-                service.check_ports_free()
-                proc = subprocess.Popen(service.argv, stdout=self._log, stderr=self._log)
-                self._procs[service.name] = proc
-                deadline = time.monotonic() + timeout
-                while not service.ready():
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        where = f"; see {self.log_path}" if self.log_path else ""
-                        raise RuntimeError(
-                            f"{service.name} did not come up on "
-                            f"{service.host}:{service.ports}{where}"
-                        )
-                    time.sleep(0.05)
+                self._start_one(service, timeout)
         except BaseException:  # also Ctrl-C while starting: nothing is left running
             self.stop()
             raise
         return self
+
+    def _start_one(self, service: PoolService, timeout: float) -> None:
+        service.check_ports_free()
+        proc = subprocess.Popen(service.argv, stdout=self._log, stderr=self._log)
+        self._procs[service.name] = proc
+        if not service.wait_ready(lambda: proc.poll() is None, timeout):
+            where = f"; see {self.log_path}" if self.log_path else ""
+            raise RuntimeError(
+                f"{service.name} did not come up on {service.host}:{service.ports}{where}"
+            )
 
     @property
     def pids(self) -> dict[str, int]:

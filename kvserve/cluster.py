@@ -173,11 +173,10 @@ class Cluster:
         return self
 
     def _check_ports_free(self) -> None:
-        busy = {
-            f"{n} ({self.spec.host_of(n.split()[0])})": p
-            for n, p in self.spec.named_ports().items()
-            if port_open(self.spec.host_of(n.split()[0]), p)
+        where = {
+            n: (self.spec.host_of(n.split()[0]), p) for n, p in self.spec.named_ports().items()
         }
+        busy = {f"{n} ({host})": p for n, (host, p) in where.items() if port_open(host, p)}
         if busy:
             raise RuntimeError(
                 f"ports already in use: {busy} (another cluster or a system Redis?): choose "

@@ -153,23 +153,24 @@ class NetHosts:
     def link_up(self, name: str) -> None:
         ip("link", "set", self._veth[name], "up")
 
+    def _our_links(self) -> list[str]:
+        return [link for link in _links() if link in (self.bridge, *self._veth.values())]
+
+    def _our_namespaces(self) -> list[str]:
+        return [ns for ns in _namespaces() if ns.startswith(f"{self.tag}-")]
+
     def existing(self) -> list[str]:
         """This tag's namespaces and links that exist now (none after ``destroy``)."""
-        ours = (self.bridge, *self._veth.values())
-        return [n for n in _namespaces() if n.startswith(f"{self.tag}-")] + [
-            link for link in _links() if link in ours
-        ]
+        return self._our_namespaces() + self._our_links()
 
     def destroy(self) -> None:
         """Delete every link and namespace of this tag; idempotent (step 5). A veth goes
         with its peer, and with a namespace deleted, asynchronously: one already gone is
         fine."""
-        for link in _links():
-            if link in self._veth.values() or link == self.bridge:
-                _tolerate_gone("link", "del", link)
-        for ns in _namespaces():
-            if ns.startswith(f"{self.tag}-"):
-                _tolerate_gone("netns", "del", ns)
+        for link in self._our_links():
+            _tolerate_gone("link", "del", link)
+        for ns in self._our_namespaces():
+            _tolerate_gone("netns", "del", ns)
 
     @contextlib.contextmanager
     def made(self) -> Iterator[NetHosts]:

@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -215,11 +214,8 @@ class PoolProcesses:
         service: PoolService = self._services[name]
         service.check_ports_free()
         proc = self.processes[name].start()
-        deadline = time.monotonic() + timeout
-        while not service.ready():
-            if not proc.running or time.monotonic() > deadline:
-                raise proc.failure(f"did not open its ports {service.ports} on {service.host}")
-            time.sleep(0.05)
+        if not service.wait_ready(lambda: proc.running, timeout):
+            raise proc.failure(f"did not open its ports {service.ports} on {service.host}")
 
     def stop(self, grace: float = 10.0) -> None:
         """Stop every service in reverse start order; idempotent."""

@@ -38,6 +38,7 @@ import grpc
 import pytest
 
 from kvserve.cluster import Cluster
+from kvserve.faults import is_idle
 from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
 from tests.tiny_cluster import MODEL_NAME, tiny_cluster_spec
@@ -113,16 +114,6 @@ def describe(loads: dict[str, pb.LoadReport]) -> dict[str, str]:
     }
 
 
-def holds_nothing(report: pb.LoadReport) -> bool:
-    """No request or reservation references any page (free pages include cached ones)."""
-    return (
-        report.running == 0
-        and report.waiting == 0
-        and report.reserved == 0
-        and report.free_pages == report.total_pages
-    )
-
-
 @pytest.fixture(scope="module")
 def workers(cluster: Cluster) -> Iterator[Workers]:
     w = Workers(cluster)
@@ -136,16 +127,16 @@ def idle_before_and_after(workers: Workers) -> Iterator[None]:
     that failed may have leaked a reservation: its lease frees it before the next one.)"""
     workers.wait_for(
         "every worker idle before the case",
-        lambda loads: all(holds_nothing(r) for r in loads.values()),
+        lambda loads: all(is_idle(r) for r in loads.values()),
         LEASE_S + IDLE_WAIT_S,
     )
     yield
     reports = workers.wait_for(
         "every worker idle with zero pages held",
-        lambda loads: all(holds_nothing(r) for r in loads.values()),
+        lambda loads: all(is_idle(r) for r in loads.values()),
         IDLE_WAIT_S,
     )
-    assert all(holds_nothing(r) for r in reports.values())
+    assert all(is_idle(r) for r in reports.values())
 
 
 class RawRequest:
@@ -266,7 +257,7 @@ def test_disconnect_while_queued_on_the_prefill_worker(
     assert answer and answer[0][0] == 200, answer
     assert b'"finish_reason":"length"' in answer[0][1]
     workers.wait_for(
-        "the prefill worker idle", lambda loads: holds_nothing(loads["prefill"]), IDLE_WAIT_S
+        "the prefill worker idle", lambda loads: is_idle(loads["prefill"]), IDLE_WAIT_S
     )
     assert before.prefill_outputs(workers.loads()) == 1  # the blocker's first token only
 
@@ -288,7 +279,7 @@ def test_disconnect_while_prefilling(cluster: Cluster, workers: Workers, stream:
     )
     victim.disconnect()
     workers.wait_for(
-        "the prefill worker idle", lambda loads: holds_nothing(loads["prefill"]), IDLE_WAIT_S
+        "the prefill worker idle", lambda loads: is_idle(loads["prefill"]), IDLE_WAIT_S
     )
     assert before.prefill_outputs(workers.loads()) == 0
 
@@ -314,9 +305,7 @@ def test_disconnect_between_prefill_and_decode(
             PHASE_WAIT_S,
         )
     victim.disconnect()
-    workers.wait_for(
-        "the decode worker idle", lambda loads: holds_nothing(loads["decode"]), IDLE_WAIT_S
-    )
+    workers.wait_for("the decode worker idle", lambda loads: is_idle(loads["decode"]), IDLE_WAIT_S)
     assert before.prefill_outputs(workers.loads()) == 1
     assert before.decode_outputs(workers.loads()) < max_tokens - 1
 
@@ -337,7 +326,5 @@ def test_disconnect_while_decoding(cluster: Cluster, workers: Workers, stream: b
             PHASE_WAIT_S,
         )
     victim.disconnect()
-    workers.wait_for(
-        "the decode worker idle", lambda loads: holds_nothing(loads["decode"]), IDLE_WAIT_S
-    )
+    workers.wait_for("the decode worker idle", lambda loads: is_idle(loads["decode"]), IDLE_WAIT_S)
     assert before.decode_outputs(workers.loads()) < max_tokens - 1
