@@ -34,6 +34,8 @@ import openai
 import pytest
 
 from kvserve import faults
+from kvserve.chaos_load import ChaosRequest
+from kvserve.chaos_verify import TieChecker
 from kvserve.cluster import Cluster
 from kvserve.netns import NetHosts, unavailable
 from proto.registry import Keys, connect, list_workers
@@ -213,12 +215,29 @@ def test_cache_salts_keep_tenants_apart(client: openai.OpenAI, tiny_model_dir: P
     assert first == again == other
 
 
+def not_greedy(
+    got: dict[int, str], expected: dict[int, str], prompts: list[list[int]], model_dir: Path
+) -> dict[int, str]:
+    """The answers that differ from the fault-free run and are not exact greedy answers up
+    to floating-point ties either (:mod:`kvserve.chaos_verify`: requests batched
+    differently may break a tie the other way), with the checker's verdict."""
+    differ = [i for i in expected if got.get(i) != expected[i]]
+    if not differ:
+        return {}
+    checker = TieChecker(model_dir, EngineConfig(model=str(model_dir), block_tokens=BLOCK))
+    verdicts = {i: checker.check(ChaosRequest(tuple(prompts[i]), LONG, False), got.get(i, ""))
+                for i in differ}  # fmt: skip
+    print(f"answers that differ from the fault-free run: {verdicts}", flush=True)
+    return {i: f"{v}: got {got.get(i)!r}" for i, v in verdicts.items() if not v.exact}
+
+
 @needs_hosts
 def test_decode_host_cut_off_mid_load(
-    client: openai.OpenAI, net_cluster: tuple[NetHosts | None, Cluster]
+    client: openai.OpenAI, net_cluster: tuple[NetHosts | None, Cluster], tiny_model_dir: Path
 ) -> None:
     """While other requests run, the link of the decode host serving a stream goes down:
-    every request completes with its fault-free output; with the link back up, the host
+    every request completes with its fault-free output (or one that differs only through a
+    floating-point tie, checked against the model); with the link back up, the host
     rejoins and no worker holds a page."""
     net, cluster = net_cluster
     assert net is not None
@@ -246,7 +265,8 @@ def test_decode_host_cut_off_mid_load(
     finally:
         for name in cut:
             net.link_up(name)
-    assert got == expected
+    assert set(got) == set(expected)
+    assert not_greedy(got, expected, prompts, tiny_model_dir) == {}
     assert faults.router_metric(cluster, "kvserve_migrations_total") > migrations
     assert faults.wait_routable(cluster, timeout=60)
     assert faults.wait_idle(cluster, timeout=60) == dict.fromkeys(cluster.worker_names, 0)
