@@ -194,6 +194,10 @@ Global___ReserveRequest: _TypeAlias = ReserveRequest  # noqa: Y015
 
 @_typing.final
 class ReserveReply(_message.Message):
+    """!ok: the pages are not free now (ask again later). A request that can never be reserved
+    on this worker (more pages than its whole cache) fails the call with INVALID_ARGUMENT.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     OK_FIELD_NUMBER: _builtins.int

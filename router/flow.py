@@ -2,15 +2,21 @@
 
 Disaggregated (the plan names a prefill worker):
 
-1. ``Reserve`` on the first decode candidate that accepts (pages held under a lease);
-   a refusal or an unreachable worker moves on to the next; none left is a 503;
+1. ``Reserve`` on the first decode candidate that accepts (pages held under a lease). While
+   every candidate answers "no free pages now", the request waits its turn in the router's
+   queue for KV memory (:mod:`router.kv_wait`), holding nothing, until its deadline (504).
+   A candidate whose call fails (unreachable, draining) or that can never fit the request
+   (INVALID_ARGUMENT) is left out; none left is a 400 when none could ever fit it (the
+   worker's reason), else a 503;
 2. ``Prefill`` on the prefill worker; its first token is yielded at once (the TTFT);
 3. if the first token already finished the request, ``Abort`` frees the reservation on the
    decode worker and the flow ends; else
 4. ``Generate`` with ``first_token`` on the decode worker; its chunks are yielded.
 
 Local (no prefill worker: conditional disaggregation, or a mixed worker):
-``Generate`` without ``first_token`` on the first candidate, which prefills by itself.
+``Generate`` without ``first_token`` on the first candidate, which prefills by itself and
+queues the request for pages in its own scheduler. It needs no reservation, yet when others
+wait in the router's KV queue it waits its turn behind them (first come, first served).
 
 No request is lost to a role change (the P:D controller's, or anyone's): a worker that
 does not take a call (:data:`router.flow_types.TRY_ELSEWHERE`: draining, a role changed, or
@@ -33,8 +39,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import anyio
 import grpc
@@ -51,11 +58,13 @@ from router.flow_types import (
     rpc_error,
     status_of,
 )
+from router.kv_wait import KVWaitQueue
 from router.workers import LiveWorker
 
 log = logging.getLogger(__name__)
 
 ABORT_TIMEOUT_S = 2.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -84,12 +93,20 @@ class FlowPlan:
 
 
 class RequestFlow:
-    """Lifecycle: built from a plan -> :meth:`chunks` iterated once -> done."""
+    """Lifecycle: built from a plan -> :meth:`chunks` iterated once -> done.
 
-    def __init__(self, plan: FlowPlan, observer: FlowObserver) -> None:
+    ``kv_wait``: the router's queue for KV memory, shared by its flows (default: one of its
+    own, i.e. nobody to wait behind); a flow wakes it when it ends (its pages came back)."""
+
+    def __init__(
+        self, plan: FlowPlan, observer: FlowObserver, kv_wait: KVWaitQueue | None = None
+    ) -> None:
         self.plan = plan
         self.observer = observer
+        self._kv_wait = kv_wait if kv_wait is not None else KVWaitQueue()
         self._involved: dict[str, LiveWorker] = {}
+        self._left_out: dict[str, grpc.aio.AioRpcError] = {}
+        """Decode candidates out of the running for a reservation, with their error."""
         self._decoder: LiveWorker | None = plan.decode[0] if plan.decode else None
         self._cached_tokens = 0
         self._completion_tokens = 0
@@ -126,6 +143,7 @@ class RequestFlow:
                 self._migrations,
             )
             self.observer.on_finish(result)
+            self._kv_wait.wake()
 
     async def _disaggregated(self, prefill: LiveWorker) -> AsyncGenerator[Chunk, None]:
         decoder = await self._reserve()
@@ -165,6 +183,7 @@ class RequestFlow:
     async def _local(self) -> AsyncGenerator[Chunk, None]:
         if self._decoder is None:
             raise unavailable("no worker can serve this request now")
+        await self._take_turn(self._no_reservation_needed)
         async for chunk in self._generate_anywhere(self._decoder, None):
             yield chunk
 
@@ -214,33 +233,69 @@ class RequestFlow:
                     old.worker_id, rid, sent, code, new.worker_id)  # fmt: skip
 
     async def _reserve(self) -> LiveWorker:
-        plan = self.plan
-        reasons: list[str] = []
+        """The decode worker holding pages for the prompt: :meth:`_reserve_once` in the
+        router's KV queue, again whenever woken while it answers "not now"."""
+        return await self._take_turn(self._reserve_once)
+
+    async def _take_turn(self, attempt: Callable[[], Awaitable[T | None]]) -> T:
+        """``attempt`` in the router's KV queue (:meth:`KVWaitQueue.admit`); 504 when the
+        deadline passes while waiting."""
+        try:
+            return await self._kv_wait.admit(attempt, self._seconds_left)
+        except TimeoutError:
+            raise APIError(
+                504,
+                "the request timed out waiting for free KV cache on the decode workers",
+                None,
+                "timeout",
+            ) from None
+
+    async def _no_reservation_needed(self) -> bool:
+        """A local request's attempt: its turn is all it waits for (the worker that
+        prefills it queues it for pages by itself)."""
+        return True
+
+    async def _reserve_once(self) -> LiveWorker | None:
+        """``Reserve`` on each decode candidate still in the running, best first: the first
+        that holds pages; None when the others answered "no free pages now"; raises
+        :meth:`_no_reservation` when none is left. A candidate whose call failed
+        (unreachable, draining, or the request can never fit there) is out for good."""
         request = pb.ReserveRequest(
-            request_id=plan.request_id,
-            prompt_token_ids=plan.prompt_token_ids,
-            max_tokens=plan.params.max_tokens,
-            lease_ms=plan.lease_ms,
-            cache_salt=plan.cache_salt,
+            request_id=self.plan.request_id,
+            prompt_token_ids=self.plan.prompt_token_ids,
+            max_tokens=self.plan.params.max_tokens,
+            lease_ms=self.plan.lease_ms,
+            cache_salt=self.plan.cache_salt,
         )
-        for worker in plan.decode:
+        for worker in self._reservable():
             self._involved[worker.worker_id] = worker  # a failed call may still hold pages
             try:
                 reply = await worker.stub.Reserve(request, timeout=self._time_left())
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise
-                reasons.append(f"{worker.worker_id}: {exc.code().name}")
+                self._left_out[worker.worker_id] = exc
                 continue
             if reply.ok:
                 self._decoder = worker
                 return worker
-            del self._involved[worker.worker_id]  # refused: it holds nothing
-            reasons.append(f"{worker.worker_id}: {reply.reason or 'refused'}")
-        raise unavailable(
-            "no decode worker could reserve KV cache for this request ("
-            + "; ".join(reasons)
-            + "); retry later"
+            del self._involved[worker.worker_id]  # not now: it holds nothing
+        if self._reservable():
+            return None
+        raise self._no_reservation()
+
+    def _reservable(self) -> list[LiveWorker]:
+        return [w for w in self.plan.decode if w.worker_id not in self._left_out]
+
+    def _no_reservation(self) -> APIError:
+        """No candidate left: the workers' 400 when none could ever fit the request, else a
+        503 naming each one's error."""
+        errors = list(self._left_out.values())
+        if errors and all(e.code() == grpc.StatusCode.INVALID_ARGUMENT for e in errors):
+            return rpc_error(errors[0])
+        reasons = "; ".join(f"{w}: {e.code().name}" for w, e in self._left_out.items())
+        return unavailable(
+            f"no decode worker could reserve KV cache for this request ({reasons}); retry later"
         )
 
     async def _generate(
@@ -307,8 +362,13 @@ class RequestFlow:
     def _elapsed(self) -> float:
         return self.plan.clock() - self.plan.started_at
 
+    def _seconds_left(self) -> float:
+        """Seconds until the request's deadline (negative once past)."""
+        return self.plan.timeout_s - self._elapsed()
+
     def _time_left(self) -> float:
-        left = self.plan.timeout_s - self._elapsed()
+        """:meth:`_seconds_left` for an RPC's timeout; 504 once the deadline passed."""
+        left = self._seconds_left()
         if left <= 0:
             raise APIError(504, "the request timed out", None, "timeout")
         return left

@@ -10,7 +10,10 @@ outcome, live workers by role, and the SLO attainment of its window (NaN: too fe
 Refusals: ``kvserve_requests_total{status="rejected"}`` counts every API request refused
 before it ran (400, 404, 413, 429, 503); ``kvserve_admission_rejections_total`` the 429s of
 admission control, by worker; ``kvserve_auth_failures_total`` the 401s of any route (no API
-key, or a wrong one).
+key, or a wrong one). Decode memory: ``kvserve_requests_waiting_for_kv`` is the number of
+requests waiting now in the router's queue for KV pages on the decode workers
+(:mod:`router.kv_wait`), and ``kvserve_kv_wait_seconds`` how long each request that had to
+wait spent there, however its wait ended.
 """
 
 from __future__ import annotations
@@ -75,6 +78,15 @@ class RouterMetrics:
         self.auth_failures = Counter(
             "kvserve_auth_failures", "HTTP requests refused (401) for a missing or wrong API key",
             registry=r,
+        )  # fmt: skip
+        self.kv_waiting = Gauge(
+            "kvserve_requests_waiting_for_kv",
+            "Requests waiting in the router for KV pages on the decode workers", registry=r,
+        )  # fmt: skip
+        self.kv_wait = Histogram(
+            "kvserve_kv_wait_seconds", "Time a request waited for KV pages on the decode "
+            "workers (requests that had to wait; however the wait ended)", registry=r,
+            buckets=LATENCY_BUCKETS,
         )  # fmt: skip
         self.kv_bytes = Counter(
             "kvserve_kv_bytes", "KV bytes moved to/from the pool", ("direction",), registry=r

@@ -10,7 +10,9 @@ Lifecycle of :class:`RouterService`:
    (400), then :meth:`plan` (pool lookup, conductor placement; 503 when nobody can serve;
    429 with ``Retry-After`` when admission control predicts too late a first token);
 3. :meth:`flow` runs the plan; its chunks report to the shared metrics and cache stats,
-   and its result to the controller's SLO window;
+   and its result to the controller's SLO window. Flows share one queue for KV memory
+   (:mod:`router.kv_wait`): a request whose decode reservation finds no free pages waits
+   there, and a registry poll that brings fresh load reports wakes it to try again;
 4. ``stop()`` ends the controller and the worker view and leaves the pool.
 """
 
@@ -32,6 +34,7 @@ from router.config import RouterConfig
 from router.controller import RoleController
 from router.errors import APIError, invalid, too_busy, unavailable
 from router.flow import FlowPlan, RequestFlow
+from router.kv_wait import KVWaitQueue
 from router.metrics import RouterMetrics
 from router.pending import PendingLoad
 from router.pool_lookup import PoolLookup
@@ -52,6 +55,9 @@ class RouterService:
         self.pool = PoolLookup(pool, enabled=router.pool_lookup)
         self.policy = make_policy(router.policy, router.disagg_threshold_tokens)
         self.pending = PendingLoad()
+        self.kv_wait = KVWaitQueue(self.metrics.kv_waiting.set, self.metrics.kv_wait.observe)
+        self._reports: dict[str, float] = {}
+        """Worker id -> when its load report seen at the last poll was made."""
         self.started_at = int(time.time())
         self._tokenizer: PromptTokenizer | None = None
         self._tokenizer_lock = asyncio.Lock()
@@ -173,7 +179,7 @@ class RouterService:
         )
 
     def flow(self, plan: FlowPlan) -> RequestFlow:
-        return RequestFlow(plan, self.telemetry)
+        return RequestFlow(plan, self.telemetry, self.kv_wait)
 
     def render_metrics(self) -> bytes:
         """The Prometheus text of ``/metrics`` (SLO attainment as of now)."""
@@ -183,3 +189,7 @@ class RouterService:
     def _on_poll(self, live: list[LiveWorker]) -> None:
         self.metrics.update_workers((w.worker_id, w.record.load) for w in live)
         self.metrics.update_roles(w.role for w in live)
+        reports = {w.worker_id: w.record.heartbeat_at for w in live}
+        if reports != self._reports:  # fresh load reports: pages may have come free
+            self.kv_wait.wake()
+        self._reports = reports

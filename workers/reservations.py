@@ -4,7 +4,10 @@ Lifecycle of one reservation (all calls on the engine thread):
 
 1. :meth:`Reservations.reserve` takes the prompt's local prefix hits and fresh pages for the
    rest, under a lease, and (with streaming) starts a :class:`~kvpool.landing.Landing` that
-   reads the prompt's KV into those pages as the prefill worker writes it;
+   reads the prompt's KV into those pages as the prefill worker writes it. It never takes
+   pages owed to the requests queued in this worker's scheduler (preempted ones, which held
+   pages, and those that came first): while they wait for pages, the reservation is "not
+   now", and the router's request waits its turn (:mod:`router.kv_wait`);
 2. then exactly one of: :meth:`Reservations.take` (the request arrives with its first
    token; the landing is stopped and handed over with the sequence), :meth:`release`
    (abort), or :meth:`expire` (the lease ran out: the prefill never came). Released pages go
@@ -57,12 +60,13 @@ class Reservations:
         hash_root: int = ROOT_PARENT,
     ) -> Sequence | None:
         """Hold pages for a prompt (its hash chain rooted at ``hash_root``, the request's
-        cache salt); ``None`` if they are not free now, ``ValueError`` if the request can
-        never fit."""
+        cache salt); ``None`` if they are not free now (or owed to the queued requests:
+        :meth:`owed_pages`), ``ValueError`` if the request can never fit."""
         assert request_id not in self._held, f"{request_id} is already reserved"
         seq = Sequence(request_id, list(prompt_token_ids), SamplingParams(max_tokens=max_tokens))
         seq.hash_root = hash_root
-        if not self.scheduler.reserve(seq):
+        self.scheduler.check_fits(seq)
+        if self._owed_to_queue(seq) or not self.scheduler.reserve(seq):
             return None
         blocks = self.scheduler.blocks
         deadline = time.monotonic() + lease_s
@@ -72,6 +76,20 @@ class Reservations:
                 self.pool, self.lander, blocks, seq, deadline
             )
         return seq
+
+    def owed_pages(self) -> int:
+        """Pages the requests waiting in the scheduler's queue need to run (all of their
+        tokens, prefix hits not deducted: an upper bound)."""
+        blocks = self.scheduler.blocks
+        return sum(blocks.blocks_for(seq.num_tokens) for seq in self.scheduler.waiting)
+
+    def _owed_to_queue(self, seq: Sequence) -> bool:
+        """Whether reserving ``seq`` (all of its prompt's pages, at most) would take pages
+        the queued requests wait for."""
+        if not self.scheduler.waiting:
+            return False
+        need = self.scheduler.blocks.blocks_for(seq.num_prompt_tokens)
+        return self.scheduler.blocks.pool.num_free < need + self.owed_pages()
 
     def take(
         self, request_id: str, prompt_token_ids: list[int]

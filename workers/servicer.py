@@ -8,7 +8,9 @@ its pages come back. Which verbs a worker takes depends on its role:
 
 - ``prefill``: ``Prefill``;
 - ``decode``: ``Reserve``, ``Generate`` (with ``first_token``, or without for a prompt
-  the router keeps local);
+  the router keeps local). ``Reserve`` answers ``ok=False`` when the pages are not free now
+  (the router's request waits and asks again), and fails with INVALID_ARGUMENT when the
+  request can never be reserved here (e.g. it needs more pages than the whole cache);
 - ``mixed``: all of them.
 
 A role change (``SetRole``) drains first: new work is refused with ``UNAVAILABLE`` while
@@ -109,19 +111,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         lease = (request.lease_ms or 30_000) / 1000
 
         def reserve(engine: Engine) -> pb.ReserveReply:
-            try:
-                seq = engine.reserve(
-                    request.request_id, prompt, request.max_tokens, lease, request.cache_salt
-                )
-            except ValueError as exc:
-                return pb.ReserveReply(ok=False, reason=str(exc))
+            seq = engine.reserve(
+                request.request_id, prompt, request.max_tokens, lease, request.cache_salt
+            )
             if seq is None:
                 return pb.ReserveReply(ok=False, reason="no free KV pages now")
             return pb.ReserveReply(
                 ok=True, num_pages=len(seq.block_table), local_tokens=seq.num_cached_tokens
             )
 
-        reply: pb.ReserveReply = await self._on_engine(reserve)
+        try:
+            reply: pb.ReserveReply = await self._on_engine(reserve)
+        except ValueError as exc:  # can never be reserved here: larger than the cache, ...
+            log.warning("refused to reserve for %s: %s", request.request_id, exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return reply
 
     async def Prefill(

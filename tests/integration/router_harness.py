@@ -2,7 +2,8 @@
 
 The stub workers are real ``grpc.aio`` servers and deterministic: output token ``i`` of a
 prompt ``p`` is ``p[i % len(p)] + 1`` and its text is ``" t<id>"``. They record every call
-(method, request id); the verbs in ``refusing`` answer UNAVAILABLE, as a draining worker's.
+(method, request id); the verbs in ``refusing`` answer UNAVAILABLE, as a draining worker's;
+``refuse`` and ``too_big`` make ``Reserve`` answer "no free pages now" and "can never fit".
 :class:`Harness` runs them and the router (uvicorn) on one event loop in a thread,
 registered in a real Redis; everything binds 127.0.0.1 only. A stub's ``load`` fields
 join its registered load report (e.g. ``prefill_tokens_per_s``); the harness's
@@ -70,6 +71,9 @@ class StubWorker(WorkerServicer):
         self.load = dict(load or {})
         self.delay_s = 0.0
         self.refuse = False
+        """Reserve answers "not now" (no free pages)."""
+        self.too_big = False
+        """Reserve fails with INVALID_ARGUMENT: the request can never fit this worker."""
         self.refusing: set[str] = set()
         self.calls: list[tuple[str, str]] = []
         self.first_tokens: dict[str, int] = {}
@@ -92,6 +96,10 @@ class StubWorker(WorkerServicer):
     @override
     async def Reserve(self, request: pb.ReserveRequest, context: Any) -> pb.ReserveReply:
         await self._admit("Reserve", request.request_id, context)
+        if self.too_big:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "request needs 99 KV pages but the cache has 10"
+            )
         return pb.ReserveReply(ok=not self.refuse, reason="full" if self.refuse else "")
 
     @override

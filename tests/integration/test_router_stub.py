@@ -133,6 +133,7 @@ def test_errors_in_openai_format(harness: Harness) -> None:
 
 
 def test_refused_reservation_moves_to_the_next_decoder(harness: Harness) -> None:
+    """(With every decoder refusing, the request waits: tests/integration/test_router_kv_wait.)"""
     d1, d2 = harness.stubs["d1"], harness.stubs["d2"]
     d1.refuse = True
     try:
@@ -140,12 +141,8 @@ def test_refused_reservation_moves_to_the_next_decoder(harness: Harness) -> None
         assert out.choices[0].text == expected_text([9] * 8, 2)
         rid = d2.called("Generate")[-1]
         assert d1.called("Reserve")[-1] == rid and rid not in d1.called("Generate")
-        d2.refuse = True
-        with pytest.raises(openai.InternalServerError) as full:
-            harness.client().completions.create(model=MODEL, prompt=[9] * 8, max_tokens=2)
-        assert full.value.status_code == 503 and "reserve" in full.value.message
     finally:
-        d1.refuse = d2.refuse = False
+        d1.refuse = False
 
 
 def test_requests_refused_by_draining_workers_go_elsewhere(harness: Harness) -> None:

@@ -3,9 +3,10 @@
 The real :class:`~workers.reservations.Reservations` runs over a real
 :class:`~workers.scheduler.Scheduler` (and its :class:`~workers.block_manager.BlockManager`)
 without a pool, its clock replaced by a fake one. Rules make the calls the engine makes:
-reserve, take-over (``Engine.adopt``: take, commit, resume; or enqueue afresh when there is
-no matching reservation), abort (``Engine.abort``: release, else finish), lease expiry,
-ordinary requests and scheduler steps. After every rule:
+reserve (never taking pages the scheduler's queued requests wait for), take-over
+(``Engine.adopt``: take, commit, resume; or enqueue afresh when there is no matching
+reservation), abort (``Engine.abort``: release, else finish), lease expiry, ordinary
+requests and scheduler steps. After every rule:
 
 - page accounting is exact: every page's refcount is the number of holders (reservations,
   running and waiting requests) listing it, free pages are exactly the unheld ones, and
@@ -139,6 +140,11 @@ class ReservationMachine(RuleBasedStateMachine):
         self.sched.add(seq)
         self.live[request_id] = seq
 
+    def _owed(self) -> int:
+        """Pages a reservation must leave to the requests queued in the scheduler: all the
+        tokens of each (0 with none queued)."""
+        return sum(self.sched.blocks.blocks_for(s.num_tokens) for s in self.sched.waiting)
+
     def _settle(self) -> None:
         self.live = {rid: s for rid, s in self.live.items() if not s.is_finished}
 
@@ -175,12 +181,16 @@ class ReservationMachine(RuleBasedStateMachine):
                 self.res.reserve(request_id, prompt, max_tokens, lease, root)
             assert request_id not in self.res and self.pool_state == before
             return
+        need, owed = self.sched.blocks.blocks_for(len(prompt)), self._owed()
         seq = self.res.reserve(request_id, prompt, max_tokens, lease, root)
+        if owed and before[0] < need + owed:
+            assert seq is None, "a reservation took pages the queued requests wait for"
         if seq is None:
-            event("reserve: no pages now")
-            # Refused only when short of pages: a prompt never needs more pages than it
-            # has blocks, prefix hits (even revived free ones) included.
-            assert before[0] < self.sched.blocks.blocks_for(len(prompt))
+            event("reserve: no pages now" + (" (owed to the queue)" if owed else ""))
+            # Refused only when short of pages, those owed to the queued requests aside: a
+            # prompt never needs more pages than it has blocks, prefix hits (even revived
+            # free ones) included.
+            assert before[0] < need + owed
             assert request_id not in self.res and self.pool_state == before
             return
         event("reserve: granted" + (" with prefix hits" if seq.num_cached_tokens else ""))
@@ -195,8 +205,9 @@ class ReservationMachine(RuleBasedStateMachine):
         """A released or expired id is forgotten: it reserves again when a page is free."""
         free = sorted(self.retired - set(self.reserved) - set(self.live))
         request_id = data.draw(st.sampled_from(free))
+        owed = self._owed()
         seq = self.res.reserve(request_id, [FAKE_TOKEN], 1, lease)
-        if self.sched.blocks.pool.num_free == 0 and seq is None:
+        if self.sched.blocks.pool.num_free < 1 + owed and seq is None:
             return
         assert seq is not None, "a retired id could not be reserved with a page free"
         self._hold(request_id, seq, lease)
@@ -359,6 +370,21 @@ class ReservationMachine(RuleBasedStateMachine):
 
 ReservationMachine.TestCase.settings = settings(STATEFUL, max_examples=100)  # ~5 s of CPU
 TestReservationMachine = ReservationMachine.TestCase
+
+
+def test_a_reservation_leaves_the_queued_requests_their_pages() -> None:
+    """Pages a queued request waits for are not reserved, though free: once it runs, what
+    is left can be."""
+    sched = ReservationMachine._scheduler(num_blocks=10, block_tokens=2, max_model_len=20)
+    res = Reservations(sched, None, streaming=False)
+    assert res.reserve("early", [1, 2, 3, 4, 5, 6, 7, 8], 1, 30.0) is not None  # 4 pages
+    sched.add(Sequence("queued", [9] * 9, SamplingParams(max_tokens=1)))  # owed 5 of 6
+    assert res.owed_pages() == 5
+    assert res.reserve("late", [7, 7, 7], 1, 30.0) is None  # 2 pages: only 1 is not owed
+    batch = sched.schedule()
+    assert [s.request_id for s, _ in batch.entries] == ["queued"] and not sched.waiting
+    assert res.reserve("late", [7], 1, 30.0) is not None
+    res.close()
 
 
 def test_close_releases_every_reservation() -> None:
