@@ -173,6 +173,12 @@ def _bench_compare(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _bench_peer(args: argparse.Namespace) -> int:
+    from kvserve.bench.peer import run
+
+    return run(args)
+
+
 def _bench_trace(args: argparse.Namespace) -> int:
     from kvserve.bench.trace import run
 
@@ -196,6 +202,13 @@ def _bench_engine(args: argparse.Namespace) -> int:
     from kvserve.bench.engine import run_bench
 
     run_bench(args, config_from_args(EngineConfig, args))
+    return 0
+
+
+def _bench_profile(args: argparse.Namespace) -> int:
+    from kvserve.bench.profile import run_profile
+
+    run_profile(args, config_from_args(EngineConfig, args))
     return 0
 
 
@@ -305,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="serving workload: this many requests per unit of concurrency",
     )
     add_config_args(b, EngineConfig)
+    pr = verb("profile", _bench_profile, "where a decode step's time goes", bench_verbs)
+    pr.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    pr.add_argument("--prompt-len", type=int, default=512)
+    pr.add_argument("--steps", type=int, default=20, help="decode steps timed and profiled")
+    pr.add_argument("--seed", type=int, default=0)
+    add_config_args(pr, EngineConfig)
 
     bo = verb(
         "overlap",
@@ -333,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from kvserve.bench.compare import add_arguments as add_compare_arguments
     from kvserve.bench.loadgen.options import add_arguments as add_serve_arguments
+    from kvserve.bench.peer import add_arguments as add_peer_arguments
     from kvserve.bench.trace import add_arguments as add_trace_arguments
 
     add_serve_arguments(
@@ -348,6 +368,14 @@ def build_parser() -> argparse.ArgumentParser:
             "compare",
             _bench_compare,
             "one workload on deployments it starts itself (1p1d vs 2m): goodput ratio",
+            bench_verbs,
+        )
+    )
+    add_peer_arguments(
+        verb(
+            "peer",
+            _bench_peer,
+            "kvserve side by side with vLLM's CPU build (installed on first use), same cores",
             bench_verbs,
         )
     )

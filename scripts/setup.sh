@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(libibverbs1 libnuma1 redis-server iproute2)  # iproute2: `ip netns` for up --hosts
+# iproute2: `ip netns` for up --hosts; g++: the native attention kernels (workers/model/csrc)
+apt_packages=(libibverbs1 libnuma1 redis-server iproute2 g++)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -42,3 +43,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 .venv/bin/kvserve prepare-model >/dev/null
+
+# The native CPU attention kernels: built once per machine kind and source version into the
+# cache (minutes the first time). A failure only warns: the torch attention path stands in.
+if ! .venv/bin/python -m workers.model.native >/dev/null; then
+  echo "setup: WARNING: the native attention kernels did not build (the reason is above);" \
+    "attention falls back to the slower torch path" >&2
+fi

@@ -159,5 +159,6 @@ class BlockManager:
         so a shared prefix outlives its tail under eviction."""
         self.pool.free(reversed(seq.block_table))
         seq.block_table.clear()
+        seq.page_epoch += 1
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0

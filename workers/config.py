@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION = ("auto", "native", "torch")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,10 @@ class EngineConfig:
     - ``max_model_len``: longest prompt + output; 0 takes the model's own limit.
     - ``prefix_caching``: reuse full blocks across requests inside this engine.
     - ``threads``: torch intra-op threads; 0 keeps torch's default.
+    - ``attention``: ``native`` reads the paged KV cache in place with the C++ kernels
+      (:mod:`workers.model.native`, CPU only; start fails if they cannot be built),
+      ``torch`` uses the pure-torch reference (gathers pages), ``auto`` (default) takes
+      ``native`` on a CPU where the kernels build, else ``torch``.
     - ``kv_streaming``: with a pool, write each layer's KV while the next layer computes
       (off: after the step; only for measuring what streaming hides).
     - ``step_log_dir``: if set, every step's batch shape and wall time is appended to
@@ -45,12 +50,17 @@ class EngineConfig:
     max_model_len: int = 0
     prefix_caching: bool = True
     threads: int = 0
+    attention: str = "auto"
     kv_streaming: bool = True
     step_log_dir: str = ""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.attention == "native" and self.device != "cpu":
+            raise ValueError("attention 'native' runs on the CPU only: use 'auto' or 'torch'")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         for name in ("block_tokens", "kv_cache_mib", "max_num_seqs", "max_num_batched_tokens"):

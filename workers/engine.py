@@ -35,6 +35,7 @@ from workers.config import EngineConfig
 from workers.detokenizer import IncrementalText
 from workers.kv_cache import KVCache, blocks_for_memory
 from workers.kv_transfer import KVStreamer, Transfer, join_pool, pull_prompt
+from workers.model import native
 from workers.model.loader import load_model, model_fingerprint
 from workers.model.rope import RotaryTable
 from workers.model_runner import ModelRunner
@@ -44,6 +45,17 @@ from workers.scheduler import Scheduler, SchedulerConfig
 from workers.sequence import FinishReason, SamplingParams, Sequence
 from workers.step_log import StepLog
 from workers.tokenizer import Tokenizer
+
+
+def _use_native(config: EngineConfig) -> bool:
+    """Whether attention runs on the C++ kernels (see ``EngineConfig.attention``)."""
+    if config.attention == "torch" or config.device != "cpu":
+        return False
+    if native.available():
+        return True
+    if config.attention == "native":
+        raise RuntimeError(f"native attention kernels unavailable: {native.unavailable_reason()}")
+    return False
 
 
 class Engine:
@@ -69,7 +81,7 @@ class Engine:
         )
         kv = KVCache(cfg, num_blocks, config.block_tokens, self.dtype, self.device)
         rope = RotaryTable(cfg.rope, cfg.head_dim, self.max_model_len, self.dtype, self.device)
-        self.runner = ModelRunner(model, kv, rope)
+        self.runner = ModelRunner(model, kv, rope, native=_use_native(config))
         self.pool = join_pool(pool, self.namespace, kv, config.dtype) if pool else None
         self.num_blocks = num_blocks
         self.scheduler = Scheduler(

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.block_tables import BlockTables
 from workers.kv_cache import KVCache
-from workers.model.attention import AttentionBatch, PrefillSpan
+from workers.model.attention import AttentionBatch
 from workers.model.llama import LlamaModel
 from workers.model.rope import RotaryTable
 from workers.sampling import make_generator, sample
@@ -34,18 +35,24 @@ class PreparedStep:
 class ModelRunner:
     """Owns the model, its KV cache, the rotary table and per-request RNGs."""
 
-    def __init__(self, model: LlamaModel, kv: KVCache, rope: RotaryTable) -> None:
+    def __init__(
+        self, model: LlamaModel, kv: KVCache, rope: RotaryTable, native: bool = False
+    ) -> None:
+        """``native``: attention through the C++ kernels (:mod:`workers.model.native`)."""
         self.model = model
         self.kv = kv
         self.rope = rope
+        self.native = native
         self.device = kv.slab.device
+        self.tables = BlockTables(-(-rope.max_positions // kv.block_tokens))
         self._generators: dict[str, torch.Generator | None] = {}
         self.last_logits: torch.Tensor | None = None
         """fp32 logits of the latest step's sampled rows, in ``sampled`` order (inspection)."""
 
     def forget(self, request_id: str) -> None:
-        """Drop a finished request's RNG."""
+        """Drop a finished request's RNG and block-table row."""
         self._generators.pop(request_id, None)
+        self.tables.release(request_id)
 
     def skip_draws(self, seq: Sequence, count: int) -> None:
         """Advance a seeded request's RNG past ``count`` draws made elsewhere (the first token
@@ -63,68 +70,65 @@ class ModelRunner:
         return self._generators[seq.request_id]
 
     def prepare(self, batch: ScheduledBatch) -> PreparedStep:
-        bt = self.kv.block_tokens
-        ids: list[int] = []
-        pos: list[int] = []
-        rows: list[int] = []
-        sampled: list[Sequence] = []
-        tables: list[list[int]] = []
-        ctx: list[int] = []
-        spans: list[PrefillSpan] = []
+        """Flatten ``batch``: decodes first, then chunks over a cached prefix, then chunks
+        that start a prompt (the order :class:`AttentionBatch` wants); per-token tensors
+        (positions, slots) are computed vectorized from per-sequence ones."""
+        decodes: list[tuple[Sequence, int]] = []
+        paged: list[tuple[Sequence, int]] = []
+        fresh: list[tuple[Sequence, int]] = []
         for seq, n in batch.entries:
             start = seq.num_computed_tokens
-            if n == 1 and seq.num_uncomputed == 1 and not spans:
-                tables.append(seq.block_table)
-                ctx.append(start + 1)
+            if n == 1 and seq.num_uncomputed == 1:
+                decodes.append((seq, n))
             else:
-                spans.append(self._span(seq, len(ids), n))
+                (paged if start else fresh).append((seq, n))
+        order = decodes + paged + fresh
+        ids: list[int] = []
+        rows: list[int] = []
+        sampled: list[Sequence] = []
+        table_rows: list[int] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        for seq, n in order:
+            start = seq.num_computed_tokens
             ids.extend(seq.token_ids[start : start + n])
-            pos.extend(range(start, start + n))
+            table_rows.append(self.tables.row(seq))
+            query_lens.append(n)
+            context_lens.append(start + n)
             if start + n == seq.num_tokens:
                 rows.append(len(ids) - 1)
                 sampled.append(seq)
-        positions = torch.tensor(pos, dtype=torch.long)
-        block_ids = self._slot_pages(batch, positions)
-        decode_tables = decode_mask = None
-        if tables:
-            width = max(len(t) for t in tables)
-            decode_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
-            lens = torch.tensor(ctx).unsqueeze(1)
-            decode_mask = (torch.arange(width * bt).unsqueeze(0) < lens)[:, None, None, :]
+        bt = self.kv.block_tokens
+        width = -(-max(context_lens) // bt)
+        tables = self.tables.gather(table_rows, width)
+        qlens = torch.tensor(query_lens, dtype=torch.int32)
+        clens = torch.tensor(context_lens, dtype=torch.int32)
+        starts = torch.zeros(len(order) + 1, dtype=torch.int32)
+        torch.cumsum(qlens, 0, out=starts[1:])
+        seq_of = torch.repeat_interleave(torch.arange(len(order)), qlens)
+        # position of each token: its sequence's first new position + its index in the chunk
+        positions = (clens - qlens)[seq_of] + torch.arange(len(ids)) - starts[:-1][seq_of]
+        slots = tables[seq_of, positions // bt].long() * bt + positions % bt
         to = self.device
         attention = AttentionBatch(
-            slot_blocks=block_ids.to(to),
-            slot_offsets=(positions % bt).to(to),
-            num_decode=len(tables),
-            decode_block_tables=None if decode_tables is None else decode_tables.to(to),
-            decode_mask=None if decode_mask is None else decode_mask.to(to),
-            prefills=spans,
+            slot_mapping=slots.to(to),
+            block_tables=tables.to(to),
+            context_lens=clens.to(to),
+            query_starts=starts.to(to),
+            num_decode=len(decodes),
+            num_paged=len(decodes) + len(paged),
+            query_lens=query_lens,
+            context_lens_host=context_lens,
+            block_tokens=bt,
+            native=self.native,
         )
         return PreparedStep(
-            torch.tensor(ids, dtype=torch.long, device=to),
+            torch.tensor(ids, dtype=torch.long).to(to),
             positions.to(to),
             attention,
-            torch.tensor(rows, dtype=torch.long, device=to),
+            torch.tensor(rows, dtype=torch.long).to(to),
             sampled,
         )
-
-    def _slot_pages(self, batch: ScheduledBatch, positions: torch.Tensor) -> torch.Tensor:
-        """The page of every token of the step, gathered from the concatenated block tables."""
-        flat = torch.tensor([b for seq, _ in batch.entries for b in seq.block_table])
-        starts = torch.tensor([len(seq.block_table) for seq, _ in batch.entries]).cumsum(0)
-        starts = torch.cat((torch.zeros(1, dtype=torch.long), starts[:-1]))
-        counts = torch.tensor([n for _, n in batch.entries])
-        return flat[starts.repeat_interleave(counts) + positions // self.kv.block_tokens]
-
-    def _span(self, seq: Sequence, start: int, n: int) -> PrefillSpan:
-        cached = seq.num_computed_tokens
-        span = PrefillSpan(start=start, length=n, context_len=cached + n)
-        if cached:
-            nb = -(-(cached + n) // self.kv.block_tokens)
-            span.block_table = torch.tensor(seq.block_table[:nb], device=self.device)
-            q_pos = torch.arange(cached, cached + n, device=self.device).unsqueeze(1)
-            span.mask = torch.arange(cached + n, device=self.device).unsqueeze(0) <= q_pos
-        return span
 
     @torch.inference_mode()
     def execute(

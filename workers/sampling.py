@@ -1,8 +1,8 @@
 """Turning logits into tokens: greedy, temperature, top-k, top-p, per-request seeds.
 
-Filters run batched over the rows; only the final draw loops over the sampled rows, each
-with its own ``torch.Generator`` when the request has a seed, so a seeded request draws the
-same tokens whatever else shares its batch.
+Everything runs batched over the rows (a greedy batch is one ``argmax``); only seeded
+requests draw one by one, each from its own ``torch.Generator``, so a seeded request draws
+the same tokens whatever else shares its batch.
 """
 
 from __future__ import annotations
@@ -35,23 +35,42 @@ def sample(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
 ) -> list[int]:
-    """One token per row of fp32 ``logits`` ``[N, vocab]``."""
-    tokens = logits.argmax(dim=-1)
+    """One token per row of fp32 ``logits`` ``[N, vocab]``.
+
+    All greedy: one ``argmax``. Otherwise temperature, top-k and top-p run batched over the
+    sampled rows; rows without a seed draw in one batched ``multinomial``, seeded rows each
+    from their own generator (so their draws do not depend on their neighbours)."""
     rows = [i for i, p in enumerate(params) if not p.greedy]
-    if rows:
-        idx = torch.tensor(rows, device=logits.device)
-        sub = logits[idx]
-        temps = torch.tensor([params[i].temperature for i in rows], device=logits.device)
-        sub = sub / temps.unsqueeze(1)
-        top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)
-        top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device)
-        if bool((top_k > 0).any()) or bool((top_p < 1).any()):
-            sub = _filter_top_k_top_p(sub, top_k, top_p)
-        probs = sub.softmax(dim=-1)
-        for j, i in enumerate(rows):
-            draw = torch.multinomial(probs[j], 1, generator=generators[i])
-            tokens[i] = draw[0]
+    if not rows:
+        return greedy(logits)
+    dev = logits.device
+    tokens = torch.tensor(greedy(logits), device=dev)
+    idx = torch.tensor(rows, device=dev)
+    temps = torch.tensor([params[i].temperature for i in rows], device=dev)
+    sub = logits[idx] / temps.unsqueeze(1)
+    top_k = [params[i].top_k for i in rows]
+    top_p = [params[i].top_p for i in rows]
+    if any(k > 0 for k in top_k) or any(p < 1 for p in top_p):
+        sub = _filter_top_k_top_p(
+            sub, torch.tensor(top_k, device=dev), torch.tensor(top_p, device=dev)
+        )
+    probs = sub.softmax(dim=-1)
+    free = [j for j, i in enumerate(rows) if generators[i] is None]
+    if free:
+        at = torch.tensor(free, device=dev)
+        tokens[idx[at]] = torch.multinomial(probs[at], 1).squeeze(1)
+    for j, i in enumerate(rows):
+        if generators[i] is not None:
+            tokens[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
     return [int(t) for t in tokens.tolist()]
+
+
+def greedy(logits: torch.Tensor) -> list[int]:
+    """The first highest-scoring token of each row (as ``argmax``). On the CPU numpy's
+    argmax, which measured ~10x faster than torch's over a 49k vocabulary."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return [int(t) for t in logits.numpy().argmax(axis=-1)]
+    return [int(t) for t in logits.argmax(dim=-1).tolist()]
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:

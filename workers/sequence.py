@@ -87,6 +87,9 @@ class Sequence:
     num_cached_tokens: int = 0
     num_pool_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    page_epoch: int = 0
+    """Bumped whenever ``block_table`` is cleared (its pages given back), so a copy of the
+    table kept elsewhere (:class:`workers.block_tables.BlockTables`) knows to start over."""
     block_hashes: list[int] = field(default_factory=list)
     arrival_step: int = 0
     handoff: bool = False

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.integration.reference import hf_greedy, hf_last_logits
+from tests.native_kernels import require_native
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.model.prepare import make_tiny_model
@@ -47,13 +48,24 @@ def run_staggered(
     return [done[i] for i in ids], first_logits
 
 
+DEFAULTS: dict[str, object] = {
+    "block_tokens": 16,
+    "kv_cache_mib": 64,
+    "max_num_batched_tokens": 96,
+}
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def attention(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs on the C++ attention kernels and again on the torch path."""
+    if request.param == "native":
+        require_native()
+    monkeypatch.setitem(DEFAULTS, "attention", request.param)
+    return str(request.param)
+
+
 def make_engine(model_dir: Path, **overrides: object) -> Engine:
-    settings: dict[str, object] = {
-        "model": str(model_dir),
-        "block_tokens": 16,
-        "kv_cache_mib": 64,
-        "max_num_batched_tokens": 96,
-    }
+    settings: dict[str, object] = {"model": str(model_dir), **DEFAULTS}
     settings.update(overrides)
     return Engine(EngineConfig(**settings))  # type: ignore[arg-type]
 

@@ -1,14 +1,15 @@
 """Attention over the paged KV cache.
 
-A step's tokens arrive flattened into one ``[T, ...]`` batch, ordered as the
-:class:`AttentionBatch` says: first the decode tokens (one per sequence), then each prefill
-chunk as a contiguous span. For every layer, :func:`paged_attention`
+A step's tokens arrive flattened into one ``[T, ...]`` batch of ``S`` sequences, ordered as
+the :class:`AttentionBatch` says: first the decode tokens (one per sequence), then the
+prefill chunks that continue a cached prefix, then the chunks that start a prompt (each a
+contiguous span). For every layer, :func:`paged_attention`
 
-1. writes the step's new K and V into their cache slots (one ``index_put``),
-2. attends all decode queries at once over their gathered pages (padded to the longest
-   context, masked), and
-3. attends each prefill chunk over its own pages (or straight over the new K/V when the
-   chunk starts at position 0) with a causal mask offset by the cached prefix.
+1. writes the step's new K and V into their cache slots, then
+2. attends the decode tokens and the chunks over a cached prefix to the cache in place
+   (:mod:`workers.model.native`, a C++ kernel, when ``batch.native``; else the pure-torch
+   reference below, which gathers the pages), and
+3. attends each chunk that starts a prompt straight over its new K/V (causal SDPA).
 
 The layer cache is ``[num_blocks, 2 (K, V), block_tokens, kv_heads, head_dim]`` (DESIGN.md),
 so every (layer, block) pair is one contiguous span.
@@ -16,45 +17,74 @@ so every (layer, block) pair is one contiguous span.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 
-
-@dataclass
-class PrefillSpan:
-    """One sequence's chunk of new tokens inside the flattened batch.
-
-    ``start``/``length`` locate the chunk in the batch; ``context_len`` counts the cached
-    prefix plus the chunk. ``block_table`` holds the sequence's page ids when there is a
-    cached prefix (``context_len > length``), else ``None``; ``mask`` is the
-    ``[length, context_len]`` boolean causal mask for that case.
-    """
-
-    start: int
-    length: int
-    context_len: int
-    block_table: torch.Tensor | None = None
-    mask: torch.Tensor | None = None
+from workers.model import native
 
 
 @dataclass
 class AttentionBatch:
     """Where a step's tokens go in the cache and what each one attends to.
 
-    ``slot_blocks[t]``/``slot_offsets[t]`` give the page and offset of token ``t``. The first
-    ``num_decode`` tokens are decode tokens: ``decode_block_tables`` is ``[B, max_blocks]``
-    (padded with page 0) and ``decode_mask`` ``[B, 1, 1, max_blocks * block_tokens]`` marks
-    each sequence's valid positions (``[B, 1, 1, L]`` broadcasts over heads and groups).
+    Per token: ``slot_mapping`` (int64 ``[T]``, ``page * block_tokens + offset``). Per
+    sequence, in batch order: ``block_tables`` (int32 ``[S, W]``, padded with page 0),
+    ``context_lens`` (int32 ``[S]``, cached tokens plus this step's) and ``query_starts``
+    (int32 ``[S + 1]``: sequence ``s`` owns rows ``query_starts[s]:query_starts[s + 1]``).
+    The first ``num_decode`` sequences have one query each; the first ``num_paged`` (decodes,
+    then chunks over a cached prefix) read pages; the rest start their prompt in this step.
+    ``query_lens`` and ``context_lens_host`` are host copies for control flow (no device
+    sync). ``native`` picks the C++ kernels (CPU only). Tensors built for the torch path
+    are derived once per step and shared by every layer.
     """
 
-    slot_blocks: torch.Tensor
-    slot_offsets: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    query_starts: torch.Tensor
     num_decode: int
-    decode_block_tables: torch.Tensor | None
-    decode_mask: torch.Tensor | None
-    prefills: list[PrefillSpan]
+    num_paged: int
+    query_lens: list[int]
+    context_lens_host: list[int]
+    block_tokens: int
+    native: bool = False
+    _starts: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        starts = [0]
+        for n in self.query_lens:
+            starts.append(starts[-1] + n)
+        self._starts = starts
+
+    def span(self, s: int) -> tuple[int, int]:
+        """Rows ``[start, end)`` of sequence ``s``."""
+        return self._starts[s], self._starts[s + 1]
+
+    @cached_property
+    def slot_pages(self) -> torch.Tensor:
+        return self.slot_mapping // self.block_tokens
+
+    @cached_property
+    def slot_offsets(self) -> torch.Tensor:
+        return self.slot_mapping % self.block_tokens
+
+    @cached_property
+    def decode_tables(self) -> torch.Tensor:
+        """int64 ``[num_decode, W']`` pages of the decodes, W' their widest need."""
+        nd, bt = self.num_decode, self.block_tokens
+        width = -(-max(self.context_lens_host[:nd]) // bt)
+        return self.block_tables[:nd, :width].long()
+
+    @cached_property
+    def decode_mask(self) -> torch.Tensor:
+        """``[num_decode, 1, 1, W' * block_tokens]``: each decode's valid positions."""
+        length = self.decode_tables.shape[1] * self.block_tokens
+        positions = torch.arange(length, device=self.block_tables.device)
+        valid = positions.unsqueeze(0) < self.context_lens[: self.num_decode].unsqueeze(1)
+        return valid[:, None, None, :]
 
 
 def _gather_pages(layer_cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
@@ -85,6 +115,36 @@ def _decode_attention(
     return (probs @ kv[1]).view(b, hq, d)
 
 
+def _reference_paged(
+    q: torch.Tensor,
+    layer_cache: torch.Tensor,
+    batch: AttentionBatch,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """The pure-torch path for the sequences that read pages: gathers them (two copies)."""
+    nd = batch.num_decode
+    if nd:
+        kv = _gather_pages(layer_cache, batch.decode_tables)
+        out[:nd] = _decode_attention(q[:nd], kv, batch.decode_mask, scale)
+    for s in range(nd, batch.num_paged):
+        start, end = batch.span(s)
+        ctx, n = batch.context_lens_host[s], end - start
+        nb = -(-ctx // batch.block_tokens)
+        kv = _gather_pages(layer_cache, batch.block_tables[s, :nb].long())[:, :, :ctx]
+        q_pos = torch.arange(ctx - n, ctx, device=q.device).unsqueeze(1)
+        mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= q_pos
+        o = F.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1).unsqueeze(0),
+            kv[0].unsqueeze(0),
+            kv[1].unsqueeze(0),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[start:end] = o[0].transpose(0, 1)
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -95,31 +155,35 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention of ``q`` ``[T, Hq, D]``; ``k``/``v`` ``[T, Hkv, D]`` are the step's new keys
     and values. Returns ``[T, Hq, D]``."""
-    layer_cache[batch.slot_blocks, :, batch.slot_offsets] = torch.stack((k, v), dim=1)
+    paged = batch.num_paged
+    if batch.native:
+        q = q.contiguous()  # the kernel wants unit-stride rows (projections may be transposed)
     out = torch.empty_like(q)
-    nd = batch.num_decode
-    if nd:
-        assert batch.decode_block_tables is not None and batch.decode_mask is not None
-        kv = _gather_pages(layer_cache, batch.decode_block_tables)
-        out[:nd] = _decode_attention(q[:nd], kv, batch.decode_mask, scale)
-    for span in batch.prefills:
-        end = span.start + span.length
-        qs = q[span.start : end].transpose(0, 1).unsqueeze(0)
-        if span.block_table is None:
-            ks = k[span.start : end].transpose(0, 1).unsqueeze(0)
-            vs = v[span.start : end].transpose(0, 1).unsqueeze(0)
-            o = F.scaled_dot_product_attention(
-                qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True
+    if batch.native:
+        native.write_kv(k, v, layer_cache, batch.slot_mapping)
+        if paged:
+            native.paged_attention(
+                out,
+                q,
+                layer_cache,
+                batch.block_tables[:paged],
+                batch.context_lens[:paged],
+                batch.query_starts[: paged + 1],
+                scale,
             )
-        else:
-            kv = _gather_pages(layer_cache, span.block_table)[:, :, : span.context_len]
-            o = F.scaled_dot_product_attention(
-                qs,
-                kv[0].unsqueeze(0),
-                kv[1].unsqueeze(0),
-                attn_mask=span.mask,
-                scale=scale,
-                enable_gqa=True,
-            )
-        out[span.start : end] = o[0].transpose(0, 1)
+    else:
+        layer_cache[batch.slot_pages, :, batch.slot_offsets] = torch.stack((k, v), dim=1)
+        if paged:
+            _reference_paged(q, layer_cache, batch, scale, out)
+    for s in range(paged, len(batch.query_lens)):
+        start, end = batch.span(s)
+        o = F.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1).unsqueeze(0),
+            k[start:end].transpose(0, 1).unsqueeze(0),
+            v[start:end].transpose(0, 1).unsqueeze(0),
+            is_causal=True,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[start:end] = o[0].transpose(0, 1)
     return out

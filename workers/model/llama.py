@@ -152,5 +152,7 @@ class LlamaModel(nn.Module):
         return self.norm(x)  # type: ignore[no-any-return]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits ``[N, vocab]`` for the selected hidden rows."""
-        return self.lm_head(hidden).float()  # type: ignore[no-any-return]
+        """fp32 logits ``[N, vocab]``, row-major, for the selected hidden rows (the skinny
+        product comes out transposed; a vocabulary-wide argmax over it is several times
+        slower)."""
+        return self.lm_head(hidden).float().contiguous()  # type: ignore[no-any-return]

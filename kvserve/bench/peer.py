@@ -1,0 +1,287 @@
+"""``kvserve bench peer``: kvserve side by side with vLLM's CPU build, same cores, same model.
+
+Lifecycle of one invocation:
+
+1. vLLM's CPU build is installed into its own virtualenv under the cache on first use
+   (:func:`kvserve.bench.peer_vllm.ensure_vllm`; minutes, once); its ``vllm bench serve``
+   is the load generator for every server;
+2. for each model (``--model``, repeatable: ``default``, ``tiny`` or a directory) and each
+   server of ``--servers`` in turn (``vllm``, kvserve's ``default`` 1 prefill + 1 decode,
+   ``mixed1``, ``mixed2``, ``mixed1-1t``; :data:`~kvserve.bench.peer_results.SERVERS`), the
+   server is started fresh on this machine's cores and waited for;
+3. every run of the seed plan (each workload at each rate, one seed per (workload, rate),
+   the same seeds for every server and model) is driven by ``vllm bench serve``; its result
+   becomes a row (a failure becomes a row with ``error``);
+4. the server is stopped (SIGTERM, then SIGKILL after a grace period), also on errors,
+   SIGTERM and Ctrl-C: nothing this command started outlives it;
+5. every kvserve row gets its ratios to the vLLM row of the same model, workload and rate,
+   and one JSON object goes to stdout (:func:`kvserve.bench.report.emit`); ``--out
+   FILE.png`` plots throughput per server and workload. Logs and the client's result files
+   stay in ``--log-dir`` (default: a new temporary folder, named on stderr).
+
+Exit status: 0, or 1 when a server or run produced no result (its row says why), or 130
+when interrupted (no JSON then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import signal
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from kvserve.bench import peer_client as pc
+from kvserve.bench import peer_results as pr
+from kvserve.bench import peer_vllm as pv
+from kvserve.bench.loadgen.options import json_rate
+from kvserve.bench.report import emit, log
+from kvserve.settings import add_config_args
+from workers.config import EngineConfig
+
+UP_POOL_SEGMENT_MIB = 256  # what ``kvserve up`` gives each worker (kvserve.up)
+ENGINE_FIELDS = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "model"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``kvserve bench peer``; kvserve's engine flags (``--kv-cache-mib``...) as
+    ``kvserve up`` has them, for every kvserve worker."""
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help="default (SmolLM2-135M), tiny (random Llama, 8 layers x 512) or a HF model "
+        "directory; repeat it or separate with commas for several (default: default)",
+    )
+    parser.add_argument(
+        "--servers", default="all", help=f"comma-separated, of {list(pr.SERVERS)} (default all)"
+    )
+    parser.add_argument(
+        "--workloads", default="all", help=f"comma-separated, of {list(pc.WORKLOADS)}"
+    )
+    parser.add_argument(
+        "--rates",
+        type=float,
+        nargs="+",
+        default=[0.5, 1.0, math.inf],
+        help="request rates, req/s, Poisson; inf: all at once (default 0.5 1 inf)",
+    )
+    parser.add_argument("--num-prompts", type=int, default=50, help="requests per run")
+    parser.add_argument("--seed", type=int, default=0, help="run i of the plan uses seed+i")
+    parser.add_argument("--vllm-venv", type=Path, default=None, help="vLLM virtualenv dir")
+    parser.add_argument("--vllm-kvcache-gib", type=float, default=2.0)
+    parser.add_argument("--vllm-max-model-len", type=int, default=2048)
+    parser.add_argument("--startup-timeout-s", type=float, default=600.0, help="per server")
+    parser.add_argument("--run-timeout-s", type=float, default=3600.0, help="per client run")
+    parser.add_argument("--segment-mib", type=int, default=UP_POOL_SEGMENT_MIB)
+    parser.add_argument("--log-dir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="throughput plot (PNG)")
+    parser.add_argument(
+        "--install-only", action="store_true", help="install vLLM if needed, print its venv"
+    )
+    add_config_args(parser, EngineConfig, only=ENGINE_FIELDS)
+
+
+def engine_config(args: argparse.Namespace, model_dir: Path) -> EngineConfig:
+    """Every kvserve worker's engine settings: the flags, with ``model_dir``."""
+    return EngineConfig(model=str(model_dir), **{f: getattr(args, f) for f in ENGINE_FIELDS})
+
+
+def served_model(url: str) -> str:
+    """The first model id of an OpenAI-compatible server's ``/v1/models``."""
+    with urllib.request.urlopen(url + "/v1/models", timeout=10) as resp:
+        return str(json.load(resp)["data"][0]["id"])
+
+
+@contextlib.contextmanager
+def server_up(
+    args: argparse.Namespace,
+    venv: pv.VllmEnv,
+    server: pr.Server,
+    model_dir: Path,
+    log_dir: Path,
+) -> Iterator[str]:
+    """``server`` serving ``model_dir``, healthy; yields its base URL, stops it on exit."""
+    if server.name == pr.BASELINE:
+        with pv.vllm_server(
+            venv,
+            model_dir,
+            log_dir,
+            kvcache_gib=args.vllm_kvcache_gib,
+            max_model_len=args.vllm_max_model_len,
+            startup_timeout_s=args.startup_timeout_s,
+        ) as url:
+            yield url
+        return
+    from kvserve.bench.compare import started
+
+    engine = engine_config(args, model_dir)
+    options = cluster_options(server, args.startup_timeout_s)
+    begin = time.monotonic()
+    with started(server.deployment, engine, args.segment_mib, **options) as cluster:
+        placement = {p.name: list(p.cores) for p in cluster.plan.workers}
+        log(f"bench peer: kvserve {server.name} up in {time.monotonic() - begin:.0f}s at "
+            f"{cluster.router_url} (worker cores {placement})")  # fmt: skip
+        yield cluster.router_url
+
+
+def cluster_options(server: pr.Server, startup_timeout_s: float) -> dict[str, Any]:
+    """The :class:`~kvserve.cluster_spec.ClusterSpec` fields of a kvserve server besides its
+    shape: a server with ``threads`` gets that many threads per worker and only the first
+    core of this process's affinity (the core vLLM pins its engine to)."""
+    options: dict[str, Any] = {"startup_timeout_s": startup_timeout_s}
+    if server.threads:
+        options |= {"threads_per_worker": server.threads, "cores": (first_core(),)}
+    return options
+
+
+def first_core() -> int:
+    return min(os.sched_getaffinity(0))
+
+
+def run_server(
+    args: argparse.Namespace,
+    venv: pv.VllmEnv,
+    server: pr.Server,
+    model_dir: Path,
+    plan: list[pr.Run],
+    log_dir: Path,
+) -> list[dict[str, Any]]:
+    """Start ``server`` fresh, run the whole plan against it, stop it; its rows."""
+    rows: list[dict[str, Any]] = []
+    model, run_dir = model_dir.name, log_dir / model_dir.name / server.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with server_up(args, venv, server, model_dir, run_dir) as url:
+            name = served_model(url)
+            for run in plan:
+                stem = f"{run.workload}-rate{json_rate(run.rate)}-seed{run.seed}"
+                result = run_dir / f"{stem}.json"
+                argv = pc.bench_argv(
+                    venv, url, name, model_dir, run.workload, run.rate, run.seed,
+                    args.num_prompts, result,
+                )  # fmt: skip
+                log(f"bench peer: {model} {server.name} {stem}")
+                try:
+                    data = pc.run_client(argv, result, run_dir / f"{stem}.log", args.run_timeout_s)
+                except RuntimeError as exc:
+                    rows.append(pr.error_row(model, server.name, run, str(exc)))
+                    continue
+                row = pr.row_from_result(
+                    data, model=model, server=server.name, run=run, num_prompts=args.num_prompts
+                )
+                log(f"bench peer:   {row['completed']} done, {row['failed']} failed, "
+                    f"{row['output_throughput'] or 0:.1f} output tok/s")  # fmt: skip
+                rows.append(row)
+    except (RuntimeError, OSError) as exc:
+        log(f"bench peer: {server.name} on {model} failed: {exc}")
+        rows.append(pr.error_row(model, server.name, None, str(exc)))
+    return rows
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM unwinds like Ctrl-C, so every server and client is stopped."""
+    raise KeyboardInterrupt
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.num_prompts < 1 or any(not r > 0 for r in args.rates):
+        raise ValueError("--num-prompts must be >= 1 and every rate > 0 (inf: all at once)")
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command (see the module docstring)."""
+    _check(args)
+    servers = pr.parse_names(args.servers, pr.SERVERS, "--servers")
+    workloads = pr.parse_names(args.workloads, pc.WORKLOADS, "--workloads")
+    plan = pr.seed_plan(workloads, args.rates, args.seed)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        venv = pv.ensure_vllm(args.vllm_venv)
+        if args.install_only:
+            print(venv.root)
+            return 0
+        specs = [s for text in args.model or ["default"] for s in text.split(",") if s]
+        models = {spec: resolve(spec) for spec in dict.fromkeys(specs)}
+        log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="kvserve-peer-"))
+        log(f"bench peer: logs and client results in {log_dir}")
+        rows = [
+            row
+            for model_dir in models.values()
+            for name in servers
+            for row in run_server(args, venv, pr.SERVERS[name], model_dir, plan, log_dir)
+        ]
+    except KeyboardInterrupt:
+        log("bench peer: interrupted; every process it started has been stopped")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    pr.add_ratios(rows)
+    if args.out is not None:
+        from kvserve.bench.peer_plot import throughput_plot
+
+        throughput_plot(rows, args.out)
+    emit("peer", conditions(args, venv, models, servers, plan, log_dir), rows, pr.headline(rows))
+    return 1 if any("error" in r for r in rows) else 0
+
+
+def resolve(spec: str) -> Path:
+    from kvserve.bench.peer_models import resolve_model
+
+    return resolve_model(spec)
+
+
+def conditions(
+    args: argparse.Namespace,
+    venv: pv.VllmEnv,
+    models: dict[str, Path],
+    servers: list[str],
+    plan: list[pr.Run],
+    log_dir: Path,
+) -> dict[str, Any]:
+    """What the JSON's ``conditions`` add to :func:`kvserve.bench.report.base_conditions`."""
+    from kvserve.bench.peer_models import model_shape
+
+    engine = {f: getattr(args, f) for f in ENGINE_FIELDS}
+    return {
+        "models": {spec: model_shape(path) for spec, path in models.items()},
+        "servers": {name: pr.SERVERS[name].about for name in servers},
+        "workloads": {
+            w: " ".join(pc.WORKLOADS[w]) for w in dict.fromkeys(r.workload for r in plan)
+        },
+        "rates": [json_rate(r) for r in args.rates],
+        "num_prompts": args.num_prompts,
+        "seeds": [
+            {"workload": r.workload, "rate": json_rate(r.rate), "seed": r.seed} for r in plan
+        ],
+        "client": "vllm bench serve --backend vllm --ignore-eos --temperature 0, Poisson "
+        "arrivals (inf: all at once), run on the same cores",
+        "cores": sorted(os.sched_getaffinity(0)),
+        "cpu_model": cpu_model(),
+        "versions": {**venv.versions(), "vllm_venv": str(venv.root)},
+        "vllm": {
+            "VLLM_CPU_KVCACHE_SPACE_gib": args.vllm_kvcache_gib,
+            "max_model_len": args.vllm_max_model_len,
+            "dtype": "float32",
+            "other_settings": "vLLM's defaults",
+        },
+        "kvserve": {"engine": engine, "pool_segment_mib_per_worker": args.segment_mib},
+        "log_dir": str(log_dir),
+    }
