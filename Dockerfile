@@ -3,6 +3,7 @@
 #   --build-arg MOONCAKE=mooncake-transfer-engine \
 #   --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
 # (the CUDA Mooncake wheel cannot even be imported without the NVIDIA driver).
+# g++ builds the native CPU attention kernels (workers/model/csrc).
 #
 # Steps: 1. Debian libraries Mooncake needs (libibverbs1 loads its transport; libnuma1);
 # 2. CPU torch from PyTorch's own index (small, no CUDA libraries), in its own cached layer;
@@ -16,7 +17,7 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG MOONCAKE=mooncake-transfer-engine-non-cuda
 
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libibverbs1 libnuma1 \
+    && apt-get install -y --no-install-recommends libibverbs1 libnuma1 g++ \
     && rm -rf /var/lib/apt/lists/*
 
 ENV PYTHONUNBUFFERED=1 \
@@ -35,7 +36,10 @@ RUN pip install -e '.[convert]' \
 RUN useradd --create-home --uid 1000 kvserve \
     && mkdir -p /models && chown kvserve:kvserve /models
 USER kvserve
-RUN kvserve prepare-model
+# The CPU attention kernels, for the build machine's CPU; a worker on another CPU kind builds
+# its own at start (g++ above), and one that cannot falls back to the torch path.
+RUN kvserve prepare-model \
+    && (python -m workers.model.native || echo "native attention kernels not built")
 
 VOLUME ["/models"]
 EXPOSE 8000 50061 50051 8080 9003 9100

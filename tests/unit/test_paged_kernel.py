@@ -12,7 +12,6 @@ script builds them there, so a failed build fails these tests.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.native_kernels import require_native
 from workers.model import native
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
@@ -30,12 +30,7 @@ SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
 
 @pytest.fixture(autouse=True)
 def _require_native() -> None:
-    if native.available():
-        return
-    reason = f"native attention kernels unavailable: {native.unavailable_reason()}"
-    if os.environ.get("CI"):
-        pytest.fail(reason)
-    pytest.skip(reason)
+    require_native()
 
 
 @contextmanager
