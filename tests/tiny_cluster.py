@@ -9,8 +9,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import openai
+
 from kvpool.config import PoolConfig
-from kvserve.cluster import ClusterSpec
+from kvserve.cluster import Cluster, ClusterSpec
 from workers.config import EngineConfig
 
 BLOCK = 16
@@ -43,3 +45,11 @@ def tiny_cluster_spec(
 def prompt_of(length: int, seed: int) -> list[int]:
     """``length`` token ids, a fixed function of ``seed`` (distinct seeds share no prefix)."""
     return [(seed * 7919 + i * 104729) % 49000 + 100 for i in range(length)]
+
+
+def cluster_client(cluster: Cluster, timeout: float = 120) -> openai.OpenAI:
+    """The official OpenAI client on ``cluster``'s router, without retries (a test sees
+    every error)."""
+    return openai.OpenAI(
+        base_url=cluster.router_url + "/v1", api_key="unused", max_retries=0, timeout=timeout
+    )

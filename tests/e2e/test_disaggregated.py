@@ -41,7 +41,7 @@ from kvserve.netns import NetHosts, unavailable
 from proto.registry import Keys, connect, list_workers
 from tests.integration.reference import hf_greedy
 from tests.midstream import LONG, complete, fault_mid_stream
-from tests.tiny_cluster import BLOCK, MODEL_NAME, prompt_of, tiny_cluster_spec
+from tests.tiny_cluster import BLOCK, MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.sequence import SamplingParams
@@ -81,9 +81,7 @@ def cluster(net_cluster: tuple[NetHosts | None, Cluster]) -> Cluster:
 
 @pytest.fixture(scope="module")
 def client(cluster: Cluster) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=cluster.router_url + "/v1", api_key="unused", max_retries=0, timeout=120
-    )
+    return cluster_client(cluster)
 
 
 def netns_of(pid: int | str | None) -> str:

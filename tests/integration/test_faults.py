@@ -19,7 +19,7 @@ from kvserve import faults
 from kvserve.cluster import Cluster
 from proto.registry import ClusterConfig, Keys, connect, list_workers
 from tests.midstream import LONG, complete, fault_mid_stream
-from tests.tiny_cluster import prompt_of, tiny_cluster_spec
+from tests.tiny_cluster import cluster_client, prompt_of, tiny_cluster_spec
 
 PEER_TIMEOUT = ("--peer-timeout-s", "2")  # a frozen peer fails its calls within ~2 s
 
@@ -40,9 +40,7 @@ def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 @pytest.fixture(scope="module")
 def client(cluster: Cluster) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=cluster.router_url + "/v1", api_key="unused", max_retries=0, timeout=120
-    )
+    return cluster_client(cluster)
 
 
 @pytest.fixture(autouse=True)

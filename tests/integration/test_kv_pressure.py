@@ -27,7 +27,7 @@ from proto import worker_pb2 as pb
 from proto.channels import sync_channel
 from proto.worker_pb2_grpc import WorkerStub
 from tests.integration.test_disconnect import RawRequest, body
-from tests.tiny_cluster import BLOCK, MODEL_NAME, prompt_of, tiny_cluster_spec
+from tests.tiny_cluster import BLOCK, MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
 
 PAGES = 32
 """KV pages of each worker (of BLOCK tokens): far fewer than the burst's prompts need."""
@@ -53,9 +53,7 @@ def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 @pytest.fixture(scope="module")
 def client(cluster: Cluster) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=cluster.router_url + "/v1", api_key="unused", max_retries=0, timeout=120
-    )
+    return cluster_client(cluster)
 
 
 @pytest.fixture(autouse=True)

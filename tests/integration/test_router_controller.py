@@ -26,7 +26,7 @@ from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
 from proto.registry import list_workers
 from tests.integration.router_harness import wait_for
-from tests.tiny_cluster import MODEL_NAME, prompt_of, tiny_cluster_spec
+from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
 
 CONTROLLER_ARGS = (
     "--controller", "--controller-interval-s", "0.5", "--controller-window-s", "30",
@@ -93,9 +93,7 @@ def test_controller_moves_a_decode_worker_to_prefill_and_loses_no_request(
         tiny_model_dir, tmp_path, prefill=0, decode=2, router_args=CONTROLLER_ARGS
     )
     with Cluster(spec).start() as cluster:
-        client = openai.OpenAI(
-            base_url=cluster.router_url + "/v1", api_key="unused", max_retries=0, timeout=60
-        )
+        client = cluster_client(cluster, timeout=60)
         with Load(client) as load:
             assert wait_for(lambda: moved(cluster), timeout=90), controller_report(cluster)
             after_move = len(load.done)

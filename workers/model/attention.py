@@ -156,10 +156,9 @@ def paged_attention(
     """Attention of ``q`` ``[T, Hq, D]``; ``k``/``v`` ``[T, Hkv, D]`` are the step's new keys
     and values. Returns ``[T, Hq, D]``."""
     paged = batch.num_paged
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if batch.native:
         q = q.contiguous()  # the kernel wants unit-stride rows (projections may be transposed)
-    out = torch.empty_like(q)
-    if batch.native:
         native.write_kv(k, v, layer_cache, batch.slot_mapping)
         if paged:
             native.paged_attention(
