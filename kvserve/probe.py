@@ -4,7 +4,8 @@ variables (and flags) as the service, so it dials exactly where the service list
 (a wildcard bind address, 0.0.0.0 or ::, is dialled on loopback):
 
 - ``worker``: the standard gRPC health service says SERVING (with the cluster's TLS);
-- ``router``: ``GET /health`` answers 200 (a decode-capable worker is registered);
+- ``router``: ``GET /health`` answers 200 (a decode-capable worker is registered, the
+  tokenizer loaded);
 - ``pool``: mooncake_master's RPC port and the HTTP metadata server's port accept
   connections.
 

@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--disagg-threshold-tokens",
         type=int,
         default=None,
-        help="uncached prompt tokens at most this many stay on the decode worker",
+        help="prompts with at most this many uncached tokens may be prefilled by the decode worker",
     )
     r.add_argument("--cluster", default=_env_default("cluster", "kvserve"), help="registry name")
     s = parser.add_argument_group(

@@ -134,16 +134,24 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
         return {"object": "list", "data": data if name else []}
 
     health_docs: dict[int | str, dict[str, Any]] = {
-        200: {"description": "A decode-capable worker is registered", "content": JSON_OK},
-        503: {"description": "No decode-capable worker is registered", "content": JSON_OK},
+        200: {
+            "description": "A decode-capable worker is registered and the tokenizer is loaded",
+            "content": JSON_OK,
+        },
+        503: {
+            "description": "No decode-capable worker is registered, or the tokenizer is loading",
+            "content": JSON_OK,
+        },
     }
 
     @app.get("/health", responses=health_docs)
     async def health() -> JSONResponse:
         serving = service.serving()
-        if serving:
+        if serving and not service.tokenizers.loading:
             return JSONResponse({"status": "ok", "workers": len(service.view.live())})
         reason = f"no decode-capable worker is registered in cluster {cluster.cluster!r}"
+        if serving:
+            reason = "loading the tokenizer"
         return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
     text = {"text/plain": {"schema": {"type": "string"}}}

@@ -6,8 +6,9 @@ live worker, and answers a :class:`Placement`. The shared rules live in
 :meth:`Policy.place`; a policy only ranks candidates.
 
 Worker roles: ``prefill`` workers only prefill (then hand the KV over through the pool);
-``decode`` workers decode, and prefill short prompts themselves; ``mixed`` workers do the
-whole request by themselves and are used only when no decode worker is live.
+``decode`` workers decode, and prefill short prompts themselves unless they are backed up
+with them (rule 4 of :class:`Policy`); ``mixed`` workers do the whole request by themselves
+and are used only when no decode worker is live.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ A deliberately rough constant: about 50k tokens/s, i.e. a few GB/s for a small m
 TCP, which makes a pool hit far cheaper than recomputing on CPU yet not free. It only
 breaks ties between prefill workers whose local caches differ, so it needs no precision.
 """
+
+HANDOFF_S = 0.05
+"""Fixed seconds a hand-off adds to a request's first token over a local prefill: the
+reservation and prefill RPCs and the landing's polling. As rough as
+:data:`POOL_FETCH_S_PER_TOKEN`: it keeps a short prompt on its decode worker unless that
+worker is clearly backed up (:func:`prefill_remotely`)."""
 
 
 @dataclass(frozen=True)
@@ -87,10 +94,15 @@ class Policy(ABC):
     2. decode candidates are the decode workers; only when there is none, the mixed ones;
        no candidate at all gives None ("not now": the caller answers 503);
     3. no prefill worker is used (the decode worker prefills locally) when the candidates
-       are mixed workers, when no prefill worker is live, or when the uncached part of the
-       prompt is at most ``disagg_threshold_tokens`` (conditional disaggregation);
-    4. otherwise :meth:`pick_prefill` chooses among the prefill workers;
-    5. :meth:`rank_decode` orders every decode candidate, best first.
+       are mixed workers or when no prefill worker is live;
+    4. a prompt whose uncached part exceeds ``disagg_threshold_tokens`` is prefilled by a
+       prefill worker (the decode worker never runs a long prefill: steady inter-token
+       latency); a shorter one is prefilled locally by the first decode candidate unless a
+       prefill worker would give its first token sooner (:func:`prefill_remotely`: the
+       decode worker is backed up with prefills while a prefill worker idles, as in a burst
+       of prompts that share a pooled prefix);
+    5. :meth:`pick_prefill` chooses the prefill worker, when one is used;
+    6. :meth:`rank_decode` orders every decode candidate, best first.
 
     Subclasses must return one of the given candidates (and every one of them, for
     :meth:`rank_decode`); they may keep state (a counter, a seeded generator).
@@ -106,10 +118,13 @@ class Policy(ABC):
         candidates = decoders or [w for w in live if w.role == "mixed"]
         if not candidates:
             return None
-        prefillers = [w for w in live if w.role == "prefill"]
-        local = mixed or not prefillers or request.uncached_tokens <= self.disagg_threshold_tokens
-        prefill = None if local else self.pick_prefill(request, prefillers).worker_id
+        prefillers = [] if mixed else [w for w in live if w.role == "prefill"]
+        prefill = None
+        if prefillers and request.uncached_tokens > self.disagg_threshold_tokens:
+            prefill = self.pick_prefill(request, prefillers).worker_id
         ranked = self.rank_decode(request, candidates)
+        if prefill is None and prefillers and prefill_remotely(request, prefillers, ranked[0]):
+            prefill = self.pick_prefill(request, prefillers).worker_id
         return Placement(prefill, tuple(w.worker_id for w in ranked))
 
     @abstractmethod
@@ -187,6 +202,26 @@ def predicted_ttft(request: PlacementRequest, worker: WorkerLoad) -> float:
     queue_s = worker.queued_prefill_tokens / speed
     compute_s = (request.prompt_tokens - cached) / speed
     return queue_s + compute_s + fetched * POOL_FETCH_S_PER_TOKEN
+
+
+def handoff_s(request: PlacementRequest, decoder: WorkerLoad) -> float:
+    """Seconds a hand-off to ``decoder`` adds: :data:`HANDOFF_S`, plus loading the prompt's
+    KV that its own cache lacks at :data:`POOL_FETCH_S_PER_TOKEN`."""
+    local = min(request.local_tokens.get(decoder.worker_id, 0), request.prompt_tokens)
+    return HANDOFF_S + (request.prompt_tokens - local) * POOL_FETCH_S_PER_TOKEN
+
+
+def prefill_remotely(
+    request: PlacementRequest, prefillers: Sequence[WorkerLoad], decoder: WorkerLoad
+) -> bool:
+    """Whether a short prompt should still go to a prefill worker: true when the soonest of
+    ``prefillers`` plus the handoff to ``decoder`` (:func:`handoff_s`) predicts an earlier
+    first token than ``decoder`` prefilling it itself (:func:`predicted_ttft`, which counts
+    the prefills queued on each); ties stay local. Pure; the pending placements of
+    :mod:`router.pending` are in the loads, so a burst spreads over both instead of piling
+    up on the decode worker."""
+    remote = min(predicted_ttft(request, w) for w in prefillers) + handoff_s(request, decoder)
+    return remote < predicted_ttft(request, decoder)
 
 
 class CacheAwarePolicy(Policy):

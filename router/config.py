@@ -26,8 +26,10 @@ class RouterConfig:
     - ``router_host`` / ``router_port``: where the OpenAI-compatible HTTP API listens.
     - ``policy``: placement policy of the conductor (one of :data:`POLICIES`).
     - ``disagg_threshold_tokens``: when the part of a prompt that is not in the pool is at
-      most this many tokens, the decode worker prefills it itself (conditional
-      disaggregation); 0 disaggregates every request when a prefill worker exists.
+      most this many tokens, the decode worker may prefill it itself (conditional
+      disaggregation: it does unless a prefill worker would give the first token sooner,
+      :func:`router.conductor.prefill_remotely`); longer ones always go to a prefill worker;
+      0 disaggregates every request when a prefill worker exists.
     - ``reserve_lease_s``: a decode reservation is freed if prefill does not arrive in time.
     - ``request_timeout_s``: end-to-end deadline of one request (every RPC shares it).
     - ``served_model_name``: the model name clients must use; empty = the workers' ``model``.

@@ -18,7 +18,6 @@ Lifecycle of :class:`RouterService`:
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Sequence
@@ -39,7 +38,7 @@ from router.metrics import RouterMetrics
 from router.pending import PendingLoad
 from router.pool_lookup import PoolLookup
 from router.telemetry import Telemetry
-from router.tokenizer import PromptTokenizer
+from router.tokenizer import PromptTokenizer, TokenizerSlot
 from router.workers import LiveWorker, WorkerView
 
 
@@ -59,12 +58,13 @@ class RouterService:
         self._reports: dict[str, float] = {}
         """Worker id -> when its load report seen at the last poll was made."""
         self.started_at = int(time.time())
-        self._tokenizer: PromptTokenizer | None = None
-        self._tokenizer_lock = asyncio.Lock()
+        self.tokenizers = TokenizerSlot()
 
     async def start(self) -> None:
         self.pool.start()
         await self.view.start()
+        if self.config.tokenizer_dir:
+            self.tokenizers.preload(Path(self.config.tokenizer_dir))
         if self.config.controller:
             self.controller.start()
 
@@ -104,10 +104,7 @@ class RouterService:
             )
 
     async def tokenizer(self) -> PromptTokenizer:
-        async with self._tokenizer_lock:
-            if self._tokenizer is None:
-                self._tokenizer = await asyncio.to_thread(PromptTokenizer, self._tokenizer_dir())
-            return self._tokenizer
+        return await self.tokenizers.get(self._tokenizer_dir)
 
     def _tokenizer_dir(self) -> Path:
         if self.config.tokenizer_dir:
@@ -193,3 +190,5 @@ class RouterService:
         if reports != self._reports:  # fresh load reports: pages may have come free
             self.kv_wait.wake()
         self._reports = reports
+        if live:  # load it now, not on the first request
+            self.tokenizers.preload(self._tokenizer_dir())

@@ -117,13 +117,28 @@ class BlockManager:
             named.append((parent, seq.block_table[i]))
         return named
 
-    def commit(self, seq: Sequence) -> list[tuple[int, int]]:
+    def commit(self, seq: Sequence, share: bool = False) -> list[tuple[int, int]]:
         """Hash and index the blocks of ``seq`` that are full and computed.
 
-        Returns the newly named ``(hash, page)`` pairs.
+        With ``share``, a block whose hash another page already holds moves onto that page
+        (one more reference) and gives its own page back, so that concurrent requests over
+        one prefix read one copy (memory, and the bandwidth of every decode step). Only for
+        a sequence whose pages nothing writes or reads behind the engine's back any more (a
+        decode worker's adopted reservation, its landing stopped): the engine thread's own
+        steps stream freshly computed pages to the pool while they run. Returns the newly
+        named ``(hash, page)`` pairs, with the pages ``seq`` holds now.
         """
         named = self.upcoming(seq, 0)
-        for block_hash, page in named:
+        first, epoch = len(seq.block_hashes), seq.page_epoch
+        for i, (block_hash, page) in enumerate(named):
+            other = self.pool.lookup(block_hash) if share else None
+            if other is not None and other != page:
+                self.pool.touch([other])
+                self.pool.free([page])
+                seq.block_table[first + i] = other
+                seq.page_epoch = epoch + 1  # its block-table row is written anew
+                named[i] = (block_hash, other)
+                page = other
             seq.block_hashes.append(block_hash)
             self.pool.cache(page, block_hash)
         return named

@@ -230,7 +230,7 @@ class Engine:
         if self.pool is not None:
             transfer = pull_prompt(self.pool, self.scheduler.blocks, seq, landing)
             self.stats.kv_read.add(transfer)
-        self.scheduler.blocks.commit(seq)
+        self.scheduler.blocks.commit(seq, share=True)  # one copy of a shared prefix
         seq.token_ids.append(first_token)
         self.scheduler.resume(seq)
         self._track(seq)

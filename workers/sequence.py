@@ -88,7 +88,8 @@ class Sequence:
     num_pool_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     page_epoch: int = 0
-    """Bumped whenever ``block_table`` is cleared (its pages given back), so a copy of the
+    """Bumped whenever ``block_table`` is cleared (its pages given back) or one of its pages
+    is swapped for a shared copy (:meth:`BlockManager.commit` with ``share``), so a copy of the
     table kept elsewhere (:class:`workers.block_tables.BlockTables`) knows to start over."""
     block_hashes: list[int] = field(default_factory=list)
     arrival_step: int = 0

@@ -6,7 +6,7 @@ Lifecycle:
    the worker at once, naming the setting to change, before the model is loaded;
    load the model and size the KV cache (:class:`workers.engine.Engine`), join the KV pool
    (a pool that cannot be joined is logged: a ``mixed`` worker serves without it, the other
-   roles refuse to start);
+   roles refuse to start); run one throwaway request (:func:`workers.warmup.warm_up`);
 2. check the worker's KV contract against the cluster's and publish its record (Redis):
    a mismatch stops the worker with the reason;
 3. start the engine thread, the gRPC server (``Worker`` and the standard health service,
@@ -50,6 +50,7 @@ from workers.kv_transfer import layout_of
 from workers.metrics_http import serve_metrics
 from workers.registration import Heartbeat
 from workers.servicer import WorkerServicer
+from workers.warmup import warm_up
 from workers.wire import load_report
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ def serve(
         if worker.role != "mixed" and engine.pool is None:
             log.error("the %s role needs the KV pool, which could not be joined", worker.role)
             return 1
+        warm_up(engine)  # before registering: the first request pays no one-off costs
         return asyncio.run(_serve(worker, engine, cluster))
     finally:
         engine.close()

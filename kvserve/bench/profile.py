@@ -36,7 +36,10 @@ from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.sequence import SamplingParams
 
-GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul"})
+GEMM_OPS = frozenset(
+    {"aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul"}
+    | {"mkldnn::_linear_pointwise"}
+)
 SCOPES = {"attention": "kvserve::attention", "sampling": "kvserve::sample"}
 METADATA = "kvserve::prepare"
 PARTS = ("attention", "gemm", "sampling", "metadata", "other_ops", "python")
@@ -84,7 +87,7 @@ def split(events: list[FunctionEvent], wall_us: float) -> dict[str, float]:
             continue
         if ev.name in by_scope:
             parts[by_scope[ev.name]] += ev.cpu_time_total
-        elif ev.name.startswith("aten::"):
+        elif ev.name.startswith(("aten::", "mkldnn::")):
             parts["gemm" if ev.name in GEMM_OPS else "other_ops"] += ev.cpu_time_total
     parts["python"] = max(0.0, wall_us - sum(parts.values()))
     return parts

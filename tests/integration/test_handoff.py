@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvpool.master import MasterConfig
-from kvserve.bench.handoff import handoff
+from kvserve.bench.handoff import handoff, run_until_first
 from tests.integration.pool_fixtures import pool_config, running_master
 from tests.integration.reference import hf_greedy
 from workers.config import EngineConfig
@@ -120,3 +120,36 @@ def test_abort_releases_a_reservation_and_its_landing(pair: tuple[Engine, Engine
     assert decode.reserve("aborted", prompt(13, 60), 4, lease_s=30.0) is not None
     assert decode.abort("aborted")
     assert idle(decode) and decode.reservations.landing("aborted") is None
+
+
+def test_concurrent_reservations_over_one_prefix_end_up_on_one_copy(
+    pair: tuple[Engine, Engine], tiny_model_dir: Path
+) -> None:
+    """Both reserved before either prefill (no local hit possible): at adoption the second
+    moves onto the first's prefix pages, gives its own back, and both decode exactly."""
+    prefill, decode = pair
+    shared = prompt(21, 32)  # two full blocks of 16
+    prompts = {f"share{i}": shared + prompt(22 + i, 9) for i in range(2)}
+    for rid, ids in prompts.items():
+        assert decode.reserve(rid, ids, GREEDY.max_tokens, 60.0) is not None
+    firsts = {}
+    for rid, ids in prompts.items():
+        prefill.add_request(ids, GREEDY, rid, handoff=True)
+        firsts[rid] = run_until_first(prefill, rid).new_token_ids[0]
+    for rid, ids in prompts.items():
+        landing = decode.reservations.landing(rid)
+        if landing is not None:
+            decode.reservations.nudge()
+            assert landing.done.wait(30.0)
+        decode.adopt(rid, ids, firsts[rid], GREEDY)
+    tables = [list(s.block_table) for s in decode.scheduler.running]
+    assert len(tables) == 2 and tables[0][:2] == tables[1][:2]
+    assert tables[0][2] != tables[1][2]
+    assert decode.num_blocks - decode.num_free_blocks == 4  # not 6: one copy of the prefix
+    tokens = {rid: [first] for rid, first in firsts.items()}
+    while decode.has_unfinished:
+        for out in decode.step():
+            tokens[out.request_id] += out.new_token_ids
+    for rid, ids in prompts.items():
+        assert tokens[rid] == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
+    assert idle(prefill) and idle(decode)

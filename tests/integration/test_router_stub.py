@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from transformers import AutoTokenizer
 
 from kvpool.master import free_local_ports
 from kvserve.redis_service import RedisConfig, RedisProcess
+from router import tokenizer as tokenizer_module
 from tests.integration.router_harness import (
     MODEL,
     Harness,
@@ -258,6 +260,32 @@ def test_health_without_workers(redis_url: str, default_model_dir: Path) -> None
         with pytest.raises(openai.InternalServerError) as none:
             h.client().completions.create(model=MODEL, prompt="hi", max_tokens=2)
         assert none.value.status_code == 503
+
+
+def test_health_waits_for_the_tokenizer_loaded_in_the_background(
+    redis_url: str, default_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router loads the tokenizer once it sees a worker, not on the first request, and
+    calls itself healthy only when that load is done."""
+    gate = threading.Event()
+    real = tokenizer_module.PromptTokenizer
+
+    def held(model_dir: Path) -> tokenizer_module.PromptTokenizer:
+        assert gate.wait(30)
+        return real(model_dir)
+
+    monkeypatch.setattr(tokenizer_module, "PromptTokenizer", held)
+    with Harness(redis_url, default_model_dir, [StubWorker("d1", "decode")]) as h:
+
+        def loading() -> bool:
+            status, body = h.get("/health")
+            return status == 503 and json.loads(body)["reason"] == "loading the tokenizer"
+
+        assert wait_for(loading)
+        gate.set()
+        assert wait_for(lambda: h.get("/health")[0] == 200)
+        out = h.client().completions.create(model=MODEL, prompt=[2] * 3, max_tokens=2)
+        assert out.choices[0].finish_reason is not None
 
 
 def test_client_gone_before_the_answer_aborts(harness: Harness) -> None:

@@ -300,6 +300,30 @@ def test_commit_of_duplicate_content_keeps_first_page() -> None:
     assert bm.pool.block_hash[b.block_table[0]] is None
 
 
+def test_commit_with_share_moves_duplicate_blocks_onto_the_cached_pages() -> None:
+    bm = BlockManager(8, BT, SEED)
+    a = make_seq("a", list(range(9)))
+    b = make_seq("b", [*range(8), 99])  # same two full blocks, another tail
+    bm.allocate(a, 9)
+    bm.allocate(b, 9)  # reserved side by side: no hits for b
+    a.num_computed_tokens = b.num_computed_tokens = 9
+    bm.commit(a, share=True)  # nothing cached yet: a keeps its pages
+    assert a.block_table == [0, 1, 2] and a.page_epoch == 0
+    own = list(b.block_table)
+    free_before = bm.pool.num_free
+    named = bm.commit(b, share=True)
+    h = hash_chain(list(range(8)), BT, SEED)
+    assert named == [(h[0], 0), (h[1], 1)]
+    assert b.block_table == [0, 1, own[2]] and b.block_hashes == h
+    assert b.page_epoch == 1  # its block-table row is rewritten
+    assert bm.pool.ref_counts[0] == bm.pool.ref_counts[1] == 2
+    assert bm.pool.num_free == free_before + 2  # b's own copies went back
+    assert all(bm.pool.ref_counts[p] == 0 for p in own[:2])
+    bm.deallocate(a)
+    bm.deallocate(b)
+    assert bm.pool.num_free == 8
+
+
 # -- deallocate --------------------------------------------------------------------------------
 
 

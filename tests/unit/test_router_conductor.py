@@ -6,6 +6,7 @@ import pytest
 
 from router.conductor import (
     DEFAULT_PREFILL_TOKENS_PER_S,
+    HANDOFF_S,
     POOL_FETCH_S_PER_TOKEN,
     CacheAwarePolicy,
     LeastLoadedPolicy,
@@ -14,8 +15,10 @@ from router.conductor import (
     RandomPolicy,
     RoundRobinPolicy,
     WorkerLoad,
+    handoff_s,
     make_policy,
     predicted_ttft,
+    prefill_remotely,
 )
 
 P1 = WorkerLoad("p1", "prefill", queued_prefill_tokens=4000, prefill_tokens_per_s=1000.0)
@@ -70,6 +73,38 @@ def test_conditional_disaggregation_threshold() -> None:
     )
     cached = PlacementRequest(prompt_tokens=2000, pooled_tokens=1800)
     assert policy.place(cached, workers) == Placement(None, ("d2", "d1"))
+
+
+def test_a_short_prompt_goes_remote_only_when_its_first_token_comes_sooner() -> None:
+    short = PlacementRequest(prompt_tokens=512, pooled_tokens=448, local_tokens={"d": 448})
+    idle_p = WorkerLoad("p", "prefill", prefill_tokens_per_s=1000.0)
+    # the decode worker: 64 uncached tokens at 1000/s, nothing queued: 0.064 s
+    idle_d = WorkerLoad("d", "decode", prefill_tokens_per_s=1000.0, free_pages=9)
+    # remote: 64 tokens + 448 fetched, then 64 handed off
+    remote = 0.064 + 448 * POOL_FETCH_S_PER_TOKEN + handoff_s(short, idle_d)
+    assert handoff_s(short, idle_d) == pytest.approx(HANDOFF_S + 64 * POOL_FETCH_S_PER_TOKEN)
+    assert remote > predicted_ttft(short, idle_d)
+    assert not prefill_remotely(short, [idle_p], idle_d)
+    policy = CacheAwarePolicy(disagg_threshold_tokens=256)
+    assert policy.place(short, [idle_p, idle_d]) == Placement(None, ("d",))
+    # a few ms of queue are not worth a hand-off
+    nearly_idle = WorkerLoad(
+        "d", "decode", prefill_tokens_per_s=1000.0, free_pages=9, queued_prefill_tokens=40
+    )
+    assert not prefill_remotely(short, [idle_p], nearly_idle)
+    # 640 prompt tokens queued on the decode worker (a burst placed there): 0.704 s local
+    busy_d = WorkerLoad(
+        "d", "decode", prefill_tokens_per_s=1000.0, free_pages=9, queued_prefill_tokens=640
+    )
+    assert prefill_remotely(short, [idle_p], busy_d)
+    assert policy.place(short, [idle_p, busy_d]) == Placement("p", ("d",))
+    # the soonest prefill worker decides; the policy then picks (round-robin: in turn)
+    busy_p = WorkerLoad("q", "prefill", prefill_tokens_per_s=1000.0, queued_prefill_tokens=9000)
+    rr = RoundRobinPolicy(disagg_threshold_tokens=256)
+    picks = [rr.place(short, [idle_p, busy_p, busy_d]) for _ in range(3)]
+    assert [p.prefill if p else None for p in picks] == ["p", "q", "p"]
+    # ...and when every prefill worker is slower, the decode worker keeps it
+    assert rr.place(short, [busy_p, busy_d]) == Placement(None, ("d",))
 
 
 def test_no_prefill_worker_means_local_prefill() -> None:
