@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from proto.limits import MIN_TEMPERATURE
 from router.errors import APIError, invalid
 
 TokenId = Annotated[int, Field(ge=0, lt=1 << 32)]
@@ -66,6 +67,12 @@ class SamplingFields(BaseModel):
                 raise invalid(f"{name} is not supported (only 0)", name, "unsupported_value")
         if any(not s for s in self.stop_list):
             raise invalid("stop strings must not be empty", "stop", "invalid_value")
+        if self.temperature is not None and 0 < self.temperature < MIN_TEMPERATURE:
+            raise invalid(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}",
+                "temperature",
+                "invalid_value",
+            )
 
 
 class CompletionRequest(SamplingFields):

@@ -12,9 +12,11 @@ The scheduler owns the status and the page fields; the engine appends sampled to
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 from kvpool.hashing import ROOT_PARENT
+from proto.limits import MIN_TEMPERATURE
 
 
 class SeqStatus(enum.Enum):
@@ -56,8 +58,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        t = self.temperature
+        if not math.isfinite(t) or t < 0 or 0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 or in [{MIN_TEMPERATURE}, inf), got {t}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -93,6 +93,10 @@ def test_out_of_range_values() -> None:
             "code": "invalid_value",
         }
     }
+    tiny = error_of(chat, temperature=1e-40)
+    assert tiny[0] == 400 and tiny[1]["error"]["param"] == "temperature"
+    assert completion(prompt="x", temperature=0).temperature == 0
+    assert completion(prompt="x", temperature=1e-5).temperature == 1e-5
     assert error_of(completion, prompt="x", max_tokens=0)[1]["error"]["param"] == "max_tokens"
     assert error_of(completion, prompt="x", top_p=0)[1]["error"]["param"] == "top_p"
     assert error_of(completion, prompt=[1, -2])[1]["error"]["param"] == "prompt.1"

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.sampling import _filter_top_k_top_p, make_generator, sample
+from proto.limits import MIN_TEMPERATURE
+from workers.sampling import _filter_top_k_top_p, greedy, make_generator, sample
 from workers.sequence import SamplingParams
 
 CPU = torch.device("cpu")
@@ -55,6 +56,10 @@ def test_sampling_follows_the_distribution() -> None:
     [
         ({"max_tokens": 0}, "max_tokens"),
         ({"temperature": -1}, "temperature"),
+        ({"temperature": 1e-40}, "temperature"),  # overflows fp32: NaN probabilities
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"top_p": float("nan")}, "top_p"),
         ({"top_p": 0}, "top_p"),
         ({"top_k": -1}, "top_k"),
         ({"stop": ("",)}, "stop"),
@@ -63,3 +68,11 @@ def test_sampling_follows_the_distribution() -> None:
 def test_params_validation(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_the_smallest_temperature_samples_like_greedy() -> None:
+    """At the floor the division stays finite and the top token takes all the mass."""
+    logits = torch.randn(3, 1000)
+    params = [SamplingParams(temperature=MIN_TEMPERATURE, seed=i) for i in range(3)]
+    generators = [make_generator(p.seed, logits.device) for p in params]
+    assert sample(logits, params, generators) == greedy(logits)
