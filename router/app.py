@@ -146,12 +146,12 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
 
     @app.get("/health", responses=health_docs)
     async def health() -> JSONResponse:
-        serving = service.serving()
-        if serving and not service.tokenizers.loading:
-            return JSONResponse({"status": "ok", "workers": len(service.view.live())})
-        reason = f"no decode-capable worker is registered in cluster {cluster.cluster!r}"
-        if serving:
+        if not service.serving():
+            reason = f"no decode-capable worker is registered in cluster {cluster.cluster!r}"
+        elif service.tokenizers.loading:
             reason = "loading the tokenizer"
+        else:
+            return JSONResponse({"status": "ok", "workers": len(service.view.live())})
         return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
     text = {"text/plain": {"schema": {"type": "string"}}}

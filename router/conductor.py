@@ -71,6 +71,10 @@ class PlacementRequest:
     def uncached_tokens(self) -> int:
         return max(0, self.prompt_tokens - self.pooled_tokens)
 
+    def local_on(self, worker_id: str) -> int:
+        """Leading prompt tokens the local cache of ``worker_id`` holds (per the hints)."""
+        return min(self.local_tokens.get(worker_id, 0), self.prompt_tokens)
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -119,7 +123,7 @@ class Policy(ABC):
         if not candidates:
             return None
         prefillers = [] if mixed else [w for w in live if w.role == "prefill"]
-        prefill = None
+        prefill = None  # long prompts pick before ranking, as always (seeded policies' order)
         if prefillers and request.uncached_tokens > self.disagg_threshold_tokens:
             prefill = self.pick_prefill(request, prefillers).worker_id
         ranked = self.rank_decode(request, candidates)
@@ -195,7 +199,7 @@ def predicted_ttft(request: PlacementRequest, worker: WorkerLoad) -> float:
     cache nor the pool holds, at its speed + the pooled tokens its local cache lacks, at
     :data:`POOL_FETCH_S_PER_TOKEN`.
     """
-    local = min(request.local_tokens.get(worker.worker_id, 0), request.prompt_tokens)
+    local = request.local_on(worker.worker_id)
     cached = max(local, min(request.pooled_tokens, request.prompt_tokens))
     fetched = max(0, cached - local)
     speed = worker.prefill_speed
@@ -207,8 +211,8 @@ def predicted_ttft(request: PlacementRequest, worker: WorkerLoad) -> float:
 def handoff_s(request: PlacementRequest, decoder: WorkerLoad) -> float:
     """Seconds a hand-off to ``decoder`` adds: :data:`HANDOFF_S`, plus loading the prompt's
     KV that its own cache lacks at :data:`POOL_FETCH_S_PER_TOKEN`."""
-    local = min(request.local_tokens.get(decoder.worker_id, 0), request.prompt_tokens)
-    return HANDOFF_S + (request.prompt_tokens - local) * POOL_FETCH_S_PER_TOKEN
+    missing = request.prompt_tokens - request.local_on(decoder.worker_id)
+    return HANDOFF_S + missing * POOL_FETCH_S_PER_TOKEN
 
 
 def prefill_remotely(

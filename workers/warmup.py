@@ -4,8 +4,9 @@ The first forward of a process pays one-off costs: oneDNN packs every linear wei
 (:class:`workers.model.llama.Linear`), kernels and thread pools start, allocator pools
 grow. Without a warm-up the first request after a start paid them in its TTFT. The warm-up
 request is shorter than one KV block, so it leaves nothing in the prefix cache and publishes
-nothing to the pool; the engine's stats are reset afterwards, so measured speeds (load
-reports) start from real requests only.
+nothing to the pool (except with one-token pages, where any token fills a block: then its
+two blocks are cached like any request's); the engine's stats are reset afterwards, so
+measured speeds (load reports) start from real requests only.
 """
 
 from __future__ import annotations

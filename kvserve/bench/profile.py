@@ -37,8 +37,14 @@ from workers.engine import Engine
 from workers.sequence import SamplingParams
 
 GEMM_OPS = frozenset(
-    {"aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul"}
-    | {"mkldnn::_linear_pointwise"}
+    {
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::linear",
+        "aten::matmul",
+        "mkldnn::_linear_pointwise",
+    }
 )
 SCOPES = {"attention": "kvserve::attention", "sampling": "kvserve::sample"}
 METADATA = "kvserve::prepare"
