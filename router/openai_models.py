@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from proto.limits import MIN_TEMPERATURE
+from proto.limits import MIN_TEMPERATURE, stop_error
 from router.errors import APIError, invalid
 
 TokenId = Annotated[int, Field(ge=0, lt=1 << 32)]
@@ -65,8 +65,8 @@ class SamplingFields(BaseModel):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0.0):
                 raise invalid(f"{name} is not supported (only 0)", name, "unsupported_value")
-        if any(not s for s in self.stop_list):
-            raise invalid("stop strings must not be empty", "stop", "invalid_value")
+        if error := stop_error(self.stop_list):
+            raise invalid(error, "stop", "invalid_value")
         if self.temperature is not None and 0 < self.temperature < MIN_TEMPERATURE:
             raise invalid(
                 f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}",

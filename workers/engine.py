@@ -25,26 +25,31 @@ whose lease ran out are released by :meth:`Engine.housekeeping`.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 
 import torch
 
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace, salt_root
+from kvpool.landing import Landing
 from workers.config import EngineConfig
-from workers.detokenizer import IncrementalText
 from workers.kv_cache import KVCache, blocks_for_memory
 from workers.kv_transfer import KVStreamer, Transfer, join_pool, pull_prompt
 from workers.model import native
 from workers.model.loader import load_model, model_fingerprint
 from workers.model.rope import RotaryTable
-from workers.model_runner import ModelRunner
+from workers.model_runner import ModelRunner, describe
 from workers.outputs import EngineStats, RequestOutput, resolve_model_dir
+from workers.request_book import RequestBook
 from workers.reservations import Reservations
 from workers.scheduler import Scheduler, SchedulerConfig
 from workers.sequence import FinishReason, SamplingParams, Sequence
+from workers.step_exec import execute_contained
 from workers.step_log import StepLog
 from workers.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 def _use_native(config: EngineConfig) -> bool:
@@ -106,12 +111,10 @@ class Engine:
         eos = set(cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos)
         self.stats = EngineStats()
+        self.book = RequestBook(self.tokenizer, frozenset(eos), self.max_model_len, self.stats)
         self.step_log = StepLog.open(config.step_log_dir)
         self._requests: dict[str, Sequence] = {}
-        self._texts: dict[str, IncrementalText] = {}
-        self._transfers: dict[str, Transfer] = {}
         self._ids = itertools.count()
 
     # -- requests --------------------------------------------------------------------------
@@ -158,7 +161,7 @@ class Engine:
         tokens = [*prompt_token_ids, *output_token_ids]
         seq = self._enqueue(request_id, tokens, params, len(prompt_token_ids), cache_salt)
         self.runner.skip_draws(seq, len(output_token_ids))
-        self._texts[seq.request_id].push(list(output_token_ids))
+        self.book.released(seq.request_id, list(output_token_ids))
         return Transfer()
 
     def _enqueue(
@@ -182,14 +185,16 @@ class Engine:
     def _check_new(self, request_id: str, prompt_token_ids: list[int]) -> None:
         if request_id in self._requests or request_id in self.reservations:
             raise ValueError(f"request id {request_id!r} is already in use")
+        self._check_tokens(prompt_token_ids, "prompt token ids")
+
+    def _check_tokens(self, token_ids: list[int], what: str) -> None:
         vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"{what} must be in [0, {vocab})")
 
     def _track(self, seq: Sequence) -> None:
         self._requests[seq.request_id] = seq
-        self._texts[seq.request_id] = IncrementalText(self.tokenizer, seq.params.stop)
-        self._transfers[seq.request_id] = Transfer()
+        self.book.track(seq)
 
     def reserve(
         self,
@@ -222,13 +227,28 @@ class Engine:
         without one (expired, or never made) the request is queued like a new one, its
         prompt reused from the pool through admission. Returns the KV read.
         """
+        self._check_tokens([first_token], "first_token")
         seq, landing = self.reservations.take(request_id, prompt_token_ids)
         if seq is None:
             return self.resume(request_id, prompt_token_ids, [first_token], params, cache_salt)
+        try:
+            return self._take_over(seq, landing, first_token, params)
+        except BaseException:  # nothing half-adopted stays: its pages go back
+            self.scheduler.finish(seq, FinishReason.ABORT)
+            self._forget(request_id)
+            raise
+
+    def _take_over(
+        self, seq: Sequence, landing: Landing | None, first_token: int, params: SamplingParams
+    ) -> Transfer:
+        """Run reserved ``seq`` after its remote prefill (see :meth:`adopt`)."""
         seq.params = params
         transfer = Transfer()
         if self.pool is not None:
-            transfer = pull_prompt(self.pool, self.scheduler.blocks, seq, landing)
+            try:
+                transfer = pull_prompt(self.pool, self.scheduler.blocks, seq, landing)
+            except Exception:  # the pool is a cache: what did not arrive is computed here
+                log.exception("reading the prompt KV of %s failed", seq.request_id)
             self.stats.kv_read.add(transfer)
         self.scheduler.blocks.commit(seq, share=True)  # one copy of a shared prefix
         seq.token_ids.append(first_token)
@@ -236,7 +256,7 @@ class Engine:
         self._track(seq)
         self.stats.requests += 1
         self.runner.skip_draws(seq, 1)
-        self._texts[request_id].push([first_token])
+        self.book.released(seq.request_id, [first_token])
         return transfer
 
     def abort(self, request_id: str) -> bool:
@@ -252,8 +272,7 @@ class Engine:
 
     def _forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
-        self._texts.pop(request_id, None)
-        self._transfers.pop(request_id, None)
+        self.book.forget(request_id)
         self.runner.forget(request_id)
 
     def housekeeping(self, now: float | None = None) -> int:
@@ -299,12 +318,14 @@ class Engine:
             for seq, n in batch.entries
         )
         self.stats.prompt_tokens_computed += prompt_tokens
-        write = self.streamer.plan(batch.entries) if self.streamer is not None else None
-        sampled, tokens = self.runner.execute(batch, write.on_layer if write else None)
-        if write is not None:
-            self._account(write.finish(), write.owners)
+        done = execute_contained(self.runner, self.streamer, batch)
+        for step_write, owners in done.writes:
+            self.book.account(step_write, owners)
+        outputs = [self._fail(seq, error) for seq, error in done.sampled.failed]
+        batch.entries = [(seq, n) for seq, n in batch.entries if not seq.is_finished]
         self.scheduler.update(batch)
-        outputs = [self._append(seq, tok) for seq, tok in zip(sampled, tokens, strict=True)]
+        tokens = done.sampled.tokens
+        outputs += [self._append(s, t) for s, t in zip(done.sampled.seqs, tokens, strict=True)]
         self.stats.steps += 1
         self.stats.output_tokens += len(tokens)
         self.stats.preemptions = self.scheduler.num_preemptions
@@ -319,54 +340,24 @@ class Engine:
             self.step_log.record(shape, time.perf_counter() - started)
         return outputs
 
-    def _account(self, step: Transfer, owners: dict[str, int]) -> None:
-        """Attribute a step's writes to its requests (bytes by share of blocks; every
-        owner sees the step's full time)."""
-        total = sum(owners.values())
-        for request_id, count in owners.items():
-            if (mine := self._transfers.get(request_id)) is not None:
-                mine.add(Transfer(step.bytes * count // total, step.seconds, step.exposed_seconds))
-        self.stats.kv_write.add(step)
+    def _fail(self, seq: Sequence, error: str) -> RequestOutput:
+        """End ``seq`` because the engine failed on it alone (its pages go back)."""
+        self.scheduler.finish(seq, FinishReason.ABORT)
+        self._forget(seq.request_id)
+        return self.book.failed(seq, error)
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
-        if seq.num_output_tokens == 0:
-            self.stats.prompt_tokens_cached += seq.num_cached_tokens
-            self.stats.prompt_tokens_from_pool += seq.num_pool_hit_tokens
-        seq.token_ids.append(token)
-        texts = self._texts[seq.request_id]
-        delta = texts.push([token])
-        reason = FinishReason.STOP if texts.stopped else self._finish_reason(seq, token)
-        if reason is None and seq.handoff:
-            reason = FinishReason.HANDOFF
-        text = None
-        if reason is not None:
-            delta += texts.finish()
-            text = texts.text
-        out = RequestOutput(
-            request_id=seq.request_id,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            output_token_ids=seq.output_token_ids,
-            new_token_ids=[token],
-            finished=reason is not None,
-            finish_reason=reason,
-            num_cached_tokens=seq.num_cached_tokens,
-            num_pool_tokens=seq.num_pool_hit_tokens,
-            text=text,
-            text_delta=delta,
-            transfer=self._transfers.get(seq.request_id),
-        )
-        if reason is not None:
-            self.scheduler.finish(seq, reason)
+        """``seq``'s output for its new ``token``; a request that raises here (e.g. in
+        detokenization) fails alone."""
+        try:
+            out = self.book.output(seq, token)
+        except Exception as exc:
+            log.exception("finishing the step failed for %s; it fails alone", seq.request_id)
+            return self._fail(seq, describe(exc))
+        if out.finish_reason is not None:
+            self.scheduler.finish(seq, out.finish_reason)
             self._forget(seq.request_id)
         return out
-
-    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        p = seq.params
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
-            return FinishReason.STOP
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            return FinishReason.LENGTH
-        return None
 
     def close(self) -> None:
         """Leave the pool (if joined). The engine is not usable afterwards."""

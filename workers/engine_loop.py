@@ -7,7 +7,8 @@ Lifecycle:
 2. :meth:`EngineLoop.call` runs a function on the engine between two steps and returns a
    future of its result (reserve, abort, load reports, ...); :meth:`EngineLoop.start_request`
    also attaches a sink that receives every :class:`RequestOutput` of that request, from
-   the step that produced it (``None`` if the engine failed: the request is gone);
+   the step that produced it (one with ``error`` set if the engine failed on it alone,
+   ``None`` if a whole step failed beyond that: the request is gone);
 3. between calls the thread steps the engine while it has work, releases expired
    reservations and pool leases now and then, and sleeps on its queue when idle;
 4. :meth:`EngineLoop.stop` ends the thread (pending calls fail with ``RuntimeError``).
@@ -58,9 +59,13 @@ class EngineLoop:
 
     def start_request(self, request_id: str, sink: Sink, fn: Callable[[Engine], T]) -> Future[T]:
         """Attach ``sink`` for ``request_id``'s outputs, then run ``fn`` (which adds the
-        request); the sink is detached again if ``fn`` raises."""
+        request); the sink is detached again if ``fn`` raises. ``ValueError`` (nothing
+        attached, ``fn`` not run) while another request under that id is live: its outputs
+        keep going to its own sink."""
 
         def run(engine: Engine) -> T:
+            if request_id in self._sinks:
+                raise ValueError(f"request id {request_id!r} is already in use")
             self._sinks[request_id] = sink
             try:
                 return fn(engine)
@@ -87,7 +92,7 @@ class EngineLoop:
             now = time.monotonic()
             if now - self._last_housekeeping >= HOUSEKEEPING_S:
                 self._last_housekeeping = now
-                self.engine.housekeeping()
+                self._housekeeping()
             if self.engine.has_unfinished and not self._stopping:
                 self._step()
         self._fail_pending()
@@ -108,6 +113,12 @@ class EngineLoop:
                 item = self._calls.get_nowait()
             except queue.Empty:
                 return
+
+    def _housekeeping(self) -> None:
+        try:
+            self.engine.housekeeping()
+        except Exception:  # e.g. the pool is unreachable: the requests go on regardless
+            log.exception("engine housekeeping failed; trying again later")
 
     def _step(self) -> None:
         try:

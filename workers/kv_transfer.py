@@ -126,6 +126,16 @@ class StepWrite:
                 commit.add_done_callback(lambda f: self._committed(f, keys))
         return Transfer(self.write.bytes, self.write.seconds, time.perf_counter() - t0)
 
+    def abandon(self) -> None:
+        """The step failed: wait for the layer puts already queued (the pages must not
+        change hands under them) and commit nothing, so no block whose layers are incomplete
+        ever becomes visible; the layers written stay invisible without their meta."""
+        for layer_write in self._pending:
+            try:
+                layer_write.result()
+            except Exception as exc:  # the step is lost anyway; the engine goes on
+                log.warning("a KV layer write of a failed step failed too: %s", exc)
+
     def _committed(self, future: Future[int], keys: set[str]) -> None:
         self.in_flight.difference_update(keys)
         if (exc := future.exception()) is not None:

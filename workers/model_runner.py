@@ -3,13 +3,17 @@
 1. :meth:`ModelRunner.prepare` flattens the step (decode tokens first, then each prefill
    chunk) into ids, positions and an :class:`AttentionBatch`, and picks the rows whose
    sequence reaches its last known token this step (those get logits and a sample);
-2. :meth:`ModelRunner.execute` runs the model and samples one token for each such row.
+2. :meth:`ModelRunner.execute` runs the model and samples one token for each such row. A
+   row whose sampling fails fails alone: the batch is sampled again row by row from the
+   same logits (seeded generators rewound first), so its neighbours get exactly the tokens
+   they would have got.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,6 +25,24 @@ from workers.model.rope import RotaryTable
 from workers.sampling import make_generator, sample
 from workers.scheduler import ScheduledBatch
 from workers.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+def describe(exc: BaseException) -> str:
+    """What a client is told about an engine failure on its request (one line, bounded)."""
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]
+
+
+@dataclass
+class Sampled:
+    """One step's samples: ``tokens[i]`` is ``seqs[i]``'s new token; ``failed`` holds the
+    sequences whose sampling failed, with the reason (they got no token)."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    failed: list[tuple[Sequence, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -133,19 +155,40 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(
         self, batch: ScheduledBatch, on_layer: Callable[[int], None] | None = None
-    ) -> tuple[list[Sequence], list[int]]:
+    ) -> Sampled:
         """Run ``batch``; returns the sequences that got a new token, and the tokens.
 
-        ``on_layer(i)`` is called as soon as layer ``i``'s KV is in the cache."""
+        ``on_layer(i)`` is called as soon as layer ``i``'s KV is in the cache. An exception
+        from the model itself propagates (the caller isolates the request at fault)."""
         step = self.prepare(batch)
         hidden = self.model(
             step.input_ids, step.positions, self.rope, self.kv.layers, step.attention, on_layer
         )
         if not step.sampled:
-            return [], []
+            return Sampled()
         logits = self.model.logits(hidden[step.logits_rows])
         self.last_logits = logits
-        tokens = sample(
-            logits, [s.params for s in step.sampled], [self._generator(s) for s in step.sampled]
-        )
-        return step.sampled, tokens
+        return self._sample(logits, step.sampled)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
+        """Sample every row at once; if that fails, row by row (see the module docstring)."""
+        generators = [self._generator(s) for s in seqs]
+        states = [g.get_state() if g is not None else None for g in generators]
+        try:
+            return Sampled(seqs, sample(logits, [s.params for s in seqs], generators))
+        except Exception:
+            log.exception("sampling a batch of %d failed; sampling row by row", len(seqs))
+        result = Sampled()
+        for i, seq in enumerate(seqs):
+            g, state = generators[i], states[i]
+            if g is not None and state is not None:
+                g.set_state(state)
+            try:
+                token = sample(logits[i : i + 1], [seq.params], [g])[0]
+            except Exception as exc:
+                log.exception("sampling failed for %s; it fails alone", seq.request_id)
+                result.failed.append((seq, describe(exc)))
+                continue
+            result.seqs.append(seq)
+            result.tokens.append(token)
+        return result

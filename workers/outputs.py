@@ -28,6 +28,9 @@ class RequestOutput:
     """Newly released text (incomplete characters and possible stop-string starts held)."""
     transfer: Transfer | None = None
     """KV this request wrote to the pool so far (engines with a pool)."""
+    error: str | None = None
+    """Set when the engine failed on this request alone (it is finished, ``abort``); the
+    other requests of its step went on (:mod:`workers.step_exec`)."""
 
 
 @dataclass

@@ -4,7 +4,8 @@ Lifecycle of one reservation (all calls on the engine thread):
 
 1. :meth:`Reservations.reserve` takes the prompt's local prefix hits and fresh pages for the
    rest, under a lease, and (with streaming) starts a :class:`~kvpool.landing.Landing` that
-   reads the prompt's KV into those pages as the prefill worker writes it. It never takes
+   reads the prompt's KV into those pages as the prefill worker writes it (a landing that
+   cannot start is logged: the take-over then reads the pool itself). It never takes
    pages owed to the requests queued in this worker's scheduler (preempted ones, which held
    pages, and those that came first): while they wait for pages, the reservation is "not
    now", and the router's request waits its turn (:mod:`router.kv_wait`);
@@ -16,6 +17,7 @@ Lifecycle of one reservation (all calls on the engine thread):
 
 from __future__ import annotations
 
+import logging
 import time
 
 from kvpool.hashing import ROOT_PARENT
@@ -24,6 +26,8 @@ from kvpool.pool import KVPool
 from workers.kv_transfer import start_landing
 from workers.scheduler import Scheduler
 from workers.sequence import FinishReason, SamplingParams, Sequence
+
+log = logging.getLogger(__name__)
 
 
 class Reservations:
@@ -68,13 +72,17 @@ class Reservations:
         self.scheduler.check_fits(seq)
         if self._owed_to_queue(seq) or not self.scheduler.reserve(seq):
             return None
-        blocks = self.scheduler.blocks
         deadline = time.monotonic() + lease_s
         self._held[request_id] = (seq, deadline)
         if self.lander is not None and self.pool is not None:
-            self._landings[request_id] = start_landing(
-                self.pool, self.lander, blocks, seq, deadline
-            )
+            try:
+                landing = start_landing(
+                    self.pool, self.lander, self.scheduler.blocks, seq, deadline
+                )
+            except Exception:  # the reservation stands; adopt reads the pool then instead
+                log.exception("could not start landing the KV of %s", request_id)
+            else:
+                self._landings[request_id] = landing
         return seq
 
     def owed_pages(self) -> int:

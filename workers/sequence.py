@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from kvpool.hashing import ROOT_PARENT
-from proto.limits import MIN_TEMPERATURE
+from proto.limits import MIN_TEMPERATURE, stop_error, stop_token_ids_count_error
 
 
 class SeqStatus(enum.Enum):
@@ -43,7 +43,8 @@ class SamplingParams:
     ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1`` disable those
     filters. ``seed`` makes a sampled request reproducible whatever else is batched with it.
     ``stop`` strings end the request and are cut from the text; ``stop_token_ids`` and the
-    model's EOS ids (unless ``ignore_eos``) end it after that token.
+    model's EOS ids (unless ``ignore_eos``) end it after that token. Their counts and
+    lengths are capped by :mod:`proto.limits`, as at the router.
     """
 
     max_tokens: int = 16
@@ -65,8 +66,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must not be empty")
+        if error := stop_error(self.stop) or stop_token_ids_count_error(len(self.stop_token_ids)):
+            raise ValueError(error)
 
     @property
     def greedy(self) -> bool:

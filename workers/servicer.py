@@ -17,7 +17,9 @@ A role change (``SetRole``) drains first: new work is refused with ``UNAVAILABLE
 the worker finishes what it holds (its running requests, and its reservations: the
 ``Generate`` that takes one over is part of what it holds, so it is let in), then the role
 switches. A ``SetRole`` cancelled while draining (its deadline passed, the caller left)
-ends the drain and leaves the role as it was.
+ends the drain and leaves the role as it was. Role changes run one at a time, in the order
+they came: a second waits for the first to finish (or be cancelled), then drains anew if
+its role differs from the one the first left.
 """
 
 from __future__ import annotations
@@ -51,13 +53,23 @@ LANDING_WAIT_S = 10.0
 One still going after this long is cancelled and what it lacks is recomputed."""
 
 
+def _failure(out: RequestOutput | None) -> str:
+    """The INTERNAL status detail for a request the engine failed on (``None``: the whole
+    engine failed and dropped it)."""
+    if out is None or out.error is None:
+        return "the engine failed"
+    return f"the engine failed on this request: {out.error}"
+
+
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, loop: EngineLoop, role: str, on_change: Callable[[], None]) -> None:
         self.loop = loop
         self.role = role
         self.draining = False
         self.on_change = on_change
-        """Called after the role or the drain state changed (re-publishes the record)."""
+        """Called (on a thread) after the role or the drain state changed (re-publishes the
+        record)."""
+        self._role_lock = asyncio.Lock()
 
     async def _admit(
         self, verb: str, context: grpc.aio.ServicerContext[Any, Any], held: bool = False
@@ -145,8 +157,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except asyncio.CancelledError:
             await self._cancel(request.request_id)
             raise
-        if out is None:
-            await context.abort(grpc.StatusCode.INTERNAL, "the engine failed on this request")
+        if out is None or out.error is not None:
+            await context.abort(grpc.StatusCode.INTERNAL, _failure(out))
         return pb.PrefillReply(
             first_token=out.new_token_ids[0],
             text=out.text_delta,
@@ -174,8 +186,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             first_chunk = True
             while True:
                 out = await outputs.get()
-                if out is None:
-                    await context.abort(grpc.StatusCode.INTERNAL, "the engine failed")
+                if out is None or out.error is not None:
+                    await context.abort(grpc.StatusCode.INTERNAL, _failure(out))
                 chunk = pb.TokenChunk(
                     token_ids=out.new_token_ids,
                     text=out.text_delta,
@@ -247,19 +259,26 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, f"role {request.role} needs the KV pool"
             )
-        previous = self.role
-        if request.role != previous:
-            self.draining = True
-            self.on_change()
-            try:
-                while await self._on_engine(lambda e: e.has_unfinished or bool(e.reservations)):
-                    await asyncio.sleep(DRAIN_POLL_S)
-            except asyncio.CancelledError:
-                self.draining = False
-                self.on_change()
-                log.info("role change to %s cancelled: still %s", request.role, previous)
-                raise
-            self.role, self.draining = request.role, False
-            self.on_change()
-            log.info("role changed from %s to %s", previous, self.role)
+        async with self._role_lock:  # one change at a time, in arrival order
+            previous = self.role
+            if request.role != previous:
+                await self._change_role(request.role)
         return pb.SetRoleReply(role=self.role, previous=previous)
+
+    async def _change_role(self, role: str) -> None:
+        """Drain, then switch to ``role`` (see the module docstring); the record is
+        re-published off the event loop (it reads the load and writes Redis)."""
+        previous = self.role
+        self.draining = True
+        await asyncio.to_thread(self.on_change)
+        try:
+            while await self._on_engine(lambda e: e.has_unfinished or bool(e.reservations)):
+                await asyncio.sleep(DRAIN_POLL_S)
+        except asyncio.CancelledError:
+            self.draining = False
+            await asyncio.shield(asyncio.to_thread(self.on_change))
+            log.info("role change to %s cancelled: still %s", role, previous)
+            raise
+        self.role, self.draining = role, False
+        await asyncio.to_thread(self.on_change)
+        log.info("role changed from %s to %s", previous, self.role)

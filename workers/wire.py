@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from proto import worker_pb2 as pb
+from proto.limits import stop_count_error, stop_token_ids_count_error
 from workers.engine import Engine
 from workers.kv_transfer import Transfer
 from workers.outputs import RequestOutput
@@ -16,7 +17,14 @@ FINISH = {
 
 
 def sampling_params(msg: pb.SamplingParams) -> SamplingParams:
-    """The engine's params (``ValueError`` with the offending field if invalid)."""
+    """The engine's params (``ValueError`` with the offending field if invalid).
+
+    The repeated fields' counts are checked before they are copied into tuples, so an
+    oversized message is refused without building its lists."""
+    if error := stop_count_error(len(msg.stop)) or stop_token_ids_count_error(
+        len(msg.stop_token_ids)
+    ):
+        raise ValueError(error)
     return SamplingParams(
         max_tokens=msg.max_tokens,
         temperature=msg.temperature,

@@ -72,7 +72,7 @@ def test_eos_ends_a_request(tiny_model_dir: Path) -> None:
     engine = make_engine(tiny_model_dir)
     (prompt,) = random_prompts((12,), seed=13)
     tokens, _ = greedy_text(engine, prompt, 6)
-    engine.eos_token_ids = frozenset({tokens[2]})
+    engine.book.eos_token_ids = frozenset({tokens[2]})
     (out,) = engine.generate([prompt], SamplingParams(max_tokens=6, temperature=0))
     assert out.output_token_ids == tokens[: tokens.index(tokens[2]) + 1]
     assert out.finish_reason is FinishReason.STOP

@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from proto.limits import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from router.errors import APIError
 from router.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
+from workers.sequence import SamplingParams
 
 
 def completion(**fields: Any) -> CompletionRequest:
@@ -145,6 +147,49 @@ def test_unsupported_features() -> None:
         "param": "n",
         "code": "unsupported_value",
     }
+
+
+def test_stop_limits() -> None:
+    """Stop strings are capped in number and length (the worker checks the same limits)."""
+    most = ["x" * MAX_STOP_STRING_CHARS] * MAX_STOP_STRINGS
+    assert completion(prompt="x", stop=most).stop_list == most
+    assert chat(stop="y" * MAX_STOP_STRING_CHARS).stop_list == ["y" * MAX_STOP_STRING_CHARS]
+    status, body = error_of(chat, stop=["x"] * (MAX_STOP_STRINGS + 1))
+    assert status == 400
+    assert body["error"] == {
+        "message": f"stop must have at most {MAX_STOP_STRINGS} items, got {MAX_STOP_STRINGS + 1}",
+        "type": "invalid_request_error",
+        "param": "stop",
+        "code": "invalid_value",
+    }
+    too_long = "z" * (MAX_STOP_STRING_CHARS + 1)
+    for stop in (too_long, ["a", too_long]):
+        err = error_of(completion, prompt="x", stop=stop)[1]["error"]
+        assert (err["param"], err["code"]) == ("stop", "invalid_value")
+        assert f"at most {MAX_STOP_STRING_CHARS} characters" in err["message"]
+
+
+@pytest.mark.parametrize(
+    ("stop", "valid"),
+    [
+        (["a", "bc"], True),
+        ([""], False),
+        (["x"] * MAX_STOP_STRINGS, True),
+        (["x"] * (MAX_STOP_STRINGS + 1), False),
+        (["é" * MAX_STOP_STRING_CHARS], True),  # characters, not UTF-8 bytes
+        (["é" * (MAX_STOP_STRING_CHARS + 1)], False),
+    ],
+)
+def test_the_router_and_a_worker_refuse_the_same_stop_strings(stop: list[str], valid: bool) -> None:
+    def accepted(check: Any) -> bool:
+        try:
+            check()
+        except (APIError, ValueError):
+            return False
+        return True
+
+    assert accepted(lambda: chat(stop=stop)) is valid
+    assert accepted(lambda: SamplingParams(stop=tuple(stop))) is valid
 
 
 def test_bad_chat_messages() -> None:

@@ -1,11 +1,22 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import cast
+
 import pytest
 import torch
 
-from proto.limits import MIN_TEMPERATURE
+from proto import worker_pb2 as pb
+from proto.limits import (
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MIN_TEMPERATURE,
+)
 from workers.sampling import _filter_top_k_top_p, greedy, make_generator, sample
 from workers.sequence import SamplingParams
+from workers.wire import sampling_params
 
 CPU = torch.device("cpu")
 
@@ -63,6 +74,9 @@ def test_sampling_follows_the_distribution() -> None:
         ({"top_p": 0}, "top_p"),
         ({"top_k": -1}, "top_k"),
         ({"stop": ("",)}, "stop"),
+        ({"stop": ("x",) * (MAX_STOP_STRINGS + 1)}, f"stop must have at most {MAX_STOP_STRINGS}"),
+        ({"stop": ("x" * (MAX_STOP_STRING_CHARS + 1),)}, f"at most {MAX_STOP_STRING_CHARS} char"),
+        ({"stop_token_ids": tuple(range(MAX_STOP_TOKEN_IDS + 1))}, "stop_token_ids"),
     ],
 )
 def test_params_validation(kwargs: dict[str, object], message: str) -> None:
@@ -76,3 +90,36 @@ def test_the_smallest_temperature_samples_like_greedy() -> None:
     params = [SamplingParams(temperature=MIN_TEMPERATURE, seed=i) for i in range(3)]
     generators = [make_generator(p.seed, logits.device) for p in params]
     assert sample(logits, params, generators) == greedy(logits)
+
+
+def test_stop_limits_are_inclusive() -> None:
+    SamplingParams(
+        stop=("x" * MAX_STOP_STRING_CHARS,) * MAX_STOP_STRINGS,
+        stop_token_ids=tuple(range(MAX_STOP_TOKEN_IDS)),
+    )
+
+
+def test_the_grpc_entrance_applies_the_stop_limits() -> None:
+    ok = pb.SamplingParams(max_tokens=1, stop=["a"] * MAX_STOP_STRINGS, stop_token_ids=[1, 2])
+    assert sampling_params(ok).stop == ("a",) * MAX_STOP_STRINGS
+    ids = range(MAX_STOP_TOKEN_IDS + 1)
+    for bad, field in [
+        (pb.SamplingParams(max_tokens=1, stop=["a"] * (MAX_STOP_STRINGS + 1)), "stop"),
+        (pb.SamplingParams(max_tokens=1, stop=["a" * (MAX_STOP_STRING_CHARS + 1)]), "stop"),
+        (pb.SamplingParams(max_tokens=1, stop_token_ids=ids), "stop_token_ids"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            sampling_params(bad)
+
+
+class Uncopyable(list[str]):
+    """A list whose items must not be read."""
+
+    def __iter__(self) -> Iterator[str]:
+        raise AssertionError("the list was copied before its length was checked")
+
+
+def test_the_grpc_entrance_counts_stop_strings_before_copying_them() -> None:
+    msg = SimpleNamespace(stop=Uncopyable(["a"] * (MAX_STOP_STRINGS + 1)), stop_token_ids=[])
+    with pytest.raises(ValueError, match="stop must have at most"):
+        sampling_params(cast(pb.SamplingParams, msg))

@@ -1,0 +1,84 @@
+"""A real worker servicer (engine, engine thread, gRPC server) in the test process.
+
+:func:`serving_worker` starts :class:`workers.servicer.WorkerServicer` over a real
+:class:`workers.engine.Engine` on 127.0.0.1 (a free port, the cluster's server options, no
+registry), on an asyncio loop of its own thread, so a test can call it with a plain gRPC
+stub while also reaching into the engine (through ``loop.call``) or patching it. Everything
+it started is stopped when the block ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from proto import channels, worker_pb2_grpc
+from proto.registry import ClusterConfig
+from workers.config import EngineConfig
+from workers.engine import Engine
+from workers.engine_loop import EngineLoop
+from workers.servicer import WorkerServicer
+
+T = TypeVar("T")
+
+
+@dataclass
+class ServedWorker:
+    address: str
+    servicer: WorkerServicer
+    loop: EngineLoop
+    stub: worker_pb2_grpc.WorkerStub
+
+    def on_engine(self, fn: Any, timeout: float = 30.0) -> Any:
+        """``fn(engine)`` on the engine thread, between steps; its result."""
+        return self.loop.call(fn).result(timeout)
+
+    def idle(self) -> bool:
+        """No request and no reservation left, and every page free."""
+
+        def check(engine: Engine) -> bool:
+            empty = not engine.has_unfinished and not engine.reservations
+            return empty and engine.num_free_blocks == engine.num_blocks
+
+        return bool(self.on_engine(check))
+
+
+@contextlib.contextmanager
+def serving_worker(config: EngineConfig, role: str = "mixed") -> Iterator[ServedWorker]:
+    engine = Engine(config)
+    loop = EngineLoop(engine).start()
+    servicer = WorkerServicer(loop, role, lambda: None)
+    aio = asyncio.new_event_loop()
+    thread = threading.Thread(target=aio.run_forever, name="grpc-test", daemon=True)
+    thread.start()
+
+    def run(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, aio).result(30)
+
+    async def start() -> tuple[grpc.aio.Server, int]:
+        cluster = ClusterConfig()
+        server = channels.server(cluster)
+        worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+        port = channels.add_port(server, "127.0.0.1:0", cluster)
+        await server.start()
+        return server, port
+
+    server, port = run(start())
+    address = f"127.0.0.1:{port}"
+    channel = grpc.insecure_channel(address)
+    try:
+        yield ServedWorker(address, servicer, loop, worker_pb2_grpc.WorkerStub(channel))
+    finally:
+        channel.close()
+        run(server.stop(1.0))
+        aio.call_soon_threadsafe(aio.stop)
+        thread.join(10)
+        aio.close()
+        loop.stop()
+        engine.close()
