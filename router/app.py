@@ -7,10 +7,10 @@ Lifecycle of an app from :func:`create_app`:
 2. per request: with ``--api-key``, the key is checked first (401, :mod:`router.auth`; every
    route but ``/health``, the OpenAPI docs included); the body is read (413 past
    ``max_body_bytes``), parsed and checked (400), the model checked (404, or 503 with no
-   worker), the prompt tokenized and its length checked (400), all before any worker is
-   called; then placed (429 from admission control, :mod:`router.admission`) under the
-   request's cache salt (its tenant's, with ``--isolate-tenants``, and its ``cache_salt``)
-   and run as a flow;
+   worker), the prompt tokenized (in a thread, :meth:`router.tokenizer.TokenizerSlot.off_loop`)
+   and its length checked (400), all before any worker is called; then placed (429 from
+   admission control, :mod:`router.admission`) under the request's cache salt (its
+   tenant's, with ``--isolate-tenants``, and its ``cache_salt``) and run as a flow;
 3. streamed answers are server-sent events; a client that disconnects, before or after
    the first event, cancels the flow, which aborts the request on every worker;
 4. lifespan end: the registry watch stops, channels close, the pool is left.
@@ -40,7 +40,7 @@ from router import openapi
 from router.auth import ApiKeyMiddleware, request_salt
 from router.config import RouterConfig
 from router.errors import APIError, invalid
-from router.flow_types import Chunk, sampling_params
+from router.flow_types import Chunk
 from router.openai_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -93,8 +93,9 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
         req.check()
         service.check_model(req.model)
         tok = await service.tokenizer()
-        prompt = req.prompt_input()
-        ids = tok.encode(prompt) if isinstance(prompt, str) else prompt
+        ids = req.prompt_input()
+        if isinstance(ids, str):
+            ids = await service.tokenizers.off_loop(tok.encode, ids)
         if any(t >= tok.vocab_size for t in ids):
             raise invalid(f"token ids must be below {tok.vocab_size}", "prompt", "invalid_value")
         max_tokens = service.check_length(len(ids), req.max_tokens or 16, "prompt")
@@ -113,7 +114,8 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
         service.check_model(req.model)
         tok = await service.tokenizer()
         try:
-            ids = tok.encode_chat([m.to_template() for m in req.messages])
+            messages = [m.to_template() for m in req.messages]
+            ids = await service.tokenizers.off_loop(tok.encode_chat, messages)
         except ValueError as exc:
             raise invalid(str(exc), "messages") from None
         max_tokens = service.check_length(len(ids), req.output_limit, "messages")
@@ -204,15 +206,7 @@ async def _run(
     when it arrived (monotonic) and its cache salt."""
     max_tokens, started, cache_salt = run
     chat = isinstance(req, ChatCompletionRequest)
-    params = sampling_params(
-        max_tokens=max_tokens,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=req.top_k or 0,
-        seed=req.seed,
-        stop=req.stop_list,
-        ignore_eos=req.ignore_eos,
-    )
+    params = req.wire_params(max_tokens)
     plan = await service.plan(ids, params, started, cache_salt=cache_salt)
     prefix = "chatcmpl-" if chat else "cmpl-"
     fmt = Formatter(chat, prefix + plan.request_id, req.model, req.include_usage)

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from proto.limits import MAX_LEASE_S
 from router.auth import ApiKeys, parse_api_keys
 from router.ratio import RatioConfig
 
 POLICIES = ("random", "round_robin", "least_loaded", "cache_aware")
-MAX_LEASE_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,23 @@ class RouterConfig:
     - ``tokenizer_dir``: local model directory with the tokenizer and chat template; empty =
       the ``model_dir`` that workers register (no hub access, ever).
     - ``max_body_bytes``: larger request bodies get HTTP 413.
+    - ``max_connections``: client connections held at once (:func:`router.main.server_config`):
+      a request gets 503 while this many are open, its own counted (uvicorn's
+      ``limit_concurrency``), and a connection accepted beyond it is closed at once, so a
+      flood of idle or slow clients cannot exhaust the router's file descriptors. 512 is
+      far more streams than a cluster's decode slots and well under the usual 1024 files.
+    - ``header_timeout_s``: a connection must deliver each request's line and headers
+      within this long of opening or of its previous response, else it is closed (a client
+      sending its headers byte by byte holds a socket no longer; uvicorn has no such
+      timeout). 10 s is ample for any real client: a head is at most h11's 16 KiB.
+    - ``keep_alive_timeout_s``: an idle connection is closed this long after its last
+      response (uvicorn's ``timeout_keep_alive``, whole seconds; uvicorn's default).
     - ``pool_lookup``: ask the pool how much of each prompt it holds (when it cannot be
       joined, the router logs it and counts every lookup as 0).
+    - ``pool_lookup_timeout_s``: a lookup not answered within this long counts as no pool
+      hit (:class:`router.pool_lookup.PoolLookup`): the pool is a cache, and a frozen master
+      must not hold up requests. The lookup is one batched RPC that answers in milliseconds;
+      0.5 s bounds what a frozen master adds to a first token.
     - ``master_metrics_url``: ``http://host:port/metrics`` of ``mooncake_master`` for the
       pool figures of ``/v1/cache/stats``; empty = omit them.
     - ``controller``: run the P:D ratio controller (:mod:`router.controller`), which moves
@@ -77,7 +92,11 @@ class RouterConfig:
     served_model_name: str = ""
     tokenizer_dir: str = ""
     max_body_bytes: int = 1 << 20
+    max_connections: int = 512
+    header_timeout_s: float = 10.0
+    keep_alive_timeout_s: int = 5
     pool_lookup: bool = True
+    pool_lookup_timeout_s: float = 0.5
     master_metrics_url: str = ""
     controller: bool = False
     controller_interval_s: float = 5.0
@@ -111,6 +130,14 @@ class RouterConfig:
             raise ValueError("request_timeout_s must be positive (seconds)")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if self.max_connections < 2:
+            raise ValueError("max_connections must be at least 2 (it counts the asking one)")
+        if not self.header_timeout_s > 0:
+            raise ValueError("header_timeout_s must be positive (seconds)")
+        if self.keep_alive_timeout_s < 1:
+            raise ValueError("keep_alive_timeout_s must be at least 1 (whole seconds)")
+        if not self.pool_lookup_timeout_s > 0:
+            raise ValueError("pool_lookup_timeout_s must be positive (seconds)")
         if self.tokenizer_dir and not (Path(self.tokenizer_dir) / "tokenizer.json").is_file():
             raise ValueError(
                 f"tokenizer_dir {self.tokenizer_dir!r} has no tokenizer.json: point it at a "

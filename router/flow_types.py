@@ -5,7 +5,7 @@ worker's gRPC error reaches the client."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -86,8 +86,16 @@ def sampling_params(
     seed: int | None,
     stop: Sequence[str],
     ignore_eos: bool = False,
+    *,
+    stop_token_ids: Sequence[int] = (),
+    logit_bias: Mapping[int, float] | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    repetition_penalty: float = 1.0,
+    min_tokens: int = 0,
 ) -> pb.SamplingParams:
-    """The wire form of an OpenAI request's sampling fields (top_k <= 0 means off)."""
+    """The wire form of an OpenAI request's sampling fields (top_k <= 0 means off; a
+    ``repetition_penalty`` of 1, off, is left unset)."""
     params = pb.SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -95,9 +103,16 @@ def sampling_params(
         top_k=max(0, top_k),
         stop=list(stop),
         ignore_eos=ignore_eos,
+        stop_token_ids=list(stop_token_ids),
+        logit_bias=logit_bias or {},
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        min_tokens=min_tokens,
     )
     if seed is not None:
         params.seed = seed
+    if repetition_penalty != 1:
+        params.repetition_penalty = repetition_penalty
     return params
 
 

@@ -2,25 +2,139 @@
 
 :func:`parse_request` turns a raw body into a request model or an :class:`APIError` (400)
 in OpenAI's error format; :meth:`check` methods reject what is well-typed but unsupported
-(``n`` > 1, ``echo``, logprobs, tools...). Unknown fields are ignored, as OpenAI-compatible
-servers do, so that clients sending extra defaults keep working. Types are strict, as
-OpenAI's are: ``"max_tokens": "5"`` or ``"stream": 1`` is a 400, not a guess (a JSON integer
-is still a valid number).
+or out of range. Types are strict, as OpenAI's are: ``"max_tokens": "5"`` or
+``"stream": 1`` is a 400, not a guess (a JSON integer is still a valid number).
+
+Every request field of OpenAI's (completions and chat completions) and vLLM's sampling
+extensions is implemented or refused, never silently dropped:
+
+- implemented: the declared fields; ``logit_bias``, the penalties, ``min_tokens`` and
+  ``stop_token_ids`` within the limits of :mod:`proto.limits` that workers check too;
+- refused: :data:`REFUSED`, fields whose value other than "off" would change the output or
+  the answer's shape (tools, structured output, logprobs, beam search...): a 400 naming
+  the field, code ``unsupported_value``. Null, or one of the listed "off" values, passes;
+- ignored: :data:`IGNORED`, fields that do not change what is generated (``user``,
+  ``store``, ``metadata``, ``service_tier``...).
+
+Names in none of these (no OpenAI or vLLM field) are ignored, as OpenAI-compatible
+servers do, so that clients sending extras meant for other servers keep working.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+import json
+import re
+from collections.abc import Mapping
+from typing import Annotated, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from proto.limits import MIN_TEMPERATURE, stop_error
+from proto import worker_pb2 as pb
+from proto.limits import (
+    MIN_TEMPERATURE,
+    logit_bias_count_error,
+    logits_processing_error,
+    stop_error,
+    stop_token_ids_count_error,
+)
 from router.errors import APIError, invalid
+from router.flow_types import sampling_params
 
 TokenId = Annotated[int, Field(ge=0, lt=1 << 32)]
 TokenCount = Annotated[int, Field(ge=1, lt=1 << 32)]
 MAX_SEED = (1 << 64) - 1
 MAX_CACHE_SALT = 256
+COMPLETION_MAX_TOKENS = 16
+"""A completion's length when the request sets none (OpenAI's default)."""
+
+Off = tuple[object, ...]
+"""The values of a refused field that mean "off" (null always does); compared with their
+JSON type, so ``0`` is not ``false``."""
+
+REFUSED: Mapping[str, Off] = {
+    # OpenAI: tools and structured output (with no tools, tool_choice "auto" is "none")
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),
+    "functions": ([],),
+    "function_call": ("none", "auto"),
+    "response_format": ({"type": "text"},),
+    # OpenAI: what an answer carries, and how it is made
+    "logprobs": (False,),  # chat: a bool; completions: a count (any is refused)
+    "top_logprobs": (0,),
+    "echo": (False,),
+    "best_of": (1,),
+    "suffix": ("",),
+    "audio": (),
+    "modalities": (["text"],),
+    "reasoning_effort": (),
+    "verbosity": (),
+    "web_search_options": (),
+    "moderation": (),
+    # vLLM's extensions: sampling, decoding, output
+    "min_p": (0, 0.0),
+    "use_beam_search": (False,),
+    "length_penalty": (1, 1.0),
+    "bad_words": ([],),
+    "allowed_token_ids": (),
+    "logits_processors": (),
+    "truncate_prompt_tokens": (),
+    "prompt_logprobs": (),
+    "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+    "return_tokens_as_token_ids": (False,),
+    "return_token_ids": (False,),
+    "priority": (0,),
+    "prompt_embeds": (),
+    "mm_processor_kwargs": (),
+    "kv_transfer_params": (),
+    "vllm_xargs": (),
+    # vLLM's extensions: structured output
+    "structured_outputs": (),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "structural_tag": (),
+    "guided_decoding_backend": (),
+    "guided_whitespace_pattern": (),
+    # vLLM's extensions: the chat template (ours: the model's, with the generation prompt)
+    "add_generation_prompt": (True,),
+    "continue_final_message": (False,),
+    "chat_template": (),
+    "chat_template_kwargs": ({},),
+    "documents": (),
+}
+"""Fields refused unless off, on both routes (a chat-only field sent for a completion is
+refused the same way). ``add_special_tokens`` is per route: :attr:`SamplingFields.refused`."""
+
+IGNORED = frozenset(
+    {
+        "user",  # an end-user id for abuse monitoring
+        "store",  # OpenAI keeps the completion for its dashboards: nothing is kept here
+        "metadata",  # tags for the stored completion
+        "service_tier",  # OpenAI's capacity class; there is one here
+        "safety_identifier",  # the successor of user
+        "prompt_cache_key",  # a routing hint for OpenAI's prompt cache (see cache_salt)
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "prediction",  # predicted output: speeds OpenAI up, never changes the answer
+        "parallel_tool_calls",  # means something only with tools, which are refused
+        "request_id",  # vLLM: the caller's id; answers carry ours
+    }
+)
+"""Fields that change nothing that is generated: accepted and ignored (documentation; the
+models do not look at them)."""
+
+TokenBiases = dict[str, float]
+_TOKEN_KEY = re.compile(r"[0-9]{1,20}")
+"""A ``logit_bias`` key: a token id in decimal (ids past the wire's range are refused with
+the others out of range)."""
+
+
+def _is_off(value: object, off: Off) -> bool:
+    """Whether ``value`` is one of ``off``, of the same JSON type."""
+    return any(type(value) is type(o) and value == o for o in off)
 
 
 class StreamOptions(BaseModel):
@@ -31,7 +145,7 @@ class StreamOptions(BaseModel):
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)  # extras: see _check_refused
 
     model: str
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
@@ -45,9 +159,16 @@ class SamplingFields(BaseModel):
     n: int = 1
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    user: str | None = None
+    logit_bias: TokenBiases | None = None
+    """Token id (a decimal string, as JSON keys are) -> value added to its logit."""
+    repetition_penalty: float | None = None  # extension (vLLM's); 1 = off
+    min_tokens: Annotated[int, Field(ge=0, lt=1 << 32)] | None = None  # extension (vLLM's)
+    stop_token_ids: list[TokenId] | None = None  # extension (vLLM's)
     cache_salt: Annotated[str, Field(max_length=MAX_CACHE_SALT)] | None = None
     """Extension, as vLLM's: requests with different salts share no cached prefix."""
+
+    refused: ClassVar[Mapping[str, Off]] = REFUSED
+    """:data:`REFUSED`, with this route's ``add_special_tokens`` default."""
 
     @property
     def stop_list(self) -> list[str]:
@@ -59,14 +180,78 @@ class SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def output_limit(self) -> int | None:
+        """The requested completion length, if the request sets one."""
+        return None
+
+    @property
+    def logit_bias_ids(self) -> dict[int, float]:
+        """``logit_bias`` keyed by token id (400 for a key that is not a decimal id; the
+        count is checked before the keys are read). Ranges are checked by
+        :meth:`check_sampling`."""
+        bias = self.logit_bias or {}
+        if error := logit_bias_count_error(len(bias)):
+            raise invalid(error, "logit_bias", "invalid_value")
+        for key in bias:
+            if not _TOKEN_KEY.fullmatch(key):
+                raise invalid(
+                    f"logit_bias keys must be token ids (decimal integers), got {key[:32]!r}",
+                    "logit_bias",
+                    "invalid_value",
+                )
+        return {int(key): value for key, value in bias.items()}
+
+    def wire_params(self, max_tokens: int) -> pb.SamplingParams:
+        """The worker's sampling params of this (checked) request, producing at most
+        ``max_tokens`` tokens; unset fields take their defaults."""
+        return sampling_params(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
+            stop=self.stop_list,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=self.stop_token_ids or (),
+            logit_bias=self.logit_bias_ids,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=self._repetition_penalty,
+            min_tokens=self.min_tokens or 0,
+        )
+
+    @property
+    def _repetition_penalty(self) -> float:
+        return 1.0 if self.repetition_penalty is None else self.repetition_penalty
+
+    def _check_refused(self) -> None:
+        """400 for the first field of :attr:`refused` that is set and not off."""
+        for name, value in (self.model_extra or {}).items():
+            off = self.refused.get(name)
+            if off is None or value is None or _is_off(value, off):
+                continue
+            allowed = " or ".join(json.dumps(o) for o in off)
+            only = f" (only {allowed})" if allowed else ""
+            raise invalid(f"{name} is not supported{only}", name, "unsupported_value")
+
     def check_sampling(self) -> None:
+        self._check_refused()
         if self.n != 1:
             raise invalid("only n=1 is supported", "n", "unsupported_value")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0.0):
-                raise invalid(f"{name} is not supported (only 0)", name, "unsupported_value")
         if error := stop_error(self.stop_list):
             raise invalid(error, "stop", "invalid_value")
+        if error := stop_token_ids_count_error(len(self.stop_token_ids or ())):
+            raise invalid(error, "stop_token_ids", "invalid_value")
+        if refused := logits_processing_error(
+            logit_bias=self.logit_bias_ids,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=self._repetition_penalty,
+            min_tokens=self.min_tokens or 0,
+            max_tokens=self.output_limit,
+        ):
+            raise invalid(refused[1], refused[0], "invalid_value")
         if self.temperature is not None and 0 < self.temperature < MIN_TEMPERATURE:
             raise invalid(
                 f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}",
@@ -80,23 +265,17 @@ class CompletionRequest(SamplingFields):
     either."""
 
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
-    max_tokens: TokenCount | None = 16
-    echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
-    suffix: str | None = None
+    max_tokens: TokenCount | None = COMPLETION_MAX_TOKENS
+
+    refused = {**REFUSED, "add_special_tokens": (True,)}  # the prompt's text gets them
 
     def check(self) -> None:
         self.check_sampling()
-        if self.echo:
-            raise invalid("echo is not supported", "echo", "unsupported_value")
-        if self.logprobs is not None:
-            raise invalid("logprobs are not supported", "logprobs", "unsupported_value")
-        if self.best_of not in (None, 1):
-            raise invalid("only best_of=1 is supported", "best_of", "unsupported_value")
-        if self.suffix:
-            raise invalid("suffix is not supported", "suffix", "unsupported_value")
         self.prompt_input()
+
+    @property
+    def output_limit(self) -> int:
+        return COMPLETION_MAX_TOKENS if self.max_tokens is None else self.max_tokens
 
     def prompt_input(self) -> str | list[int]:
         """The one prompt: text, or token ids (a batch of prompts is refused)."""
@@ -138,23 +317,13 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    response_format: Any = None
+
+    refused = {**REFUSED, "add_special_tokens": (False,)}  # the template places them
 
     def check(self) -> None:
         self.check_sampling()
         if not self.messages:
             raise invalid("messages must not be empty", "messages", "invalid_value")
-        if self.logprobs or self.top_logprobs:
-            raise invalid("logprobs are not supported", "logprobs", "unsupported_value")
-        if self.tools:
-            raise invalid("tools are not supported", "tools", "unsupported_value")
-        if self.response_format is not None and self.response_format != {"type": "text"}:
-            raise invalid(
-                "response_format is not supported", "response_format", "unsupported_value"
-            )
 
     @property
     def output_limit(self) -> int | None:

@@ -9,26 +9,39 @@ Lifecycle of :class:`PoolLookup`:
    works, it just cannot credit pool hits when placing;
 2. :meth:`pooled_tokens` hashes the prompt with the cluster's block hash (seed and block
    size from a worker record) and asks the pool, in one batched existence call, for the
-   longest stored prefix; errors count as 0;
+   longest stored prefix; errors count as 0, and so does a lookup that finds every one of
+   the :data:`LOOKUP_THREADS` lookup threads busy or that gets no answer within
+   ``timeout_s`` (counted in :attr:`PoolLookup.timeouts`; both logged at most once per
+   :data:`LOG_EVERY_S`). Lookups run in daemon threads of their own: calls stuck on a
+   frozen master hold at most those few threads, never the event loop's default executor
+   that the registry poll uses, nor the process's exit;
 3. ``close()`` leaves the pool (a join still in progress leaves as soon as it ends).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvpool.config import PoolConfig
 from kvpool.hashing import hash_chain, salt_root
 from kvpool.keys import KeySpace, longest_prefix
 from kvpool.store import MooncakeStore, PoolUnavailableError
 from proto.registry import WorkerRecord
+from router.config import RouterConfig
 
 log = logging.getLogger(__name__)
+
+LOOKUP_THREADS = 4
+"""Lookups in flight at once: each is one RPC of milliseconds, so a few threads keep up
+with any request rate, and a frozen master can hold no more threads than this."""
+LOG_EVERY_S = 60.0
+"""Least time between two warnings of lookups given up or failed."""
 
 
 def record_keys(record: WorkerRecord) -> KeySpace:
@@ -37,13 +50,23 @@ def record_keys(record: WorkerRecord) -> KeySpace:
 
 
 class PoolLookup:
-    def __init__(self, config: PoolConfig, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        config: PoolConfig,
+        enabled: bool = True,
+        timeout_s: float = RouterConfig.pool_lookup_timeout_s,
+    ) -> None:
         self._config = dataclasses.replace(config, pool_segment_mib=0)
         self._enabled = enabled
+        self._timeout_s = timeout_s
         self._store: MooncakeStore | None = None
         self._lock = threading.Lock()
         self._closed = False
         self._attempted = threading.Event()
+        self._threads = threading.BoundedSemaphore(LOOKUP_THREADS)
+        self.timeouts = 0
+        """Lookups given up (no answer in time, or no free thread) since start."""
+        self._quiet_until = 0.0
 
     @property
     def connected(self) -> bool:
@@ -94,12 +117,55 @@ class PoolLookup:
         hashes = hash_chain(token_ids, record.block_tokens, record.hash_seed, root)
         if not hashes:
             return 0
+        if not self._threads.acquire(blocking=False):
+            self.timeouts += 1
+            self._warn("pool lookups skipped: every lookup thread still awaits the master")
+            return 0
+        keys = record_keys(record)
         try:
-            blocks = await asyncio.to_thread(longest_prefix, store, record_keys(record), hashes)
+            blocks = await asyncio.wait_for(
+                asyncio.wrap_future(self._in_thread(lambda: longest_prefix(store, keys, hashes))),
+                self._timeout_s,
+            )
+        except TimeoutError:
+            self.timeouts += 1
+            self._warn(f"pool lookups time out: no answer within {self._timeout_s:g} s")
+            return 0
         except Exception as exc:  # a lookup is a hint: never fail a request for it
-            log.warning("pool lookup failed: %s", exc)
+            self._warn(f"pool lookups fail: {exc}")
             return 0
         return blocks * record.block_tokens
+
+    def _in_thread(self, work: Callable[[], int]) -> concurrent.futures.Future[int]:
+        """Run ``work`` in a new daemon thread that releases one of :attr:`_threads` (which
+        the caller holds) when it ends, however late."""
+        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(work())
+                    except Exception as exc:
+                        future.set_exception(exc)
+            finally:
+                self._threads.release()
+
+        try:
+            threading.Thread(target=run, name="pool-lookup", daemon=True).start()
+        except BaseException:
+            self._threads.release()
+            raise
+        return future
+
+    def _warn(self, message: str) -> None:
+        """Log ``message`` (and every prompt counted as uncached) at most every
+        :data:`LOG_EVERY_S`: one per request would flood the log while the pool is down."""
+        now = time.monotonic()
+        if now >= self._quiet_until:
+            self._quiet_until = now + LOG_EVERY_S
+            log.warning("%s; counting such prompts as uncached (%d timed out or skipped so "
+                        "far)", message, self.timeouts)  # fmt: skip
 
     async def close(self) -> None:
         with self._lock:

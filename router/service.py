@@ -51,7 +51,7 @@ class RouterService:
         self.view = WorkerView(cluster, on_poll=self._on_poll)
         self.controller = RoleController(router, self.view, self.metrics)
         self.telemetry = Telemetry(self.metrics, self.cache_stats, self.controller.record)
-        self.pool = PoolLookup(pool, enabled=router.pool_lookup)
+        self.pool = PoolLookup(pool, router.pool_lookup, router.pool_lookup_timeout_s)
         self.policy = make_policy(router.policy, router.disagg_threshold_tokens)
         self.pending = PendingLoad()
         self.kv_wait = KVWaitQueue(self.metrics.kv_waiting.set, self.metrics.kv_wait.observe)

@@ -3,6 +3,8 @@
 The router tokenizes so that it can check lengths, look prompts up in the pool and hand
 workers token ids. The directory is a Hugging Face model directory on this machine
 (``tokenizer.json``, ``tokenizer_config.json``, a chat template); nothing is fetched.
+Tokenizing is CPU work (about a second for a 1 MiB prompt on these machines): the router
+runs it in a few threads (:meth:`TokenizerSlot.off_loop`), never on the event loop.
 """
 
 from __future__ import annotations
@@ -11,9 +13,19 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
+
+import anyio
+import anyio.to_thread
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
+TOKENIZE_THREADS = 4
+"""Threads that tokenize at once, per router. A few: tokenizing is CPU work (the fast
+tokenizer releases the GIL, so they do run in parallel), more threads than cores buy
+nothing, and requests beyond them wait in turn, each holding no more than its body."""
 
 
 class PromptTokenizer:
@@ -55,12 +67,14 @@ class TokenizerSlot:
        wait for the import);
     3. :meth:`get` returns the tokenizer, awaiting the running load or starting one; a failed
        load is logged once and raises its error to the requests that await it; each later
-       :meth:`get` tries again (a fixed directory serves without a restart).
+       :meth:`get` tries again (a fixed directory serves without a restart);
+    4. :meth:`off_loop` runs the tokenizer's work for a request in a thread.
     """
 
     def __init__(self) -> None:
         self._tokenizer: PromptTokenizer | None = None
         self._task: asyncio.Task[PromptTokenizer] | None = None
+        self._threads = anyio.CapacityLimiter(TOKENIZE_THREADS)
 
     @property
     def loading(self) -> bool:
@@ -84,6 +98,13 @@ class TokenizerSlot:
             self._start(model_dir())
         assert self._task is not None
         return await asyncio.shield(self._task)
+
+    async def off_loop(self, work: Callable[[*Ts], T], *args: *Ts) -> T:
+        """``work(*args)`` (e.g. ``tok.encode, text``) in one of at most
+        :data:`TOKENIZE_THREADS` threads, waiting for a free one, so that a huge prompt does
+        not stall other requests' streams. A caller cancelled meanwhile (its client left)
+        returns only once its work has ended, which tokenizing always does."""
+        return await anyio.to_thread.run_sync(work, *args, limiter=self._threads)
 
     async def _load(self, model_dir: Path) -> PromptTokenizer:
         try:

@@ -7,7 +7,8 @@ Lifecycle of :class:`WorkerView`:
 2. each poll reads every record (``proto.registry.list_workers``, in a thread: redis-py's
    blocking client, from ``proto.registry.connect`` with the cluster's credentials; a
    refused or failed read is logged and the last view kept) and opens one ``grpc.aio``
-   channel + stub per new worker address (``proto.channels.channel``: TLS per the
+   channel + stub per new worker address, and a new one when another process serves at a
+   known address (its ``started_at`` changed) (``proto.channels.channel``: TLS per the
    cluster's settings, and keepalive pings that fail every call to a frozen worker with
    UNAVAILABLE within about ``peer_timeout_s``);
 3. :meth:`live` gives the workers heard from within ``heartbeat_ttl_s``: in the registry,
@@ -115,6 +116,8 @@ class _Channel:
     channel: grpc.aio.Channel
     stub: WorkerAsyncStub
     seen_at: float
+    started_at: float
+    """The ``started_at`` of the worker process the channel was opened for."""
 
 
 class WorkerView:
@@ -196,7 +199,7 @@ class WorkerView:
         seen.update({r.worker_id: (now, r) for r in records})
         self._seen = seen
         for r in records:
-            self._channel(r.address, now)
+            await self._channel(r, now)
         self._end_holds()
         await self._close_stale(now)
         if self._on_poll is not None:
@@ -231,12 +234,18 @@ class WorkerView:
             except Exception:  # keep polling whatever one poll hit
                 log.exception("worker registry poll failed")
 
-    def _channel(self, address: str, now: float) -> None:
-        entry = self._channels.get(address)
+    async def _channel(self, record: WorkerRecord, now: float) -> None:
+        """Open a channel to ``record``'s address, or a new one when a new process serves
+        there (a restarted worker): the old channel may still be backing off from the
+        process that died, failing every call at once with UNAVAILABLE for up to a second."""
+        entry = self._channels.get(record.address)
+        if entry is not None and entry.started_at != record.started_at:
+            await entry.channel.close(None)  # its process is gone: its calls failed already
+            entry = None
         if entry is None:
-            channel = channels.channel(address, self._cluster)
-            entry = _Channel(channel, WorkerStub(channel), now)
-            self._channels[address] = entry
+            channel = channels.channel(record.address, self._cluster)
+            entry = _Channel(channel, WorkerStub(channel), now, record.started_at)
+            self._channels[record.address] = entry
         entry.seen_at = now
 
     async def _close_stale(self, now: float) -> None:

@@ -17,6 +17,13 @@ lying wholly in earlier text would have ended the request then.
 Two workers that push the same tokens with the same stop strings release the same text, so
 a decode worker that continues a request after a remote prefill can rebuild the released
 state by pushing the first token again.
+
+With ``min_tokens`` (vLLM's: no stop check before that many output tokens), stop strings are
+not looked for in the text the first ``min_tokens - 1`` tokens complete; from the
+``min_tokens``-th token on, a stop string ending in new text is found as usual, even one
+that starts in the unchecked text (as vLLM, which searches the new text and the stop
+string's length before it). Which tokens are unchecked depends only on their index, so
+pushing tokens one at a time or together (a resumed request) gives the same result.
 """
 
 from __future__ import annotations
@@ -49,9 +56,12 @@ class IncrementalText:
     the text is then cut before it and later pushes are ignored.
     """
 
-    def __init__(self, decoder: Decoder, stop: tuple[str, ...] = ()) -> None:
+    def __init__(self, decoder: Decoder, stop: tuple[str, ...] = (), min_tokens: int = 0) -> None:
+        """``min_tokens``: the request's; see the module docstring."""
         self.decoder = decoder
         self.stop = stop
+        self.unchecked = max(0, min_tokens - 1)
+        """How many first tokens' text is not searched for stop strings."""
         self.hold = max((len(s) for s in stop), default=1) - 1
         """How many characters at the end of the text are held back: a stop string may
         still start there."""
@@ -79,11 +89,22 @@ class IncrementalText:
         """Add tokens; returns the newly released text (may be empty)."""
         if self.stopped or self.finished:
             return ""
+        split = min(len(token_ids), max(0, self.unchecked - len(self.token_ids)))
+        if split:
+            self._extend(token_ids[:split], search=False)
+        if split < len(token_ids):
+            self._extend(token_ids[split:], search=True)
+        return self._release()
+
+    def _extend(self, token_ids: list[int], search: bool) -> None:
+        """Add tokens and their completed text to the pending text, looking for stop
+        strings in it if ``search``."""
         self.token_ids.extend(token_ids)
         new = self._decode_new()
-        if new:
+        if new and search:
             self._add(new)
-        return self._release()
+        elif new:
+            self._pending += new
 
     def _decode_new(self) -> str:
         """The text the new tokens complete ("" while it ends in an incomplete character);

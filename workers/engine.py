@@ -86,7 +86,13 @@ class Engine:
         )
         kv = KVCache(cfg, num_blocks, config.block_tokens, self.dtype, self.device)
         rope = RotaryTable(cfg.rope, cfg.head_dim, self.max_model_len, self.dtype, self.device)
-        self.runner = ModelRunner(model, kv, rope, native=_use_native(config))
+        self.tokenizer = Tokenizer(self.model_dir)
+        eos = set(cfg.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.runner = ModelRunner(
+            model, kv, rope, native=_use_native(config), eos_token_ids=frozenset(eos)
+        )
         self.pool = join_pool(pool, self.namespace, kv, config.dtype) if pool else None
         self.num_blocks = num_blocks
         self.scheduler = Scheduler(
@@ -107,10 +113,6 @@ class Engine:
             else None
         )
         self.reservations = Reservations(self.scheduler, self.pool, config.kv_streaming)
-        self.tokenizer = Tokenizer(self.model_dir)
-        eos = set(cfg.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
         self.stats = EngineStats()
         self.book = RequestBook(self.tokenizer, frozenset(eos), self.max_model_len, self.stats)
         self.step_log = StepLog.open(config.step_log_dir)
@@ -175,6 +177,7 @@ class Engine:
         request_id = request_id or f"req-{next(self._ids)}"
         self.reservations.release(request_id)  # superseded: see add_request
         self._check_new(request_id, token_ids)
+        self._check_params(params)
         seq = Sequence(request_id, token_ids, params, prompt, arrival_step=self.stats.steps)
         seq.hash_root = salt_root(cache_salt, self.namespace.seed)
         self.scheduler.add(seq)
@@ -191,6 +194,10 @@ class Engine:
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"{what} must be in [0, {vocab})")
+
+    def _check_params(self, params: SamplingParams) -> None:
+        """What :class:`SamplingParams` cannot check alone: its token ids fit the model."""
+        self._check_tokens(list(params.logit_bias), "logit_bias token ids")
 
     def _track(self, seq: Sequence) -> None:
         self._requests[seq.request_id] = seq
@@ -228,6 +235,7 @@ class Engine:
         prompt reused from the pool through admission. Returns the KV read.
         """
         self._check_tokens([first_token], "first_token")
+        self._check_params(params)
         seq, landing = self.reservations.take(request_id, prompt_token_ids)
         if seq is None:
             return self.resume(request_id, prompt_token_ids, [first_token], params, cache_salt)

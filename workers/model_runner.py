@@ -3,22 +3,25 @@
 1. :meth:`ModelRunner.prepare` flattens the step (decode tokens first, then each prefill
    chunk) into ids, positions and an :class:`AttentionBatch`, and picks the rows whose
    sequence reaches its last known token this step (those get logits and a sample);
-2. :meth:`ModelRunner.execute` runs the model and samples one token for each such row. A
-   row whose sampling fails fails alone: the batch is sampled again row by row from the
-   same logits (seeded generators rewound first), so its neighbours get exactly the tokens
-   they would have got.
+2. :meth:`ModelRunner.execute` runs the model and samples one token for each such row,
+   after the rows' logits processors (:mod:`workers.logits_processors`: ``logit_bias``,
+   ``min_tokens``, penalties; the EOS ids the runner was given are what ``min_tokens``
+   holds back). A row whose processing or sampling fails fails alone: the batch is
+   processed and sampled again row by row from the same logits (seeded generators rewound
+   first), so its neighbours get exactly the tokens they would have got.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
 
 from workers.block_tables import BlockTables
 from workers.kv_cache import KVCache
+from workers.logits_processors import process
 from workers.model.attention import AttentionBatch
 from workers.model.llama import LlamaModel
 from workers.model.rope import RotaryTable
@@ -58,10 +61,17 @@ class ModelRunner:
     """Owns the model, its KV cache, the rotary table and per-request RNGs."""
 
     def __init__(
-        self, model: LlamaModel, kv: KVCache, rope: RotaryTable, native: bool = False
+        self,
+        model: LlamaModel,
+        kv: KVCache,
+        rope: RotaryTable,
+        native: bool = False,
+        eos_token_ids: Collection[int] = frozenset(),
     ) -> None:
-        """``native``: attention through the C++ kernels (:mod:`workers.model.native`)."""
+        """``native``: attention through the C++ kernels (:mod:`workers.model.native`);
+        ``eos_token_ids``: the model's EOS ids (``min_tokens`` bans them)."""
         self.model = model
+        self.eos_token_ids = eos_token_ids
         self.kv = kv
         self.rope = rope
         self.native = native
@@ -175,7 +185,7 @@ class ModelRunner:
         generators = [self._generator(s) for s in seqs]
         states = [g.get_state() if g is not None else None for g in generators]
         try:
-            return Sampled(seqs, sample(logits, [s.params for s in seqs], generators))
+            return Sampled(seqs, self._draw(logits, seqs, generators))
         except Exception:
             log.exception("sampling a batch of %d failed; sampling row by row", len(seqs))
         result = Sampled()
@@ -184,7 +194,7 @@ class ModelRunner:
             if g is not None and state is not None:
                 g.set_state(state)
             try:
-                token = sample(logits[i : i + 1], [seq.params], [g])[0]
+                token = self._draw(logits[i : i + 1], [seq], [g])[0]
             except Exception as exc:
                 log.exception("sampling failed for %s; it fails alone", seq.request_id)
                 result.failed.append((seq, describe(exc)))
@@ -192,3 +202,14 @@ class ModelRunner:
             result.seqs.append(seq)
             result.tokens.append(token)
         return result
+
+    def _draw(
+        self,
+        logits: torch.Tensor,
+        seqs: list[Sequence],
+        generators: list[torch.Generator | None],
+    ) -> list[int]:
+        """One token per row of ``logits``: the rows' processors, then the sampler (which
+        leaves ``logits`` unchanged)."""
+        processed = process(logits, seqs, self.eos_token_ids)
+        return sample(processed, [s.params for s in seqs], generators)

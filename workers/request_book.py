@@ -33,7 +33,8 @@ class RequestBook:
 
     def track(self, seq: Sequence) -> None:
         """Start the entry of ``seq``."""
-        self._texts[seq.request_id] = IncrementalText(self.tokenizer, seq.params.stop)
+        p = seq.params
+        self._texts[seq.request_id] = IncrementalText(self.tokenizer, p.stop, p.min_tokens)
         self._transfers[seq.request_id] = Transfer()
 
     def released(self, request_id: str, token_ids: list[int]) -> None:

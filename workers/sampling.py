@@ -2,7 +2,9 @@
 
 Everything runs batched over the rows (a greedy batch is one ``argmax``); only seeded
 requests draw one by one, each from its own ``torch.Generator``, so a seeded request draws
-the same tokens whatever else shares its batch.
+the same tokens whatever else shares its batch. The logits arrive after the requests'
+``logit_bias``, ``min_tokens`` and penalties (:mod:`workers.logits_processors`, applied by
+the model runner), so a greedy row with processors is the argmax of its processed logits.
 """
 
 from __future__ import annotations

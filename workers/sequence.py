@@ -13,10 +13,17 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from kvpool.hashing import ROOT_PARENT
-from proto.limits import MIN_TEMPERATURE, stop_error, stop_token_ids_count_error
+from proto.limits import (
+    MIN_TEMPERATURE,
+    logits_processing_error,
+    stop_error,
+    stop_token_ids_count_error,
+)
 
 
 class SeqStatus(enum.Enum):
@@ -45,6 +52,16 @@ class SamplingParams:
     ``stop`` strings end the request and are cut from the text; ``stop_token_ids`` and the
     model's EOS ids (unless ``ignore_eos``) end it after that token. Their counts and
     lengths are capped by :mod:`proto.limits`, as at the router.
+
+    Logits processing (:mod:`workers.logits_processors`; 0, 0, 1, 0 and no bias are off):
+    ``logit_bias`` (token id -> value) is added to the logits; until ``min_tokens`` output
+    tokens exist, the stop tokens (``stop_token_ids``, and the EOS ids unless
+    ``ignore_eos``) cannot be sampled and stop strings are not looked for;
+    ``repetition_penalty`` scales the logits of every token of prompt and output (as
+    transformers' ``RepetitionPenaltyLogitsProcessor``); ``presence_penalty`` and
+    ``frequency_penalty`` are subtracted per output token (OpenAI's formula). Ranges and
+    caps: :func:`proto.limits.logits_processing_error`. Token ids of ``logit_bias`` are
+    checked against the model's vocabulary by the engine, which knows it.
     """
 
     max_tokens: int = 16
@@ -55,6 +72,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -68,10 +90,30 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if error := stop_error(self.stop) or stop_token_ids_count_error(len(self.stop_token_ids)):
             raise ValueError(error)
+        if refused := logits_processing_error(
+            logit_bias=self.logit_bias,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens,
+            max_tokens=self.max_tokens,
+        ):
+            raise ValueError(refused[1])
+        # a read-only copy: the params stay as validated whatever the caller does with its dict
+        object.__setattr__(self, "logit_bias", MappingProxyType(dict(self.logit_bias)))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty is on (the sampler then needs the request's tokens)."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
 
 
 @dataclass(eq=False)

@@ -33,6 +33,7 @@ import grpc
 
 from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
+from proto.limits import MAX_CACHE_SALT_CHARS, MAX_LEASE_S, request_id_error
 from workers.config import ROLES
 from workers.engine import Engine
 from workers.engine_loop import EngineLoop
@@ -41,6 +42,7 @@ from workers.outputs import RequestOutput
 from workers.wire import finish_reason, load_report, sampling_params, transfer, usage
 
 log = logging.getLogger(__name__)
+Request = pb.ReserveRequest | pb.PrefillRequest | pb.GenerateRequest
 
 ACCEPTS = {
     "Prefill": ("prefill", "mixed"),
@@ -83,6 +85,26 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 grpc.StatusCode.FAILED_PRECONDITION, f"a {self.role} worker does not take {verb}"
             )
 
+    async def _check(self, request: Request, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """Abort the call with INVALID_ARGUMENT unless its request id is well-formed and its
+        token lists and cache salt fit this worker, checked before any list is copied."""
+        if error := request_id_error(request.request_id):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error)
+        if len(request.cache_salt) > MAX_CACHE_SALT_CHARS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"cache_salt must be at most {MAX_CACHE_SALT_CHARS} characters",
+            )
+        limit = self.loop.engine.max_model_len
+        tokens = len(request.prompt_token_ids)
+        if isinstance(request, pb.GenerateRequest):
+            tokens += len(request.resume_token_ids)
+        if tokens > limit:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the request has {tokens} tokens; this worker's model length is {limit}",
+            )
+
     async def _on_engine(self, fn: Callable[[Engine], Any]) -> Any:
         return await asyncio.wrap_future(self.loop.call(fn))
 
@@ -119,6 +141,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: pb.ReserveRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ReserveReply:
         await self._admit("Reserve", context)
+        await self._check(request, context)
+        if request.lease_ms > MAX_LEASE_S * 1000:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"lease_ms must be at most {MAX_LEASE_S * 1000:g}"
+            )
         prompt = list(request.prompt_token_ids)
         lease = (request.lease_ms or 30_000) / 1000
 
@@ -143,6 +170,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: pb.PrefillRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.PrefillReply:
         await self._admit("Prefill", context)
+        await self._check(request, context)
         params = await self._params(request.params, context)
         prompt = list(request.prompt_token_ids)
         try:  # a cancel while starting still aborts: the engine runs calls in order
@@ -177,6 +205,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             and await self._on_engine(lambda e: rid in e.reservations)
         )
         await self._admit("Generate", context, held)
+        await self._check(request, context)
         params = await self._params(request.params, context)
         try:  # from the landing wait on: a cancel anywhere aborts the request
             started, outputs = await self._start(
@@ -235,6 +264,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: pb.AbortRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.AbortReply:
         rid = request.request_id
+        if request_id_error(rid):
+            return pb.AbortReply(found=False)  # no such request can exist here
 
         def abort(engine: Engine) -> bool:
             self.loop.detach(rid)

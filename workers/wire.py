@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proto import worker_pb2 as pb
-from proto.limits import stop_count_error, stop_token_ids_count_error
+from proto.limits import logit_bias_count_error, stop_count_error, stop_token_ids_count_error
 from workers.engine import Engine
 from workers.kv_transfer import Transfer
 from workers.outputs import RequestOutput
@@ -19,10 +19,13 @@ FINISH = {
 def sampling_params(msg: pb.SamplingParams) -> SamplingParams:
     """The engine's params (``ValueError`` with the offending field if invalid).
 
-    The repeated fields' counts are checked before they are copied into tuples, so an
-    oversized message is refused without building its lists."""
-    if error := stop_count_error(len(msg.stop)) or stop_token_ids_count_error(
-        len(msg.stop_token_ids)
+    The repeated and map fields' counts are checked before they are copied into tuples and
+    dicts, so an oversized message is refused without building them. Zero ``top_p`` and an
+    unset ``repetition_penalty`` are off (1)."""
+    if error := (
+        stop_count_error(len(msg.stop))
+        or stop_token_ids_count_error(len(msg.stop_token_ids))
+        or logit_bias_count_error(len(msg.logit_bias))
     ):
         raise ValueError(error)
     return SamplingParams(
@@ -34,6 +37,11 @@ def sampling_params(msg: pb.SamplingParams) -> SamplingParams:
         stop=tuple(msg.stop),
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
+        logit_bias=dict(msg.logit_bias),
+        presence_penalty=msg.presence_penalty,
+        frequency_penalty=msg.frequency_penalty,
+        repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
+        min_tokens=msg.min_tokens,
     )
 
 

@@ -5,6 +5,7 @@ engine (tests/integration/worker_harness.py); each test ends with every page fre
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -182,3 +183,41 @@ def test_a_landing_that_cannot_start_leaves_the_reservation_whole(
     finally:
         held.close()
         engine.close()
+
+
+def _reserve(**fields: Any) -> tuple[str, Any]:
+    base = {"request_id": "ok", "prompt_token_ids": [1, 2], "max_tokens": 4}
+    return "Reserve", pb.ReserveRequest(**{**base, **fields})
+
+
+def _generate(**fields: Any) -> tuple[str, Any]:
+    base = {"request_id": "ok", "prompt_token_ids": [1, 2], "params": params(4)}
+    return "Generate", pb.GenerateRequest(**{**base, **fields})
+
+
+NAN = pb.SamplingParams(max_tokens=4, temperature=math.nan)
+REFUSED = {  # (verb, request, what the refusal names)
+    "slash in id": (*_generate(request_id="a/b"), "request_id"),
+    "empty id": (*_reserve(request_id=""), "request_id"),
+    "long id": (*_generate(request_id="x" * 129), "request_id"),
+    "space in id": (*_reserve(request_id="a b"), "request_id"),
+    "lease of 49 days": (*_reserve(lease_ms=(1 << 32) - 1), "lease_ms"),
+    "prompt over the model length": (*_generate(prompt_token_ids=[1] * 2049), "model length"),
+    "resume over the model length": (*_generate(resume_token_ids=[1] * 2048), "model length"),
+    "long cache salt": (*_reserve(cache_salt="s" * 257), "cache_salt"),
+    "nan temperature": (*_generate(params=NAN), "temperature"),
+    "token outside the vocabulary": (*_generate(prompt_token_ids=[1, 49152]), "token ids"),
+}
+
+
+@pytest.mark.parametrize("call", REFUSED.values(), ids=REFUSED.keys())
+def test_the_grpc_entrance_refuses_what_cannot_be_served(
+    worker: ServedWorker, call: tuple[str, Any, str]
+) -> None:
+    verb, request, named = call
+    with pytest.raises(grpc.RpcError) as refused:
+        reply = getattr(worker.stub, verb)(request, timeout=CALL_S)
+        if verb == "Generate":
+            tokens_of(reply)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert named in (refused.value.details() or ""), refused.value.details()

@@ -75,8 +75,8 @@ def serving_worker(config: EngineConfig, role: str = "mixed") -> Iterator[Served
     try:
         yield ServedWorker(address, servicer, loop, worker_pb2_grpc.WorkerStub(channel))
     finally:
+        run(server.stop(1.0))  # first: it ends every call still open on the channel
         channel.close()
-        run(server.stop(1.0))
         aio.call_soon_threadsafe(aio.stop)
         thread.join(10)
         aio.close()

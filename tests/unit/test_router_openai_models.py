@@ -6,11 +6,26 @@ import json
 from typing import Any
 
 import pytest
+from openai.types import completion_create_params
+from openai.types.chat import completion_create_params as chat_create_params
 
-from proto.limits import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from proto.limits import (
+    MAX_LOGIT_BIAS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOKEN_ID,
+)
 from router.errors import APIError
-from router.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
+from router.openai_models import (
+    IGNORED,
+    REFUSED,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
 from workers.sequence import SamplingParams
+from workers.wire import sampling_params
 
 
 def completion(**fields: Any) -> CompletionRequest:
@@ -129,7 +144,9 @@ def test_unsupported_features() -> None:
         (completion, {"prompt": "x", "best_of": 3}, "best_of"),
         (completion, {"prompt": ["a", "b"]}, "prompt"),
         (completion, {"prompt": []}, "prompt"),
-        (completion, {"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        (completion, {"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+        (chat, {"tool_choice": "required"}, "tool_choice"),
+        (chat, {"response_format": {"type": "json_object"}}, "response_format"),
         (completion, {"prompt": "x", "stop": ["", "a"]}, "stop"),
         (chat, {"n": 3}, "n"),
         (chat, {"messages": []}, "messages"),
@@ -203,3 +220,192 @@ def test_server_errors_have_server_error_type() -> None:
     assert APIError(503, "busy", None, "service_unavailable").body()["error"]["type"] == (
         "server_error"
     )
+
+
+def accepted(check: Any) -> bool:
+    try:
+        check()
+    except (APIError, ValueError):
+        return False
+    return True
+
+
+def bias(count: int, value: float = 1.0) -> dict[str, float]:
+    return {str(t): value for t in range(count)}
+
+
+PROCESSING_CASES: list[tuple[dict[str, Any], bool]] = [
+    ({"logit_bias": {"50256": 100}}, True),
+    ({"logit_bias": {"1": -100, "2": 0.5}}, True),
+    ({"logit_bias": {"1": 100.5}}, False),
+    ({"logit_bias": {"1": -101}}, False),
+    ({"logit_bias": {"1": float("nan")}}, False),
+    ({"logit_bias": bias(MAX_LOGIT_BIAS)}, True),
+    ({"logit_bias": bias(MAX_LOGIT_BIAS + 1)}, False),
+    ({"logit_bias": {str(MAX_TOKEN_ID): 1}}, True),
+    ({"logit_bias": {str(MAX_TOKEN_ID + 1): 1}}, False),
+    ({"logit_bias": {"-1": 1}}, False),
+    ({"presence_penalty": 2}, True),
+    ({"presence_penalty": -2.0}, True),
+    ({"presence_penalty": 2.0001}, False),
+    ({"presence_penalty": float("inf")}, False),
+    ({"frequency_penalty": -1.5}, True),
+    ({"frequency_penalty": -2.5}, False),
+    ({"frequency_penalty": float("nan")}, False),
+    ({"repetition_penalty": 1}, True),
+    ({"repetition_penalty": 0.01}, True),
+    ({"repetition_penalty": 100}, True),
+    ({"repetition_penalty": 0.0099}, False),
+    ({"repetition_penalty": 0}, False),
+    ({"repetition_penalty": -1.2}, False),
+    ({"repetition_penalty": 100.5}, False),
+    ({"min_tokens": 0}, True),
+    ({"min_tokens": 16}, True),  # a completion's default max_tokens
+    ({"min_tokens": 17}, False),
+    ({"min_tokens": 5, "max_tokens": 5}, True),
+    ({"min_tokens": 6, "max_tokens": 5}, False),
+    ({"stop_token_ids": list(range(MAX_STOP_TOKEN_IDS))}, True),
+    ({"stop_token_ids": list(range(MAX_STOP_TOKEN_IDS + 1))}, False),
+]
+
+
+def worker_params(fields: dict[str, Any]) -> SamplingParams:
+    """The same request made to a worker directly (token ids as ints, not JSON keys)."""
+    kwargs = dict(fields)
+    if "logit_bias" in kwargs:
+        kwargs["logit_bias"] = {int(k): v for k, v in kwargs["logit_bias"].items()}
+    if "stop_token_ids" in kwargs:
+        kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
+    return SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(("fields", "valid"), PROCESSING_CASES)
+def test_the_router_and_a_worker_refuse_the_same_processing_fields(
+    fields: dict[str, Any], valid: bool
+) -> None:
+    """One table for both entrances; what the router accepts reaches a worker over the
+    wire as exactly the params a direct caller would make."""
+    assert accepted(lambda: completion(prompt="x", **fields)) is valid
+    assert accepted(lambda: worker_params(fields)) is valid
+    if valid:
+        req = completion(prompt="x", **fields)
+        wire = req.wire_params(req.output_limit)
+        assert sampling_params(wire) == worker_params({"max_tokens": 16, **fields})
+
+
+def test_processing_refusals_name_their_field() -> None:
+    for fields, valid in PROCESSING_CASES:
+        if not valid:
+            err = error_of(completion, prompt="x", **fields)[1]["error"]
+            assert (err["param"], err["code"]) == (next(iter(fields)), "invalid_value"), fields
+    for key in ("abc", "1.5", " 1", "+1", "\u0661", "9" * 21):
+        err = error_of(completion, prompt="x", logit_bias={key: 1})[1]["error"]
+        assert err["param"] == "logit_bias" and "token ids" in err["message"], key
+    err = error_of(completion, prompt="x", logit_bias={"1": "big"})[1]["error"]
+    assert (err["param"], err["code"]) == ("logit_bias.1", "invalid_type")
+
+
+def test_processing_fields_are_forwarded() -> None:
+    req = chat(
+        logit_bias={"50256": 100, "7": -3.5},
+        presence_penalty=0.5,
+        frequency_penalty=-0.25,
+        repetition_penalty=1.3,
+        min_tokens=3,
+        stop_token_ids=[2, 9],
+        max_tokens=12,
+    )
+    wire = req.wire_params(12)
+    assert dict(wire.logit_bias) == {50256: 100.0, 7: -3.5}
+    assert (wire.presence_penalty, wire.frequency_penalty) == (0.5, -0.25)
+    assert wire.repetition_penalty == 1.3 and wire.min_tokens == 3
+    assert list(wire.stop_token_ids) == [2, 9]
+    plain = chat().wire_params(5)
+    assert not plain.HasField("repetition_penalty") and not plain.logit_bias
+    assert sampling_params(plain) == SamplingParams(max_tokens=5)
+
+
+@pytest.mark.parametrize("value", [1e-5, 0.1234567891, 1.9999999])
+def test_sampling_floats_cross_the_wire_unchanged(value: float) -> None:
+    """Temperature and top_p reach a worker exactly as the router checked them (a fp32
+    field once turned 1e-5, the smallest temperature the router takes, into a refusal)."""
+    params = sampling_params(chat(temperature=value, top_p=min(value, 1.0)).wire_params(4))
+    assert (params.temperature, params.top_p) == (value, min(value, 1.0))
+
+
+REALISTIC_REFUSALS: list[tuple[str, Any]] = [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", {"type": "function", "function": {"name": "f"}}),
+    ("functions", [{"name": "f"}]),
+    ("function_call", {"name": "f"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+    ("logprobs", True),
+    ("top_logprobs", 3),
+    ("modalities", ["text", "audio"]),
+    ("audio", {"voice": "alloy", "format": "wav"}),
+    ("reasoning_effort", "high"),
+    ("min_p", 0.1),
+    ("use_beam_search", True),
+    ("guided_json", {"type": "object"}),
+    ("skip_special_tokens", False),
+    ("add_generation_prompt", False),
+    ("echo", True),
+    ("best_of", 2),
+    ("priority", 1),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), REALISTIC_REFUSALS)
+def test_unsupported_fields_are_refused_by_name(name: str, value: Any) -> None:
+    status, body = error_of(chat, **{name: value})
+    assert status == 400
+    assert body["error"]["param"] == name and body["error"]["code"] == "unsupported_value"
+    assert body["error"]["message"].startswith(f"{name} is not supported")
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_every_refused_field_passes_when_off_and_fails_when_on(name: str) -> None:
+    for fn, extra in ((chat, {}), (completion, {"prompt": "x"})):
+        assert accepted(lambda fn=fn, extra=extra: fn(**extra, **{name: None}))
+        for off in REFUSED[name]:
+            assert accepted(lambda fn=fn, extra=extra, off=off: fn(**extra, **{name: off}))
+        assert error_of(fn, **extra, **{name: "on"})[1]["error"]["param"] == name
+
+
+def test_off_values_keep_their_json_type() -> None:
+    """``0`` is not ``false``, nor ``"1"`` a ``1``."""
+    assert error_of(chat, logprobs=0)[1]["error"]["param"] == "logprobs"
+    assert error_of(completion, prompt="x", best_of="1")[1]["error"]["param"] == "best_of"
+    assert chat(min_p=0, length_penalty=1.0, tool_choice="auto", tools=[], logprobs=False)
+
+
+def test_add_special_tokens_is_refused_where_it_differs_from_ours() -> None:
+    """Completions tokenize their text with special tokens; the chat template places its own."""
+    assert completion(prompt="x", add_special_tokens=True)
+    assert chat(add_special_tokens=False)
+    err = error_of(completion, prompt="x", add_special_tokens=False)[1]["error"]
+    assert err["param"] == "add_special_tokens"
+    assert error_of(chat, add_special_tokens=True)[1]["error"]["param"] == "add_special_tokens"
+
+
+def test_harmless_fields_are_accepted() -> None:
+    fields = {name: {"any": "value"} for name in IGNORED}
+    assert chat(**fields) and completion(prompt="x", **fields)
+
+
+def openai_fields(params: Any) -> set[str]:
+    create = params.CompletionCreateParamsStreaming
+    return set(create.__required_keys__ | create.__optional_keys__)
+
+
+def test_every_openai_request_field_is_implemented_refused_or_harmless() -> None:
+    """A field the openai package knows and nobody classified would be ignored silently."""
+    for params, model in (
+        (completion_create_params, CompletionRequest),
+        (chat_create_params, ChatCompletionRequest),
+    ):
+        unclassified = openai_fields(params) - set(model.model_fields) - set(REFUSED) - IGNORED
+        assert not unclassified, model.__name__
+    assert not set(REFUSED) & IGNORED
+    for model in (CompletionRequest, ChatCompletionRequest):
+        assert not set(model.model_fields) & (set(model.refused) | IGNORED)

@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import torch
 
 from proto import worker_pb2 as pb
 from proto.limits import (
+    MAX_LOGIT_BIAS,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
@@ -77,6 +78,16 @@ def test_sampling_follows_the_distribution() -> None:
         ({"stop": ("x",) * (MAX_STOP_STRINGS + 1)}, f"stop must have at most {MAX_STOP_STRINGS}"),
         ({"stop": ("x" * (MAX_STOP_STRING_CHARS + 1),)}, f"at most {MAX_STOP_STRING_CHARS} char"),
         ({"stop_token_ids": tuple(range(MAX_STOP_TOKEN_IDS + 1))}, "stop_token_ids"),
+        ({"logit_bias": dict.fromkeys(range(MAX_LOGIT_BIAS + 1), 1.0)}, "logit_bias must have"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias token ids"),
+        ({"logit_bias": {5: 100.01}}, "logit_bias values"),
+        ({"logit_bias": {5: float("nan")}}, "logit_bias values"),
+        ({"presence_penalty": 2.01}, "presence_penalty"),
+        ({"frequency_penalty": float("-inf")}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"repetition_penalty": float("nan")}, "repetition_penalty"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 17}, "min_tokens"),  # over max_tokens (16)
     ],
 )
 def test_params_validation(kwargs: dict[str, object], message: str) -> None:
@@ -123,3 +134,61 @@ def test_the_grpc_entrance_counts_stop_strings_before_copying_them() -> None:
     msg = SimpleNamespace(stop=Uncopyable(["a"] * (MAX_STOP_STRINGS + 1)), stop_token_ids=[])
     with pytest.raises(ValueError, match="stop must have at most"):
         sampling_params(cast(pb.SamplingParams, msg))
+
+
+class UncopyableMap(dict[int, float]):
+    """A map whose entries must not be read (only its size)."""
+
+    def __iter__(self) -> Iterator[int]:
+        raise AssertionError("the map was copied before its size was checked")
+
+    def keys(self) -> Any:
+        raise AssertionError("the map was copied before its size was checked")
+
+    items = values = keys
+
+
+def test_the_grpc_entrance_counts_logit_bias_before_copying_it() -> None:
+    bias = UncopyableMap(dict.fromkeys(range(MAX_LOGIT_BIAS + 1), 1.0))
+    msg = SimpleNamespace(stop=[], stop_token_ids=[], logit_bias=bias)
+    with pytest.raises(ValueError, match="logit_bias must have at most"):
+        sampling_params(cast(pb.SamplingParams, msg))
+
+
+def test_the_grpc_entrance_takes_the_processing_fields() -> None:
+    msg = pb.SamplingParams(
+        max_tokens=8,
+        logit_bias={3: 2.5, 9: -100},
+        presence_penalty=0.5,
+        frequency_penalty=-2,
+        repetition_penalty=1.25,
+        min_tokens=8,
+    )
+    assert sampling_params(msg) == SamplingParams(
+        max_tokens=8,
+        temperature=0,
+        logit_bias={3: 2.5, 9: -100.0},
+        presence_penalty=0.5,
+        frequency_penalty=-2.0,
+        repetition_penalty=1.25,
+        min_tokens=8,
+    )
+    assert sampling_params(pb.SamplingParams(max_tokens=1)).repetition_penalty == 1.0  # unset
+    for bad, field in [
+        (pb.SamplingParams(max_tokens=1, repetition_penalty=0), "repetition_penalty"),
+        (pb.SamplingParams(max_tokens=1, presence_penalty=3), "presence_penalty"),
+        (pb.SamplingParams(max_tokens=1, logit_bias={1: 101}), "logit_bias"),
+        (pb.SamplingParams(max_tokens=4, min_tokens=5), "min_tokens"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            sampling_params(bad)
+
+
+def test_params_keep_their_logit_bias_whatever_the_caller_does() -> None:
+    bias = {1: 2.0}
+    params = SamplingParams(logit_bias=bias)
+    bias[1] = 500.0
+    bias[2] = 1.0
+    assert dict(params.logit_bias) == {1: 2.0}
+    with pytest.raises(TypeError):
+        params.logit_bias[1] = 3.0  # type: ignore[index]
