@@ -7,15 +7,24 @@ every pending :class:`Landing` of a worker:
 
 1. ``Lander.add(Landing(...))``: the landing's (block, layer) objects are polled in
    block-major order through a sliding window (the order a chunked prefill writes them);
-   those that exist are read straight into their pages;
-2. when every layer is in, the blocks' metas are polled until they exist (a writer puts
-   them last), then every block is verified against its checksums, in order (each object
-   was checksummed as it was read, so this last step only compares numbers);
+   those that exist are read straight into their pages, each checksummed as it is read. A
+   read that fails (e.g. the object was evicted meanwhile) makes that block and every later
+   one unusable: they are no longer polled;
+2. when every usable layer is in, the blocks' metas are polled until they exist (a writer
+   puts them last), then every block is verified against its checksums, in order (this
+   last step only compares numbers);
 3. :meth:`Landing.wait` returns the metas of the leading verified blocks (blocks after the
-   first failure are not usable: the caller recomputes them). A landing past its deadline,
-   or while the pool is out (:attr:`kvpool.store.MooncakeStore.available`), ends with what
-   it verified; :meth:`Lander.cancel` ends it at once and, once it returns,
-   the thread never touches that landing's pages again (they may be reused).
+   first failure are not usable: the caller recomputes them).
+
+A landing that ends early keeps what it verified: past its deadline, while the pool is out
+(:attr:`kvpool.store.MooncakeStore.available`), or cancelled (:meth:`Lander.cancel`), the
+leading blocks whose every layer was read in full are verified then (:meth:`Landing.finish`:
+their metas are fetched if not seen yet; no page is read or written). Once ``cancel``
+returns, the thread never touches that landing's pages again (they may be reused).
+
+A caller that knows every object should exist by now (the prefill answered) waits with
+:meth:`Landing.settle`: until the landing is over, or until it made no progress for
+:data:`STALL_S`, so a block that never lands costs a short stall, not a fixed timeout.
 """
 
 from __future__ import annotations
@@ -33,6 +42,15 @@ POLL_S = 0.002
 MAX_POLL_S = 0.032
 """Rounds that find nothing new back off up to this (polling competes with the compute of
 a prefill on the same cores); :meth:`Lander.nudge` polls at once."""
+STALL_S = 0.5
+"""How long a landing may go without a new object or meta, once its prefill answered,
+before the waiter gives up on the rest (:meth:`Landing.settle`). When the prefill answers,
+its layers are in the pool and its metas' commit is queued behind them on the writer's
+helper thread: the metas land within milliseconds, and a nudged landing polls every
+``POLL_S``-``MAX_POLL_S`` (one round of reads of ``WINDOW`` objects takes tens of
+milliseconds over loopback TCP). Half a second is over ten times that on a loaded 2-core
+machine, yet a small fraction of the cost of waiting out a fixed cap; what is still missing
+then (a put that failed on a full pool, an eviction) will not come, and is recomputed."""
 
 
 class Landing:
@@ -48,6 +66,9 @@ class Landing:
         self.pending = [(i, layer) for i in range(len(meta_keys)) for layer in range(layers)]
         self.got = [[0] * layers for _ in meta_keys]
         self.sums = [[0] * layers for _ in meta_keys]
+        self.usable = len(meta_keys)
+        """Blocks that may still verify: a failed read of a layer of block ``i`` makes it
+        at most ``i`` (later blocks are not polled any more)."""
         self.metas: list[BlockMeta | None] | None = None
         self.verified: list[BlockMeta] = []
         self.read_seconds = 0.0
@@ -55,13 +76,17 @@ class Landing:
         self.bytes = 0
         self.done = threading.Event()
         self.progressed = False
+        self.last_progress = time.monotonic()
+        """When an object was last read or a new meta last seen (``time.monotonic()``)."""
+        self.over = False
+        """Whether :meth:`finish` ran (``verified`` is final)."""
 
     def step(self) -> bool:
         """One round of polling and reading; True when the landing is over (``progressed``
-        says whether this round read anything)."""
+        says whether this round read anything or saw a new meta)."""
         self.progressed = False
         if time.monotonic() > self.deadline or not self.pool.store.available:
-            self._verify(self.metas or [])  # past its lease, or the pool is out: recompute
+            self.finish()  # past its lease, or the pool is out: keep what is verified
             return True
         if self.pending:
             return self._read_landed()
@@ -87,42 +112,85 @@ class Landing:
                 self.bytes += max(n, 0)
                 if n == size:
                     self.sums[i][layer] = checksum(base + layout.offset(layer, self.pages[i]), n)
+                else:
+                    self.usable = min(self.usable, i)
             done = set(ready)
-            self.pending = [w for w in self.pending if w not in done]
+            self.pending = [w for w in self.pending if w not in done and w[0] < self.usable]
             self.read_seconds += time.perf_counter() - t0
-            self.progressed = True
+            self._progress()
         return False
 
+    def _progress(self) -> None:
+        self.progressed = True
+        self.last_progress = time.monotonic()
+
+    def _fetch_metas(self, keys: list[str]) -> list[BlockMeta | None]:
+        raws = self.pool.store.get_bytes(keys)
+        return [self.pool.parse_meta(raw) if raw else None for raw in raws]
+
     def _poll_metas(self) -> bool:
-        raws = self.pool.store.get_bytes(self.meta_keys)
-        metas = [self.pool.parse_meta(raw) if raw else None for raw in raws]
-        if any(m is None for m in metas):
-            self.metas = metas
+        metas = self._fetch_metas(self.meta_keys[: self.usable])
+        seen = sum(m is not None for m in metas)
+        if seen > sum(m is not None for m in self.metas or []):
+            self._progress()
+        self.metas = metas
+        if seen < len(metas):
             return False
-        self._verify(metas)
+        self.finish()
         return True
 
+    def finish(self) -> None:
+        """End the landing, keeping what it verified: the leading blocks whose every layer
+        was read in full (and that precede any failed read) are checked against their metas,
+        fetched now for those not seen yet. Touches no page (each object was checksummed as
+        it was read). Runs once; the caller sets ``done``."""
+        if self.over:
+            return
+        self.over = True
+        unread = {i for i, _ in self.pending}
+        n = next((i for i in range(self.usable) if i in unread), self.usable)
+        metas = list(self.metas or [])[:n]
+        metas += [None] * (n - len(metas))
+        gap = next((i for i, meta in enumerate(metas) if meta is None), n)
+        if gap < n:
+            metas[gap:] = self._fetch_metas(self.meta_keys[gap:n])
+        self._verify(metas)
+
     def _verify(self, metas: list[BlockMeta | None]) -> None:
-        size = self.pool.layout.span_bytes
         stats = self.pool.stats
         for i, meta in enumerate(metas):
             if meta is None:
-                break
-            if any(n != size for n in self.got[i]):
-                stats.short_reads += 1
                 break
             if self.sums[i] != meta.sums:
                 stats.checksum_failures += 1
                 break
             self.verified.append(meta)
+        if len(self.verified) == self.usable < len(self.meta_keys):
+            stats.short_reads += 1  # what stopped the verified run was a failed read
         stats.objects_read += sum(1 for block in self.got for n in block if n > 0)
         stats.bytes_read += self.bytes
         stats.read_seconds += self.read_seconds
 
     def wait(self, timeout: float) -> list[BlockMeta]:
         """The leading verified blocks' metas, once the landing is over (or ``[]`` if it
-        is not over within ``timeout``: cancel it then)."""
+        is not over within ``timeout``: cancel it then, and take ``wait(0.0)`` after)."""
         return self.verified if self.done.wait(timeout) else []
+
+    def settle(self, stall_s: float, timeout: float) -> bool:
+        """Block (off any event loop) until the landing is over (True), or until it made no
+        progress (no object read, no new meta seen) for ``stall_s``, or ``timeout`` passed
+        (False: cancel it; what it verified is kept). Stall time counts from this call at the
+        earliest: call it when every object should exist (its prefill answered). Sleeps on
+        ``done`` between checks; never spins."""
+        start = time.monotonic()
+        cap = start + timeout
+        while True:
+            now = time.monotonic()
+            left = min(cap, max(self.last_progress, start) + stall_s) - now
+            if left <= 0:
+                return self.done.is_set()
+            if self.done.wait(left):
+                return True
 
     @property
     def progressing(self) -> bool:
@@ -147,11 +215,20 @@ class Lander:
         self._wake.set()
         return landing
 
-    def cancel(self, landing: Landing) -> None:
-        """End ``landing`` now; after this returns its pages are never touched again."""
+    def cancel(self, landing: Landing, keep: bool = True) -> None:
+        """End ``landing`` now; after this returns its pages are never touched again.
+
+        ``keep``: verify the blocks it read in full (:meth:`Landing.finish`; one batched
+        meta fetch at most) so :meth:`Landing.wait` returns them; without it (the pages go
+        back anyway) ``wait`` returns ``[]`` unless the landing had ended by itself."""
         with self._lock:
             if landing in self._active:
                 self._active.remove(landing)
+                if keep:
+                    try:
+                        landing.finish()
+                    except Exception:  # the rest is recomputed; verified stays a prefix
+                        log.exception("verifying a cancelled landing failed")
             landing.done.set()
 
     def nudge(self) -> None:

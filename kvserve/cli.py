@@ -191,6 +191,12 @@ def _bench_shift(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _bench_pressure(args: argparse.Namespace) -> int:
+    from kvserve.bench.pressure import run
+
+    return run(args)
+
+
 def _bench_pool(args: argparse.Namespace) -> int:
     from kvserve.bench.pool import run_bench
 
@@ -399,6 +405,18 @@ def build_parser() -> argparse.ArgumentParser:
             "shift",
             _bench_shift,
             "the P:D ratio controller live: a load that turns from prefill- to decode-heavy",
+            bench_verbs,
+        )
+    )
+
+    from kvserve.bench.pressure import add_arguments as add_pressure_arguments
+
+    add_pressure_arguments(
+        verb(
+            "pressure",
+            _bench_pressure,
+            "hand-offs through a pool too small for the load: first-to-second-token gap, "
+            "landing stall detection against the old fixed wait",
             bench_verbs,
         )
     )

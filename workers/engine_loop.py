@@ -75,9 +75,10 @@ class EngineLoop:
 
         return self.call(run)
 
-    def detach(self, request_id: str) -> None:
-        """Stop delivering outputs of ``request_id`` (call on the engine thread)."""
-        self._sinks.pop(request_id, None)
+    def detach(self, request_id: str) -> Sink | None:
+        """Stop delivering outputs of ``request_id`` (call on the engine thread); its sink,
+        if it had one."""
+        return self._sinks.pop(request_id, None)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping = True

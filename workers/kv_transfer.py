@@ -223,9 +223,11 @@ def pull_prompt(
 
     ``seq`` holds pages for its whole prompt and has ``num_computed_tokens`` = its local
     hits. Without a ``landing`` the full blocks and then the partial last block are read
-    now; with one, what it already pulled while the prefill ran is taken (the caller waits
-    for it to be over). Only leading verified blocks count, and the partial block only if
-    every full block came. Advances ``num_computed_tokens`` and ``num_pool_tokens`` /
+    now; with one, what it already pulled while the prefill ran is taken: the leading
+    blocks it verified, whether it ended by itself or was cancelled (the caller waits for
+    it while it makes progress, then cancels it: :meth:`kvpool.landing.Landing.settle`).
+    Only leading verified blocks count, and the partial block only if every full block
+    came. Advances ``num_computed_tokens`` and ``num_pool_tokens`` /
     ``num_cached_tokens`` by what arrived; the rest is left for the engine to compute.
     """
     t0 = time.perf_counter()

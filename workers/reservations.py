@@ -10,7 +10,8 @@ Lifecycle of one reservation (all calls on the engine thread):
    pages, and those that came first): while they wait for pages, the reservation is "not
    now", and the router's request waits its turn (:mod:`router.kv_wait`);
 2. then exactly one of: :meth:`Reservations.take` (the request arrives with its first
-   token; the landing is stopped and handed over with the sequence), :meth:`release`
+   token; the landing is stopped, keeping the leading blocks it read in full and verified,
+   and handed over with the sequence), :meth:`release`
    (abort), or :meth:`expire` (the lease ran out: the prefill never came). Released pages go
    back only after their landing was cancelled, so nothing writes into reused pages.
 """
@@ -105,10 +106,11 @@ class Reservations:
         """The reservation of ``request_id`` and its (stopped) landing, leaving this set;
         ``(None, None)`` if there is none, or if it was for another prompt (then released)."""
         entry = self._held.pop(request_id, None)
-        landing = self._stop_landing(request_id)
+        same = entry is not None and entry[0].token_ids == list(prompt_token_ids)
+        landing = self._stop_landing(request_id, keep=same)
         if entry is None:
             return None, None
-        if entry[0].token_ids != list(prompt_token_ids):
+        if not same:
             self.scheduler.finish(entry[0], FinishReason.ABORT)
             return None, None
         return entry[0], landing
@@ -118,7 +120,7 @@ class Reservations:
         entry = self._held.pop(request_id, None)
         if entry is None:
             return False
-        self._stop_landing(request_id)
+        self._stop_landing(request_id, keep=False)
         self.scheduler.finish(entry[0], FinishReason.ABORT)
         return True
 
@@ -130,10 +132,12 @@ class Reservations:
             self.release(request_id)
         return len(expired)
 
-    def _stop_landing(self, request_id: str) -> Landing | None:
+    def _stop_landing(self, request_id: str, keep: bool) -> Landing | None:
+        """Cancel a reservation's landing (``keep``: verify what it read in full, for a
+        take-over; see :meth:`kvpool.landing.Lander.cancel`)."""
         landing = self._landings.pop(request_id, None)
         if landing is not None and self.lander is not None:
-            self.lander.cancel(landing)
+            self.lander.cancel(landing, keep)
         return landing
 
     def close(self) -> None:

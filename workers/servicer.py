@@ -31,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from kvpool.landing import STALL_S
 from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
 from proto.limits import MAX_CACHE_SALT_CHARS, MAX_LEASE_S, request_id_error
@@ -39,6 +40,7 @@ from workers.engine import Engine
 from workers.engine_loop import EngineLoop
 from workers.kv_transfer import Transfer
 from workers.outputs import RequestOutput
+from workers.sequence import FinishReason
 from workers.wire import finish_reason, load_report, sampling_params, transfer, usage
 
 log = logging.getLogger(__name__)
@@ -51,8 +53,10 @@ ACCEPTS = {
 }
 DRAIN_POLL_S = 0.05
 LANDING_WAIT_S = 10.0
-"""After the prefill answered, its KV is committed: a landing ends within a few polls.
-One still going after this long is cancelled and what it lacks is recomputed."""
+"""Hard cap on the wait for a landing after its prefill answered. The wait ends sooner when
+the landing is over or stalls (no new object or meta for :data:`kvpool.landing.STALL_S`:
+what is missing will not come); this bounds one that keeps trickling. Either way it is
+cancelled then, keeping the leading blocks it verified, and the engine recomputes the rest."""
 
 
 def _failure(out: RequestOutput | None) -> str:
@@ -61,6 +65,23 @@ def _failure(out: RequestOutput | None) -> str:
     if out is None or out.error is None:
         return "the engine failed"
     return f"the engine failed on this request: {out.error}"
+
+
+def aborted(request_id: str) -> RequestOutput:
+    """The last output of a request ended by an ``Abort`` call while its own call was open."""
+    return RequestOutput(request_id, [], [], [], finished=True, finish_reason=FinishReason.ABORT)
+
+
+async def _delivered(
+    out: RequestOutput | None, context: grpc.aio.ServicerContext[Any, Any]
+) -> RequestOutput:
+    """``out``, or the call aborted: INTERNAL if the engine failed on the request, ABORTED if
+    an ``Abort`` call ended it."""
+    if out is None or out.error is not None:
+        await context.abort(grpc.StatusCode.INTERNAL, _failure(out))
+    if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
+        await context.abort(grpc.StatusCode.ABORTED, "the request was aborted (Abort)")
+    return out
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -185,8 +206,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except asyncio.CancelledError:
             await self._cancel(request.request_id)
             raise
-        if out is None or out.error is not None:
-            await context.abort(grpc.StatusCode.INTERNAL, _failure(out))
+        out = await _delivered(out, context)
         return pb.PrefillReply(
             first_token=out.new_token_ids[0],
             text=out.text_delta,
@@ -214,9 +234,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             read = started if isinstance(started, Transfer) else None
             first_chunk = True
             while True:
-                out = await outputs.get()
-                if out is None or out.error is not None:
-                    await context.abort(grpc.StatusCode.INTERNAL, _failure(out))
+                out = await _delivered(await outputs.get(), context)
                 chunk = pb.TokenChunk(
                     token_ids=out.new_token_ids,
                     text=out.text_delta,
@@ -237,7 +255,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: pb.GenerateRequest, params: Any
     ) -> Callable[[Engine], Any]:
         """How a ``Generate`` starts on the engine: resumed after the outputs the client
-        has, adopted after a remote prefill (its landing let finish first), or new."""
+        has, adopted after a remote prefill (its landing let finish first, while it makes
+        progress: see :data:`LANDING_WAIT_S`), or new."""
         rid, salt = request.request_id, request.cache_salt
         prompt = list(request.prompt_token_ids)
         if request.resume_token_ids:
@@ -248,7 +267,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             landing = await self._on_engine(lambda e: e.reservations.landing(rid))
             if landing is not None:  # wait off the engine thread; decodes go on meanwhile
                 self.loop.engine.reservations.nudge()
-                await asyncio.to_thread(landing.done.wait, LANDING_WAIT_S)
+                await asyncio.to_thread(landing.settle, STALL_S, LANDING_WAIT_S)
             return lambda e: e.adopt(rid, prompt, first, params, salt)
         return lambda e: e.add_request(prompt, params, rid, cache_salt=salt)
 
@@ -268,8 +287,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             return pb.AbortReply(found=False)  # no such request can exist here
 
         def abort(engine: Engine) -> bool:
-            self.loop.detach(rid)
-            return engine.abort(rid)
+            sink = self.loop.detach(rid)
+            found = engine.abort(rid)
+            if sink is not None:  # its call is still open: end it, do not leave it hanging
+                sink(aborted(rid))
+            return found
 
         return pb.AbortReply(found=await self._on_engine(abort))
 

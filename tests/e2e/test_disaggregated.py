@@ -134,6 +134,34 @@ def test_greedy_outputs_match_colocated_engine_and_transformers(
         assert completion_text(client, prompt, n, stream=True) == expected
 
 
+def test_a_tiny_temperature_next_to_innocent_streams_hurts_no_one(
+    client: openai.OpenAI, cluster: Cluster
+) -> None:
+    """A temperature of 1e-40 once made the sampler's probabilities NaN and ended every
+    stream on the worker: now it is refused (400) while the streams beside it finish with
+    exactly their normal text."""
+    prompts = [prompt_of(n, 60 + i) for i, n in enumerate((24, 37))]
+    n = 40
+    expected = [completion_text(client, p, n, stream=False) for p in prompts]
+    streams = [
+        client.completions.create(
+            model=MODEL_NAME, prompt=p, max_tokens=n, temperature=0, stream=True
+        )
+        for p in prompts
+    ]
+    texts = ["", ""]
+    for i, chunk in enumerate(next(iter(s)) for s in streams):  # both are under way
+        texts[i] += chunk.choices[0].text if chunk.choices else ""
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(
+            model=MODEL_NAME, prompt=prompts[0], max_tokens=n, temperature=1e-40, stream=True
+        )
+    for i, stream in enumerate(streams):
+        texts[i] += "".join(c.choices[0].text for c in stream if c.choices)
+    assert texts == expected
+    assert faults.wait_idle(cluster) == dict.fromkeys(cluster.worker_names, 0)
+
+
 def cache_stats(cluster: Cluster) -> dict[str, Any]:
     import json
     import urllib.request

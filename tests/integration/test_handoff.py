@@ -8,18 +8,23 @@ landing (or a pull after prefill), adoption, exact tokens, and every page coming
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kvpool.landing import STALL_S
 from kvpool.master import MasterConfig
+from kvpool.store import FAILED
 from kvserve.bench.handoff import handoff, run_until_first
 from tests.integration.pool_fixtures import pool_config, running_master
 from tests.integration.reference import hf_greedy
 from workers.config import EngineConfig
 from workers.engine import Engine
+from workers.kv_transfer import prompt_targets
 from workers.sequence import SamplingParams
+from workers.servicer import LANDING_WAIT_S
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 
@@ -152,4 +157,48 @@ def test_concurrent_reservations_over_one_prefix_end_up_on_one_copy(
             tokens[out.request_id] += out.new_token_ids
     for rid, ids in prompts.items():
         assert tokens[rid] == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
+    assert idle(prefill) and idle(decode)
+
+
+def test_a_block_that_never_lands_costs_a_stall_and_only_its_own_recompute(
+    pair: tuple[Engine, Engine], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One layer put of the prompt's third block fails (a full pool), so that block is never
+    committed: the decode side waits as the servicer does (until the landing is over or
+    stalls), keeps the two leading blocks, recomputes the other 45 of 77 prompt tokens, well
+    before the old fixed 10 s wait, and decodes exactly."""
+    prefill, decode = pair
+    rid, ids = "lost-block", prompt(31, 77)  # 4 full blocks of 16 + a partial one
+    seq = decode.reserve(rid, ids, GREEDY.max_tokens, 60.0)
+    assert seq is not None and prefill.pool is not None and decode.pool is not None
+    named, _ = prompt_targets(decode.scheduler.blocks, seq)
+    lost = f"{decode.pool.keys.meta_key(named[2][0])}/1"
+    store = prefill.pool.store
+    put_from = store.put_from
+
+    def full_pool(keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        kept = [i for i, key in enumerate(keys) if key != lost]
+        codes = put_from([keys[i] for i in kept], [ptrs[i] for i in kept], [sizes[i] for i in kept])
+        out = [FAILED] * len(keys)
+        for i, code in zip(kept, codes, strict=True):
+            out[i] = code
+        return out
+
+    monkeypatch.setattr(store, "put_from", full_pool)
+    prefill.add_request(ids, GREEDY, rid, handoff=True)
+    first = run_until_first(prefill, rid).new_token_ids[0]
+    t0 = time.monotonic()
+    landing = decode.reservations.landing(rid)
+    if landing is not None:  # streaming: as the servicer's Generate with first_token waits
+        decode.reservations.nudge()
+        assert not landing.settle(STALL_S, LANDING_WAIT_S)
+    assert time.monotonic() - t0 < LANDING_WAIT_S / 2
+    computed = decode.stats.prompt_tokens_computed
+    decode.adopt(rid, ids, first, GREEDY)
+    assert seq.num_pool_tokens == 32 and seq.num_computed_tokens == 32
+    tokens = [first]
+    while decode.has_unfinished:
+        tokens += [t for o in decode.step() if o.request_id == rid for t in o.new_token_ids]
+    assert decode.stats.prompt_tokens_computed - computed == 77 - 32
+    assert tokens == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
     assert idle(prefill) and idle(decode)

@@ -74,6 +74,18 @@ def test_a_duplicate_request_id_is_refused_without_harming_the_first(
     assert got == tokens_of(generate(worker, "again", prompt, params(48)))
 
 
+def test_an_abort_ends_the_open_call_of_its_request(worker: ServedWorker) -> None:
+    """An ``Abort`` for a request whose ``Generate`` is still open ends that stream (ABORTED)
+    instead of leaving it waiting for outputs that never come (found by the fuzz test)."""
+    (prompt,) = random_prompts((20,), seed=9)
+    stream = generate(worker, "live", prompt, params(1000))
+    next(stream)
+    assert worker.stub.Abort(pb.AbortRequest(request_id="live"), timeout=CALL_S).found
+    with pytest.raises(grpc.RpcError) as ended:
+        tokens_of(stream)
+    assert ended.value.code() == grpc.StatusCode.ABORTED
+
+
 def test_a_first_token_outside_the_vocabulary_is_refused(worker: ServedWorker) -> None:
     (prompt,) = random_prompts((20,), seed=2)
     reserve = pb.ReserveRequest(request_id="r1", prompt_token_ids=prompt, max_tokens=8)

@@ -1,0 +1,241 @@
+"""``kvserve bench pressure``: the first-to-second-token gap of hand-offs through a pool too
+small for its load, with the decode side's landing wait of this version against the old one.
+
+Starts its own ``mooncake_master``; in this process a prefill engine and a decode engine,
+each on its own :class:`~workers.engine_loop.EngineLoop` thread (as two workers' engine
+threads), each a pool member contributing ``--segment-mib``: a few prompts' KV overflow it,
+so layer puts fail while the master evicts, and some blocks of a prompt never land. Requests
+of ``--prompt-len`` fresh tokens arrive every ``--interval`` seconds (open loop), each on its
+own thread, doing what the router and the two servicers do:
+
+1. ``reserve`` on the decode engine (its landing starts), retried while pages are not free;
+2. the prefill (``handoff=True``); its first token is the TTFT;
+3. the wait for the landing of ``Generate`` with ``first_token``, then ``adopt``; the decode
+   engine's first output is the second token (``gap`` = its time after the first).
+
+Modes, in alternating phases of ``--requests`` requests (new, old, old, new, ...):
+
+- ``new``: :meth:`~kvpool.landing.Landing.settle` (until over, or no progress for
+  ``--stall-s``, capped at ``--cap-s``), and a cancel keeps the verified leading blocks;
+- ``old``: the wait before this change: until the landing is over, capped at ``--cap-s``,
+  and a cancel keeps nothing (:class:`KeepNothingLander`, the old ``Lander.cancel``).
+  A read that fails ends a landing early in both modes (that part is not switched off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import queue
+import random
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvpool.config import PoolConfig
+from kvpool.landing import STALL_S, Lander, Landing
+from kvpool.master import MasterConfig, MasterProcess, free_local_ports, master_stats
+from kvserve.bench.report import emit, log, median
+from kvserve.settings import add_config_args, config_from_args
+from workers.config import EngineConfig
+
+if TYPE_CHECKING:  # the engine's modules are imported by run(): `kvserve --help` stays fast
+    from workers.engine import Engine
+    from workers.engine_loop import EngineLoop
+    from workers.outputs import RequestOutput
+
+MODES = ("new", "old")
+OUTPUT_WAIT_S = 600.0
+"""Give up on an engine output after this long (a stuck run, not a measurement)."""
+
+
+class KeepNothingLander(Lander):
+    """The ``Lander.cancel`` before this change: the landing ends without verifying the
+    blocks it had read, so none of them is kept (benchmark baseline only)."""
+
+    def cancel(self, landing: Landing, keep: bool = True) -> None:
+        super().cancel(landing, keep=False)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--requests", type=int, default=8, help="requests per phase")
+    p.add_argument("--phases", type=int, default=4, help="phases, modes alternating")
+    p.add_argument("--prompt-len", type=int, default=2048)
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between arrivals")
+    p.add_argument("--segment-mib", type=int, default=96, help="pool memory per engine")
+    p.add_argument("--stall-s", type=float, default=STALL_S, help="new mode's stall time")
+    p.add_argument(
+        "--cap-s", type=float, default=None, help="hard cap, both modes (default: the servicer's)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    add_config_args(p, EngineConfig)
+
+
+def _output(outputs: queue.SimpleQueue[RequestOutput | None]) -> RequestOutput:
+    out = outputs.get(timeout=OUTPUT_WAIT_S)
+    if out is None or out.error is not None:
+        raise RuntimeError(f"the engine failed a request: {out and out.error}")
+    return out
+
+
+def _request(
+    pair: tuple[EngineLoop, EngineLoop], mode: str, rid: str, prompt: list[int], args: Any
+) -> dict[str, Any]:
+    from workers.sequence import SamplingParams
+
+    prefill, decode = pair
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    t0 = time.perf_counter()
+    while (seq := decode.call(lambda e: e.reserve(rid, prompt, 2, 120.0)).result()) is None:
+        time.sleep(0.05)
+    firsts: queue.SimpleQueue[RequestOutput | None] = queue.SimpleQueue()
+    prefill.start_request(
+        rid, firsts.put, lambda e: e.add_request(prompt, params, rid, handoff=True)
+    ).result()
+    first = _output(firsts).new_token_ids[0]
+    t_first = time.perf_counter()
+    landing = decode.call(lambda e: e.reservations.landing(rid)).result()
+    landed = True
+    if landing is not None:
+        decode.engine.reservations.nudge()
+        landed = landing.settle(args.stall_s if mode == "new" else math.inf, args.cap_s)
+    t_wait = time.perf_counter()
+    seconds: queue.SimpleQueue[RequestOutput | None] = queue.SimpleQueue()
+    decode.start_request(rid, seconds.put, lambda e: e.adopt(rid, prompt, first, params)).result()
+    _output(seconds)
+    t_second = time.perf_counter()
+    return {
+        "mode": mode,
+        "ttft_s": t_first - t0,
+        "wait_s": t_wait - t_first,
+        "gap_s": t_second - t_first,
+        "landed": landed,
+        "pool_tokens": seq.num_pool_tokens,
+    }
+
+
+def _phase(
+    pair: tuple[EngineLoop, EngineLoop], mode: str, phase: int, args: Any, rng: random.Random
+) -> list[dict[str, Any]]:
+    decode = pair[1]
+    lander = decode.engine.reservations.lander
+    assert lander is not None, "the decode engine needs kv_streaming (a landing)"
+    keep_nothing = KeepNothingLander() if mode == "old" else None
+
+    def swap(engine: Engine, to: Lander) -> None:
+        assert not engine.reservations, "swap landers only between phases"
+        engine.reservations.lander = to
+
+    if keep_nothing is not None:
+        decode.call(lambda e: swap(e, keep_nothing)).result()
+    vocab = decode.engine.model_config.vocab_size
+    rows: list[dict[str, Any]] = []
+    threads = []
+    try:
+        for i in range(args.requests):
+            prompt = [rng.randrange(vocab) for _ in range(args.prompt_len)]
+            rid = f"{mode}-{phase}-{i}"
+
+            def one(rid: str = rid, prompt: list[int] = prompt) -> None:
+                rows.append(_request(pair, mode, rid, prompt, args))
+
+            threads.append(threading.Thread(target=one, name=rid))
+            threads[-1].start()
+            time.sleep(args.interval)
+        for thread in threads:
+            thread.join()
+    finally:
+        if keep_nothing is not None:
+            decode.call(lambda e: swap(e, lander)).result()
+            keep_nothing.close()
+    if len(rows) != args.requests:
+        raise RuntimeError("some requests failed (see the log)")
+    return rows
+
+
+def _p99(values: list[float]) -> float:
+    """Nearest rank (with fewer than 100 values: the largest)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def _summary(mode: str, rows: list[dict[str, Any]], prompt_len: int) -> dict[str, Any]:
+    mine = [r for r in rows if r["mode"] == mode]
+    out: dict[str, Any] = {"mode": mode, "requests": len(mine)}
+    for key in ("ttft_s", "wait_s", "gap_s"):
+        out[f"{key[:-2]}_median_s"] = median([r[key] for r in mine])
+        out[f"{key[:-2]}_p99_s"] = _p99([r[key] for r in mine])
+    out["incomplete_landings"] = sum(r["pool_tokens"] < prompt_len for r in mine)
+    out["stalled_or_capped"] = sum(not r["landed"] for r in mine)
+    out["recomputed_tokens_mean"] = sum(prompt_len - r["pool_tokens"] for r in mine) / len(mine)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from workers.engine import Engine
+    from workers.engine_loop import EngineLoop
+    from workers.servicer import LANDING_WAIT_S
+
+    if args.cap_s is None:
+        args.cap_s = LANDING_WAIT_S
+    config = config_from_args(EngineConfig, args)
+    if not config.kv_streaming:
+        raise SystemExit("bench pressure measures landings: run with kv streaming on")
+    rng = random.Random(args.seed)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        rpc, meta, metrics = free_local_ports(3)
+        master = MasterConfig(
+            master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics
+        )
+        pool = PoolConfig(
+            pool_master=master.rpc_address,
+            pool_metadata_server=master.metadata_url,
+            pool_segment_mib=args.segment_mib,
+        )
+        with MasterProcess(master, Path(tmp) / "master.log"):
+            engines = Engine(config, pool), Engine(config, pool)
+            if any(e.pool is None for e in engines):
+                raise RuntimeError("the engines could not join the pool")
+            pair = EngineLoop(engines[0]).start(), EngineLoop(engines[1]).start()
+            try:
+                for phase in range(args.phases):
+                    mode = MODES[(phase + phase // 2) % 2]  # new, old, old, new, new, ...
+                    rows += _phase(pair, mode, phase, args, rng)
+                    log(f"phase {phase} ({mode}): {_summary(mode, rows, args.prompt_len)}")
+                stats = master_stats(master)
+            finally:
+                for loop in pair:
+                    loop.stop()
+                for engine in engines:
+                    engine.close()
+    new, old = (_summary(mode, rows, args.prompt_len) for mode in MODES)
+    ratio = old["gap_p99_s"] / new["gap_p99_s"] if new["gap_p99_s"] > 0 else 0.0
+    emit(
+        "pressure",
+        {
+            "model": engines[0].model_dir.name,
+            "prompt_tokens": args.prompt_len,
+            "requests_per_mode": args.requests * args.phases // 2,
+            "interval_s": args.interval,
+            "segment_mib_per_engine": args.segment_mib,
+            "pool_capacity_mib": stats.capacity_bytes / 2**20,
+            "evicted_keys": stats.evicted_keys,
+            "stall_s": args.stall_s,
+            "cap_s": args.cap_s,
+            "block_tokens": config.block_tokens,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "seed": args.seed,
+            "pool": "mooncake_master on loopback TCP, both engines in one process",
+        },
+        [new, old, {"runs": rows}],
+        {
+            "metric": "p99 gap between first and second token, old / new",
+            "value": ratio,
+            "old_gap_p99_s": old["gap_p99_s"],
+            "new_gap_p99_s": new["gap_p99_s"],
+        },
+    )
+    return 0
