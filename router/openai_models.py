@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from proto import worker_pb2 as pb
 from proto.limits import (
+    MAX_CACHE_SALT_CHARS,
     MIN_TEMPERATURE,
     logit_bias_count_error,
     logits_processing_error,
@@ -43,7 +44,6 @@ from router.flow_types import sampling_params
 TokenId = Annotated[int, Field(ge=0, lt=1 << 32)]
 TokenCount = Annotated[int, Field(ge=1, lt=1 << 32)]
 MAX_SEED = (1 << 64) - 1
-MAX_CACHE_SALT = 256
 COMPLETION_MAX_TOKENS = 16
 """A completion's length when the request sets none (OpenAI's default)."""
 
@@ -164,7 +164,7 @@ class SamplingFields(BaseModel):
     repetition_penalty: float | None = None  # extension (vLLM's); 1 = off
     min_tokens: Annotated[int, Field(ge=0, lt=1 << 32)] | None = None  # extension (vLLM's)
     stop_token_ids: list[TokenId] | None = None  # extension (vLLM's)
-    cache_salt: Annotated[str, Field(max_length=MAX_CACHE_SALT)] | None = None
+    cache_salt: Annotated[str, Field(max_length=MAX_CACHE_SALT_CHARS)] | None = None
     """Extension, as vLLM's: requests with different salts share no cached prefix."""
 
     refused: ClassVar[Mapping[str, Off]] = REFUSED
