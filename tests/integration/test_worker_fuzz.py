@@ -32,6 +32,7 @@ ALLOWED = {
     grpc.StatusCode.OK,
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.FAILED_PRECONDITION,  # the mixed worker has no pool: no hand-off
+    grpc.StatusCode.ABORTED,  # an Abort in the script ended an open call of its id
 }
 CALL_S = 15.0
 
