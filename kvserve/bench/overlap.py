@@ -24,15 +24,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from kvpool.config import PoolConfig
-from kvpool.master import MasterConfig, MasterProcess, free_local_ports
-from kvserve.bench.handoff import Handoff, handoff
+from kvserve.bench.handoff import Handoff, handoff, scratch_pool
 from kvserve.bench.report import emit, log, median
 from workers.config import EngineConfig
 from workers.engine import Engine
@@ -70,33 +67,23 @@ def _row(mode: str, length: int, run: Handoff) -> dict[str, Any]:
 def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        rpc, meta, metrics = free_local_ports(3)
-        master = MasterConfig(
-            master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics
-        )
-        pool = PoolConfig(
-            pool_master=master.rpc_address,
-            pool_metadata_server=master.metadata_url,
-            pool_segment_mib=args.segment_mib,
-        )
-        with MasterProcess(master, Path(tmp) / "master.log"):
-            engines = _engines(config, pool)
-            vocab = engines["after"][0].model_config.vocab_size
-            params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
-            try:
-                for rep in range(args.repeat):
-                    for length in args.lengths:
-                        for mode in MODES if rep % 2 == 0 else MODES[::-1]:
-                            prompt = [rng.randrange(vocab) for _ in range(length)]
-                            prefill, decode = engines[mode]
-                            run = handoff(prefill, decode, f"{mode}-{rep}-{length}", prompt, params)
-                            rows.append(_row(mode, length, run))
-                            log(f"rep {rep} {mode:9s} {length:5d} tokens: {rows[-1]}")
-            finally:
-                for pair in engines.values():
-                    for engine in pair:
-                        engine.close()
+    with scratch_pool(args.segment_mib) as (_, pool):
+        engines = _engines(config, pool)
+        vocab = engines["after"][0].model_config.vocab_size
+        params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+        try:
+            for rep in range(args.repeat):
+                for length in args.lengths:
+                    for mode in MODES if rep % 2 == 0 else MODES[::-1]:
+                        prompt = [rng.randrange(vocab) for _ in range(length)]
+                        prefill, decode = engines[mode]
+                        run = handoff(prefill, decode, f"{mode}-{rep}-{length}", prompt, params)
+                        rows.append(_row(mode, length, run))
+                        log(f"rep {rep} {mode:9s} {length:5d} tokens: {rows[-1]}")
+        finally:
+            for pair in engines.values():
+                for engine in pair:
+                    engine.close()
     results = _summarise(rows, args.lengths)
     worst = min(r["hidden"] for r in results)
     emit(

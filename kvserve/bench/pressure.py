@@ -28,15 +28,13 @@ import argparse
 import math
 import queue
 import random
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvpool.config import PoolConfig
 from kvpool.landing import STALL_S, Lander, Landing
-from kvpool.master import MasterConfig, MasterProcess, free_local_ports, master_stats
+from kvpool.master import master_stats
+from kvserve.bench.handoff import scratch_pool
 from kvserve.bench.report import emit, log, median
 from kvserve.settings import add_config_args, config_from_args
 from workers.config import EngineConfig
@@ -185,32 +183,22 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("bench pressure measures landings: run with kv streaming on")
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        rpc, meta, metrics = free_local_ports(3)
-        master = MasterConfig(
-            master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics
-        )
-        pool = PoolConfig(
-            pool_master=master.rpc_address,
-            pool_metadata_server=master.metadata_url,
-            pool_segment_mib=args.segment_mib,
-        )
-        with MasterProcess(master, Path(tmp) / "master.log"):
-            engines = Engine(config, pool), Engine(config, pool)
-            if any(e.pool is None for e in engines):
-                raise RuntimeError("the engines could not join the pool")
-            pair = EngineLoop(engines[0]).start(), EngineLoop(engines[1]).start()
-            try:
-                for phase in range(args.phases):
-                    mode = MODES[(phase + phase // 2) % 2]  # new, old, old, new, new, ...
-                    rows += _phase(pair, mode, phase, args, rng)
-                    log(f"phase {phase} ({mode}): {_summary(mode, rows, args.prompt_len)}")
-                stats = master_stats(master)
-            finally:
-                for loop in pair:
-                    loop.stop()
-                for engine in engines:
-                    engine.close()
+    with scratch_pool(args.segment_mib) as (master, pool):
+        engines = Engine(config, pool), Engine(config, pool)
+        if any(e.pool is None for e in engines):
+            raise RuntimeError("the engines could not join the pool")
+        pair = EngineLoop(engines[0]).start(), EngineLoop(engines[1]).start()
+        try:
+            for phase in range(args.phases):
+                mode = MODES[(phase + phase // 2) % 2]  # new, old, old, new, new, ...
+                rows += _phase(pair, mode, phase, args, rng)
+                log(f"phase {phase} ({mode}): {_summary(mode, rows, args.prompt_len)}")
+            stats = master_stats(master)
+        finally:
+            for loop in pair:
+                loop.stop()
+            for engine in engines:
+                engine.close()
     new, old = (_summary(mode, rows, args.prompt_len) for mode in MODES)
     ratio = old["gap_p99_s"] / new["gap_p99_s"] if new["gap_p99_s"] > 0 else 0.0
     emit(

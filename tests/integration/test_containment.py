@@ -17,23 +17,11 @@ import torch
 from tests.integration.reference import hf_greedy
 from tests.integration.test_exactness import make_engine, random_prompts
 from workers.engine import Engine
-from workers.outputs import RequestOutput
 from workers.sampling import sample as real_sample
 from workers.sequence import FinishReason, SamplingParams
 
 POISON_SEED = 4242
 POISON_TOKEN = 31337
-
-
-def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list[Any]:
-    """Add every request at once and step until all are finished; outputs in order."""
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
-    done: dict[str, RequestOutput] = {}
-    while len(done) < len(ids):
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return [done[i] for i in ids]
 
 
 def assert_idle(engine: Engine) -> None:
@@ -55,7 +43,7 @@ def test_a_sampling_failure_fails_its_request_alone(
     prompts = random_prompts((12, 30, 20, 9), seed=5)
     clean_params = [GREEDY, sampled(7), sampled(POISON_SEED + 1), GREEDY]
     engine = make_engine(tiny_model_dir)
-    clean = run(engine, prompts, clean_params)
+    clean = engine.generate(prompts, clean_params)
     assert_idle(engine)
 
     def poisoned(logits: torch.Tensor, params: Any, generators: Any) -> list[int]:
@@ -65,7 +53,7 @@ def test_a_sampling_failure_fails_its_request_alone(
 
     monkeypatch.setattr("workers.model_runner.sample", poisoned)
     params = [GREEDY, sampled(7), sampled(POISON_SEED), GREEDY]
-    outs = run(engine, prompts, params)
+    outs = engine.generate(prompts, params)
     for i in (0, 1, 3):
         assert outs[i].error is None
         assert outs[i].output_token_ids == clean[i].output_token_ids
@@ -76,7 +64,7 @@ def test_a_sampling_failure_fails_its_request_alone(
     assert guilty.output_token_ids == []
     assert_idle(engine)
     monkeypatch.setattr("workers.model_runner.sample", real_sample)
-    assert run(engine, prompts[:1], [GREEDY])[0].output_token_ids == clean[0].output_token_ids
+    assert engine.generate(prompts[:1], [GREEDY])[0].output_token_ids == clean[0].output_token_ids
 
 
 def test_a_model_failure_is_blamed_on_its_request_and_the_rest_go_on(
@@ -95,7 +83,7 @@ def test_a_model_failure_is_blamed_on_its_request_and_the_rest_go_on(
 
     monkeypatch.setattr(model, "forward", forward)
     # The poisoned prompt is admitted with the others: the first step fails as a whole.
-    outs = run(engine, [prompts[0], poison, *prompts[1:]], [GREEDY] * 4)
+    outs = engine.generate([prompts[0], poison, *prompts[1:]], [GREEDY] * 4)
     guilty = outs[1]
     assert guilty.finish_reason is FinishReason.ABORT
     assert guilty.error == "IndexError: index out of range in self"
