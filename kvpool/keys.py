@@ -1,45 +1,63 @@
 """The pool's key space and the prefix lookup, usable without any KV memory (the router).
 
 Every key starts with the namespace tag ``kv<hash version>.<namespace seed>`` (a digest of
-model identity, dtype, KV layout, block size and hash version; meta objects also carry the
-full namespace text):
+model identity, dtype, KV layout, block size, algorithm and hash version; meta objects also
+carry the full namespace text):
 
-- ``<tag>/b/<block hash>``: a full prefix block's meta object; ``.../<layer>``: its layers;
-- ``<tag>/r/<request id>``: a request's partial last block; ``.../<layer>``: its layers.
+- ``<tag>/b/<block name>``: a full prefix block's meta object, the name in hex at the
+  algorithm's width (64 digits for sha256, 32 for xxh3); ``.../<layer>``: its layers;
+- ``<tag>/r/<request name>``: a request's partial last block; ``.../<layer>``: its layers.
+  The request name is ``HMAC-SHA256(pool block key, "request" NUL request id)`` in hex, so
+  the pool's key listing (Mooncake's HTTP port lists every key) shows no live request id,
+  and only a holder of the cluster secret can tell which request a key belongs to.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import hmac
+from dataclasses import dataclass, field
 
-from kvpool.hashing import HASH_VERSION, Namespace
+from kvpool.hashing import HASH_BITS, HASH_VERSION, Namespace
 from kvpool.store import MooncakeStore
+
+_REQUEST_NAME = b"request\x00"
+"""Domain of request names under the pool block key (block MACs hash JSON, never this)."""
 
 
 @dataclass(frozen=True)
 class KeySpace:
     """Pool keys of one namespace: its ``seed`` (the digest of the namespace, which a worker
-    record carries) and hash version fix the tag."""
+    record carries) and hash version fix the tag, ``hash_bits`` the width of block names,
+    ``block_key`` (``proto.trust.derive(secret, POOL_BLOCK)``; empty: no secret) the names
+    of request-scoped keys."""
 
     seed: int
     num_layers: int
     hash_version: int = HASH_VERSION
+    hash_bits: int = HASH_BITS["sha256"]
+    block_key: bytes = field(default=b"", repr=False)
 
     @classmethod
-    def of(cls, namespace: Namespace, num_layers: int) -> KeySpace:
-        return cls(namespace.seed, num_layers, namespace.hash_version)
+    def of(cls, namespace: Namespace, num_layers: int, block_key: bytes = b"") -> KeySpace:
+        return cls(
+            namespace.seed, num_layers, namespace.hash_version, namespace.hash_bits, block_key
+        )
 
     @property
     def tag(self) -> str:
         return f"kv{self.hash_version}.{self.seed:016x}"
 
     def meta_key(self, block_hash: int) -> str:
-        return f"{self.tag}/b/{block_hash:016x}"
+        return f"{self.tag}/b/{block_hash:0{self.hash_bits // 4}x}"
 
     def request_key(self, request_id: str) -> str:
-        if "/" in request_id or not request_id:
-            raise ValueError(f"request id must be non-empty without '/', got {request_id!r}")
-        return f"{self.tag}/r/{request_id}"
+        """The key of ``request_id``'s partial block: named by a keyed digest of the id,
+        never the id itself."""
+        if not request_id:
+            raise ValueError("request id must be non-empty")
+        name = hmac.new(self.block_key, _REQUEST_NAME + request_id.encode(), hashlib.sha256)
+        return f"{self.tag}/r/{name.hexdigest()}"
 
     def layer_keys(self, meta_key: str) -> list[str]:
         return [f"{meta_key}/{layer}" for layer in range(self.num_layers)]

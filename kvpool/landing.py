@@ -7,14 +7,18 @@ every pending :class:`Landing` of a worker:
 
 1. ``Lander.add(Landing(...))``: the landing's (block, layer) objects are polled in
    block-major order through a sliding window (the order a chunked prefill writes them);
-   those that exist are read straight into their pages, each checksummed as it is read. A
-   read that fails (e.g. the object was evicted meanwhile) makes that block and every later
-   one unusable: they are no longer polled;
+   those that exist are read straight into their (reserved, not yet used) pages, each
+   digested as it is read. A read that fails (e.g. the object was evicted meanwhile) makes
+   that block and every later one unusable: they are no longer polled;
 2. when every usable layer is in, the blocks' metas are polled until they exist (a writer
-   puts them last), then every block is verified against its checksums, in order (this
-   last step only compares numbers);
+   puts them last). Each meta is checked as it is fetched (:meth:`KVPool.parse_meta`:
+   namespace, layout, and the MAC under the pool block key); one that fails makes its
+   block and every later one unusable at once (a forged one is counted and removed). Then
+   every block is verified against its meta's digests, in order (this last step only
+   compares bytes);
 3. :meth:`Landing.wait` returns the metas of the leading verified blocks (blocks after the
-   first failure are not usable: the caller recomputes them).
+   first failure are not usable: the caller recomputes them). Nothing else of a landing
+   reaches the model: pages of a block that failed are treated as not computed.
 
 A landing that ends early keeps what it verified: past its deadline, while the pool is out
 (:attr:`kvpool.store.MooncakeStore.available`), or cancelled (:meth:`Lander.cancel`), the
@@ -33,7 +37,7 @@ import logging
 import threading
 import time
 
-from kvpool.pool import BlockMeta, KVPool, checksum
+from kvpool.pool import BlockMeta, KVPool
 
 log = logging.getLogger(__name__)
 WINDOW = 256
@@ -65,10 +69,14 @@ class Landing:
         layers = pool.layout.num_layers
         self.pending = [(i, layer) for i in range(len(meta_keys)) for layer in range(layers)]
         self.got = [[0] * layers for _ in meta_keys]
-        self.sums = [[0] * layers for _ in meta_keys]
+        self.sums = [[b""] * layers for _ in meta_keys]
         self.usable = len(meta_keys)
-        """Blocks that may still verify: a failed read of a layer of block ``i`` makes it
-        at most ``i`` (later blocks are not polled any more)."""
+        """Blocks that may still verify: a failed read of a layer of block ``i``, or a meta
+        of block ``i`` that fails its checks, makes it at most ``i`` (later blocks are not
+        polled any more)."""
+        self.read_limit = len(meta_keys)
+        """Like ``usable``, for failed reads only (a verified run that stops there is a
+        short read)."""
         self.metas: list[BlockMeta | None] | None = None
         self.verified: list[BlockMeta] = []
         self.read_seconds = 0.0
@@ -111,9 +119,11 @@ class Landing:
                 self.got[i][layer] = n
                 self.bytes += max(n, 0)
                 if n == size:
-                    self.sums[i][layer] = checksum(base + layout.offset(layer, self.pages[i]), n)
+                    ptr = base + layout.offset(layer, self.pages[i])
+                    self.sums[i][layer] = self.pool.digest(ptr, n)
                 else:
                     self.usable = min(self.usable, i)
+                    self.read_limit = min(self.read_limit, i)
             done = set(ready)
             self.pending = [w for w in self.pending if w not in done and w[0] < self.usable]
             self.read_seconds += time.perf_counter() - t0
@@ -124,12 +134,22 @@ class Landing:
         self.progressed = True
         self.last_progress = time.monotonic()
 
-    def _fetch_metas(self, keys: list[str]) -> list[BlockMeta | None]:
-        raws = self.pool.store.get_bytes(keys)
-        return [self.pool.parse_meta(raw) if raw else None for raw in raws]
+    def _fetch_metas(self, start: int, stop: int) -> list[BlockMeta | None]:
+        """The checked metas of blocks ``start`` to ``stop`` (``None``: not there yet), up
+        to the first that fails its checks: from that one on nothing is usable."""
+        keys = self.meta_keys[start:stop]
+        metas: list[BlockMeta | None] = []
+        for i, (key, raw) in enumerate(zip(keys, self.pool.store.get_bytes(keys), strict=True)):
+            meta = self.pool.parse_meta(raw, key) if raw else None
+            if meta is not None and not isinstance(meta, BlockMeta):  # bad or forged
+                self.usable = min(self.usable, start + i)
+                self.pending = [w for w in self.pending if w[0] < self.usable]
+                break
+            metas.append(meta)
+        return metas
 
     def _poll_metas(self) -> bool:
-        metas = self._fetch_metas(self.meta_keys[: self.usable])
+        metas = self._fetch_metas(0, self.usable)
         seen = sum(m is not None for m in metas)
         if seen > sum(m is not None for m in self.metas or []):
             self._progress()
@@ -142,8 +162,8 @@ class Landing:
     def finish(self) -> None:
         """End the landing, keeping what it verified: the leading blocks whose every layer
         was read in full (and that precede any failed read) are checked against their metas,
-        fetched now for those not seen yet. Touches no page (each object was checksummed as
-        it was read). Runs once; the caller sets ``done``."""
+        fetched now for those not seen yet. Touches no page (each object was digested as it
+        was read). Runs once; the caller sets ``done``."""
         if self.over:
             return
         self.over = True
@@ -153,8 +173,8 @@ class Landing:
         metas += [None] * (n - len(metas))
         gap = next((i for i, meta in enumerate(metas) if meta is None), n)
         if gap < n:
-            metas[gap:] = self._fetch_metas(self.meta_keys[gap:n])
-        self._verify(metas)
+            metas[gap:] = self._fetch_metas(gap, n)
+        self._verify(metas[: self.usable])
 
     def _verify(self, metas: list[BlockMeta | None]) -> None:
         stats = self.pool.stats
@@ -165,7 +185,7 @@ class Landing:
                 stats.checksum_failures += 1
                 break
             self.verified.append(meta)
-        if len(self.verified) == self.usable < len(self.meta_keys):
+        if len(self.verified) == self.read_limit < len(self.meta_keys):
             stats.short_reads += 1  # what stopped the verified run was a failed read
         stats.objects_read += sum(1 for block in self.got for n in block if n > 0)
         stats.bytes_read += self.bytes

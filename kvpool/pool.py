@@ -1,37 +1,38 @@
 """KV blocks between one worker's slab and the shared pool, keyed by prefix hash.
 
 Key space: :mod:`kvpool.keys` (meta object ``<tag>/b/<hash>`` with one object per layer
-below it; request-scoped partial blocks under ``<tag>/r/<request id>``). A meta object
-holds the namespace text, wire layout, writer and one xxh3-64 checksum per layer; a
-partial block's meta also holds its valid token count and its lease (``expires``): it lives
-there until the decode side takes it, or until the writer's sweep after the lease.
+below it; request-scoped partial blocks under ``<tag>/r/<request name>``, a keyed digest of
+the request id). A meta object (:mod:`kvpool.meta`) holds the namespace text, wire layout,
+writer, one digest per layer (SHA-256 or xxh3-64, by the namespace's algorithm) and a MAC
+under the pool block key over all of it and the block's name; a partial block's meta also
+holds its valid token count and its lease (``expires``): it lives there until the decode
+side takes it, or until the writer's sweep after the lease.
 
 Commit rule: a writer puts every layer object of a block first and the meta object last,
 only when every layer put succeeded. Puts never overwrite, so the first writer's objects
 stay. A block is *present* when its meta and all its layers exist: :meth:`KVPool.lookup`
-checks exactly that for a whole chain in one batched existence call. Readers verify every
-layer against the meta checksums; a missing object, a layout or namespace mismatch, a short
-read or a checksum mismatch makes that block and every later one a miss (counted), and a
-block that fails verification is removed so the next writer can publish it again. Nothing
-unverified is ever handed to the model.
+checks exactly that for a whole chain in one batched existence call. Readers check the
+meta's MAC before reading a block's layers, then every layer against the meta's digests; a
+missing object, a layout or namespace mismatch, a bad MAC (counted as a forged block), a
+short read or a digest mismatch makes that block and every later one a miss (counted), and a
+block that fails the MAC or its digests is removed so the next writer can publish it again.
+Nothing unverified is ever handed to the model.
 """
 
 from __future__ import annotations
 
-import ctypes
 import heapq
-import json
 import time
 from dataclasses import dataclass
 
-import xxhash
-
+from kvpool.block_write import BlockWrite, PendingBlock
 from kvpool.hashing import Namespace
 from kvpool.keys import KeySpace, completeness, longest_prefix
 from kvpool.layout import KVLayout
+from kvpool.meta import BlockMeta, MetaCodec, MetaFault, layer_digest
 from kvpool.store import MooncakeStore
 
-META_VERSION = 1
+__all__ = ["BlockMeta", "BlockWrite", "KVPool", "PendingBlock", "PoolStats"]
 
 
 @dataclass
@@ -52,30 +53,15 @@ class PoolStats:
     checksum_failures: int = 0
     short_reads: int = 0
     bad_meta: int = 0
+    forged_blocks: int = 0
+    """Metas that fit but whose MAC failed (written without the cluster secret, or moved
+    from another block's name); such a block is never loaded, and removed."""
     healed_blocks: int = 0
     expired_requests: int = 0
     write_seconds: float = 0.0
     """Time spent in layer puts and meta commits (wherever they overlapped compute)."""
     read_seconds: float = 0.0
     lookup_seconds: float = 0.0
-
-
-PendingBlock = tuple[str, int, dict[str, float]]
-"""``(meta key, page, extra meta fields)`` of one block to write."""
-
-
-@dataclass(frozen=True)
-class BlockMeta:
-    """What a reader needs from a meta object that fits its namespace and layout."""
-
-    sums: list[int]
-    tokens: int = 0
-    expires: float = 0.0
-
-
-def checksum(ptr: int, size: int) -> int:
-    """xxh3-64 of ``size`` bytes of host memory at ``ptr`` (no copy)."""
-    return xxhash.xxh3_64_intdigest(memoryview((ctypes.c_char * size).from_address(ptr)))
 
 
 class KVPool:
@@ -85,6 +71,10 @@ class KVPool:
     ``save`` / ``load`` and the request-scoped ``put_partial`` / ``take_partial``, with
     :meth:`sweep` called now and then to expire this writer's uncollected partial blocks ->
     :meth:`close` (unregisters). Not thread-safe: one engine thread owns it.
+
+    ``block_key`` is ``proto.trust.derive(cluster_secret, POOL_BLOCK)``: it MACs every meta
+    written and checks every meta read, and names request-scoped keys. Empty (no secret):
+    the same checks, which then protect against nothing but corruption.
     """
 
     def __init__(
@@ -95,6 +85,7 @@ class KVPool:
         slab_ptr: int,
         writer: str,
         request_ttl_s: float = 60.0,
+        block_key: bytes = b"",
     ) -> None:
         self.store = store
         self.namespace = namespace
@@ -102,7 +93,10 @@ class KVPool:
         self.slab_ptr = slab_ptr
         self.writer = writer
         self.request_ttl_s = request_ttl_s
-        self.keys = KeySpace.of(namespace, layout.num_layers)
+        self.keys = KeySpace.of(namespace, layout.num_layers, block_key)
+        self.codec = MetaCodec(namespace, layout.wire, writer, layout.num_layers, block_key)
+        self.digest = layer_digest(namespace.algorithm)
+        """``digest(ptr, size)``: the layer digest of the namespace's algorithm."""
         self.stats = PoolStats()
         self._leases: list[tuple[float, str]] = []  # (expiry, request id), a heap
         store.register(slab_ptr, layout.slab_bytes)
@@ -135,7 +129,7 @@ class KVPool:
             out.append(not complete)
         return out
 
-    def begin_write(self, blocks: list[tuple[str, int, dict[str, float]]]) -> BlockWrite:
+    def begin_write(self, blocks: list[PendingBlock]) -> BlockWrite:
         """Start writing blocks given as ``(meta key, page, extra meta fields)``.
 
         The caller writes every layer (:meth:`BlockWrite.write_layer`, in any order, from one
@@ -158,36 +152,19 @@ class KVPool:
         ]
         return self.begin_write(todo).write_all()
 
-    def _meta(self, sums: list[int], extra: dict[str, float]) -> bytes:
-        meta = {
-            "v": META_VERSION,
-            "ns": self.namespace.key,
-            "wire": self.layout.wire,
-            "writer": self.writer,
-            "sums": sums,
-            **extra,
-        }
-        return json.dumps(meta, separators=(",", ":")).encode()
-
     # -- read ------------------------------------------------------------------------------
-    def parse_meta(self, raw: bytes) -> BlockMeta | None:
-        try:
-            meta = json.loads(raw)
-            if (
-                meta["v"] == META_VERSION
-                and meta["ns"] == self.namespace.key
-                and meta["wire"] == self.layout.wire
-                and len(meta["sums"]) == self.layout.num_layers
-            ):
-                return BlockMeta(
-                    sums=[int(x) for x in meta["sums"]],
-                    tokens=int(meta.get("tokens", 0)),
-                    expires=float(meta.get("expires", 0.0)),
-                )
-        except (ValueError, KeyError, TypeError):
-            pass
-        self.stats.bad_meta += 1
-        return None
+    def parse_meta(self, raw: bytes, meta_key: str) -> BlockMeta | MetaFault:
+        """The meta object ``raw`` of the block named ``meta_key``, checked (format,
+        namespace, layout, then MAC: :meth:`kvpool.meta.MetaCodec.decode`), or its fault,
+        counted (``bad_meta`` / ``forged_blocks``). A forged block is removed here (every
+        reader of it would refuse it), so the next writer can publish the real one."""
+        meta = self.codec.decode(raw, meta_key)
+        if meta is MetaFault.BAD:
+            self.stats.bad_meta += 1
+        elif meta is MetaFault.FORGED:
+            self.stats.forged_blocks += 1
+            self._heal(meta_key)
+        return meta
 
     def load(self, hashes: list[int], pages: list[int]) -> int:
         """Read the leading present blocks of ``hashes`` into ``pages``; verify every layer.
@@ -207,9 +184,9 @@ class KVPool:
     def _leading_metas(self, meta_keys: list[str]) -> list[BlockMeta]:
         """The parsed metas of ``meta_keys`` up to the first missing or unfit one."""
         metas: list[BlockMeta] = []
-        for raw in self.store.get_bytes(meta_keys):
-            meta = self.parse_meta(raw) if raw else None
-            if meta is None:
+        for key, raw in zip(meta_keys, self.store.get_bytes(meta_keys), strict=True):
+            meta = self.parse_meta(raw, key) if raw else None
+            if not isinstance(meta, BlockMeta):
                 break
             metas.append(meta)
         return metas
@@ -235,13 +212,15 @@ class KVPool:
                 return i
         return len(metas)
 
-    def verify_block(self, got: list[int], page: int, sums: list[int]) -> bool:
+    def verify_block(self, got: list[int], page: int, sums: list[bytes]) -> bool:
+        """Whether every layer of ``page`` was read in full and matches its digest in
+        ``sums`` (counted otherwise)."""
         size = self.layout.span_bytes
         if any(g != size for g in got):
             self.stats.short_reads += 1
             return False
         for ptr, expected in zip(self._spans(page), sums, strict=True):
-            if checksum(ptr, size) != expected:
+            if self.digest(ptr, size) != expected:
                 self.stats.checksum_failures += 1
                 return False
         return True
@@ -302,62 +281,3 @@ class KVPool:
 
     def close(self) -> None:
         self.store.unregister(self.slab_ptr)
-
-
-class BlockWrite:
-    """Blocks being written to the pool, one layer at a time (see :meth:`KVPool.begin_write`).
-
-    Lifecycle: ``write_layer(i)`` for every layer (each puts that layer's span of every
-    block and checksums it) -> ``commit()`` (metas of the blocks whose layers all landed;
-    returns how many). Layer writes may run on a helper thread while the model computes the
-    next layer; ``commit`` must come after the last of them.
-    """
-
-    def __init__(self, pool: KVPool, blocks: list[PendingBlock]) -> None:
-        self.pool = pool
-        self.blocks = blocks
-        self.ok = [True] * len(blocks)
-        self.sums: list[list[int]] = [[0] * pool.layout.num_layers for _ in blocks]
-        self.seconds = 0.0
-        self.bytes = 0
-
-    def write_layer(self, layer: int) -> None:
-        if not self.blocks:
-            return
-        t0 = time.perf_counter()
-        pool, size = self.pool, self.pool.layout.span_bytes
-        ptrs = [pool.slab_ptr + pool.layout.offset(layer, page) for _, page, _ in self.blocks]
-        keys = [f"{meta}/{layer}" for meta, _, _ in self.blocks]
-        codes = pool.store.put_from(keys, ptrs, [size] * len(keys))
-        for i, (code, ptr) in enumerate(zip(codes, ptrs, strict=True)):
-            if code != 0:
-                self.ok[i] = False
-            else:
-                self.sums[i][layer] = checksum(ptr, size)
-                self.bytes += size
-        self.seconds += time.perf_counter() - t0
-
-    def commit(self) -> int:
-        t0 = time.perf_counter()
-        pool = self.pool
-        metas = [
-            (meta, pool._meta(sums, extra))
-            for (meta, _, extra), ok, sums in zip(self.blocks, self.ok, self.sums, strict=True)
-            if ok
-        ]
-        if metas:
-            pool.store.put_bytes([k for k, _ in metas], [v for _, v in metas])
-        per = pool.layout.num_layers
-        stats = pool.stats
-        stats.blocks_written += len(metas)
-        stats.objects_written += len(metas) * (per + 1)
-        stats.bytes_written += len(metas) * per * pool.layout.span_bytes
-        self.seconds += time.perf_counter() - t0
-        stats.write_seconds += self.seconds
-        return len(metas)
-
-    def write_all(self) -> int:
-        """Every layer, then :meth:`commit` (the write after compute, not overlapped)."""
-        for layer in range(self.pool.layout.num_layers):
-            self.write_layer(layer)
-        return self.commit()

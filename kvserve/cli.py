@@ -197,6 +197,12 @@ def _bench_pressure(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _bench_hashing(args: argparse.Namespace) -> int:
+    from kvserve.bench.hashing import run
+
+    return run(args)
+
+
 def _bench_pool(args: argparse.Namespace) -> int:
     from kvserve.bench.pool import run_bench
 
@@ -417,6 +423,17 @@ def build_parser() -> argparse.ArgumentParser:
             _bench_pressure,
             "hand-offs through a pool too small for the load: first-to-second-token gap, "
             "landing stall detection against the old fixed wait",
+            bench_verbs,
+        )
+    )
+
+    from kvserve.bench.hashing import add_arguments as add_hashing_arguments
+
+    add_hashing_arguments(
+        verb(
+            "hashing",
+            _bench_hashing,
+            "cost of the keyed prefix chain and the block digests per 1,000 tokens vs prefill",
             bench_verbs,
         )
     )

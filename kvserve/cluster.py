@@ -45,13 +45,15 @@ POOL = (METADATA, MASTER)
 
 def grpc_serving(address: str, cluster: ClusterConfig, timeout: float = 1.0) -> bool:
     """Whether the worker at ``address`` reports SERVING on the standard health service
-    (dialled as the router dials it: the cluster's TLS and keepalive settings)."""
+    (dialled with the cluster's TLS and keepalive settings, as the ``monitor`` identity:
+    a worker with a cluster secret refuses health checks without its token)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from proto.channels import sync_channel
+    from proto.grpc_auth import MONITOR
 
-    with sync_channel(address, cluster) as channel:
+    with sync_channel(address, cluster, identity=MONITOR) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)

@@ -9,10 +9,11 @@
 Workers are named ``<role>-<i>`` (``prefill-0``, ``decode-0``, ...), in the order prefill,
 decode, mixed, and take ports ``worker_base_port + i`` in that order unless
 ``worker_ports`` lists them. Every engine, pool and registry setting is passed as an
-explicit flag, so a worker never picks up a stray ``KVSERVE_*`` variable of the launcher;
-secrets (fields declared ``repr=False``, i.e. the Redis password) go instead as their
-``KVSERVE_*`` variable in the child's environment, always set, so they stay out of
-process lists (:func:`secret_env`).
+explicit flag; secrets (the Redis password, the cluster secret; the router's API keys to
+the router alone) go as their ``KVSERVE_*`` variable in the child's own environment,
+always set, so they stay out of process lists (:func:`kvserve.process_plan.plan_cluster`).
+Of the launcher's environment a child gets only an allow-list
+(:func:`kvserve.services.child_environment`).
 """
 
 from __future__ import annotations
@@ -26,19 +27,18 @@ from pathlib import Path
 
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig, free_local_ports
-from kvserve.process_plan import (
-    ClusterPlan,
-    Host,
-    ProcessPlan,
-    config_argv,
-    secret_env,
-    split_cores,
-)
-from kvserve.redis_service import RedisConfig
+from kvserve.process_plan import ClusterPlan, Host, plan_cluster
+from kvserve.redis_service import RedisConfig, is_loopback, new_password
 from proto.registry import ClusterConfig
+from proto.trust import new_secret
+from router.auth import parse_api_keys
 from workers.config import EngineConfig
+from workers.model.prepare import default_model_dir
 
 ROLE_ORDER = ("prefill", "decode", "mixed")
+LOOPBACK = "127.0.0.1"
+PRIVATE = ("redis", "mooncake_master")
+"""Processes that stay on loopback unless placed on a host of their own (:attr:`hosts`)."""
 
 
 @dataclass(frozen=True)
@@ -47,20 +47,26 @@ class ClusterSpec:
 
     - ``prefill`` / ``decode`` / ``mixed``: worker counts; at least one decode-capable
       (decode or mixed) worker; prefill workers need decode workers and the pool.
-    - ``host``: address every process binds to and advertises (loopback by default).
+    - ``host``: address the workers and the router bind to and advertise (loopback by
+      default); Redis, the master and the workers' pool endpoints stay on loopback
+      (:data:`PRIVATE`; the pool authenticates nobody): ``master_host`` must be loopback.
     - ``hosts``: processes that run elsewhere, by name (``router``, ``redis``,
       ``mooncake_master`` for the pool's services, or a worker's name): each binds to and
       advertises its :class:`Host`'s address and starts under its prefix (e.g. in its own
       network namespace: :mod:`kvserve.netns`); the others run on ``host``.
     - ``redis_username`` / ``redis_password``: Redis is started with these credentials
-      (:class:`kvserve.redis_service.RedisConfig`) and every process gets them, the password
-      through its environment.
+      (:class:`kvserve.redis_service.RedisConfig`) and every process gets them; by default
+      a password made up for this spec (``""``: none, allowed on loopback only).
+    - ``cluster_secret`` / ``hash_algorithm``: every worker's and the router's
+      (:class:`proto.registry.ClusterConfig`); by default a secret made up for this spec
+      (``""``: none). ``api_key``: the router's API keys (``""``: none; router only).
     - ``peer_timeout_s`` / ``grpc_tls_cert`` / ``grpc_tls_key`` / ``grpc_tls_ca``: gRPC
       liveness and TLS of every worker, the router and the health checks
       (:class:`proto.registry.ClusterConfig`).
     - ``router_port``, ``worker_base_port`` (or explicit ``worker_ports``), ``redis_port``,
       ``master`` (mooncake_master's ports and policy): see :meth:`with_free_ports`.
-    - ``engine``: forwarded to every worker; ``threads`` there is overridden by
+    - ``engine``: forwarded to every worker (the router reads the tokenizer from the same
+      model, :attr:`model_dir`); ``threads`` there is overridden by
       ``threads_per_worker`` when that is set; with both 0 a worker gets its core count.
     - ``pool``: forwarded to workers and router, with ``pool_master``,
       ``pool_metadata_server`` and ``pool_local_hostname`` set to this cluster's.
@@ -81,7 +87,10 @@ class ClusterSpec:
     worker_ports: tuple[int, ...] = ()
     redis_port: int = 6379
     redis_username: str = ""
-    redis_password: str = field(default="", repr=False)
+    redis_password: str = field(default_factory=new_password, repr=False)
+    cluster_secret: str = field(default_factory=new_secret, repr=False)
+    hash_algorithm: str = "sha256"
+    api_key: str = field(default="", repr=False)
     peer_timeout_s: float = 5.0
     grpc_tls_cert: str = ""
     grpc_tls_key: str = ""
@@ -133,7 +142,8 @@ class ClusterSpec:
         if self.startup_timeout_s <= 0 or self.stop_grace_s <= 0:
             raise ValueError("startup_timeout_s and stop_grace_s must be positive")
         self._check_hosts()
-        _ = self.cluster_config  # validates cluster_name, heartbeats, credentials, TLS
+        _ = self.cluster_config  # validates cluster_name, heartbeats, credentials, TLS, secret
+        parse_api_keys(self.api_key)  # raises, without the key, when malformed
 
     def _check_hosts(self) -> None:
         unknown = set(self.hosts) - set(self.process_names())
@@ -146,6 +156,12 @@ class ClusterSpec:
                     f"{name or 'host'} must be an address others reach it at (it is "
                     f"advertised), e.g. 127.0.0.1, got {address!r}"
                 )
+        master = self.pool_master.master_host
+        if self.use_pool and "mooncake_master" not in self.hosts and not is_loopback(master):
+            raise ValueError(
+                f"master_host {master!r}: the pool authenticates nobody, so it stays on "
+                f"loopback (or on a private host of its own: kvserve up --hosts)"
+            )
 
     def process_names(self) -> list[str]:
         """Every process that :attr:`hosts` may place: the pool's services (as
@@ -154,9 +170,12 @@ class ClusterSpec:
         return [*pool, "redis", *(n for n, _ in self.worker_roles()), "router"]
 
     def host_of(self, name: str) -> str:
-        """The address process ``name`` binds to and advertises."""
+        """The address process ``name`` binds to and advertises: its host's, else
+        loopback for :data:`PRIVATE` ones, else :attr:`host`."""
         host = self.hosts.get(name)
-        return host.address if host is not None else self.host
+        if host is not None:
+            return host.address
+        return LOOPBACK if name in PRIVATE else self.host
 
     def prefix_of(self, name: str) -> tuple[str, ...]:
         """The argv prefix that starts process ``name`` on its host."""
@@ -190,6 +209,11 @@ class ClusterSpec:
         return named
 
     @property
+    def model_dir(self) -> str:
+        """The workers' model: ``engine.model``, or the default one in this process's cache."""
+        return self.engine.model or str(default_model_dir())
+
+    @property
     def router_url(self) -> str:
         return f"http://{self.host_of('router')}:{self.router_port}"
 
@@ -213,6 +237,8 @@ class ClusterSpec:
             grpc_tls_cert=self.grpc_tls_cert,
             grpc_tls_key=self.grpc_tls_key,
             grpc_tls_ca=self.grpc_tls_ca,
+            cluster_secret=self.cluster_secret,
+            hash_algorithm=self.hash_algorithm,
         )
 
     @property
@@ -228,7 +254,7 @@ class ClusterSpec:
             self.pool,
             pool_master=self.pool_master.rpc_address,
             pool_metadata_server=self.pool_master.metadata_url,
-            pool_local_hostname=self.host_of(name),
+            pool_local_hostname=self.host_of(name) if name in self.hosts else LOOPBACK,
         )
 
     def with_free_ports(self) -> ClusterSpec:
@@ -247,58 +273,8 @@ class ClusterSpec:
 
     def plan(self, available_cores: Sequence[int] | None = None) -> ClusterPlan:
         """Exact argv, port and cores of every worker and the router (pure given the cores;
-        ``available_cores`` defaults to ``cores``, then to this process's affinity)."""
-        cores = list(available_cores or self.cores or sorted(os.sched_getaffinity(0)))
-        slices, shared = split_cores(cores, self.num_workers)
-        auto_threads = max(1, len(cores) // self.num_workers)
-        notes = []
-        if shared and self.pin_cores:
-            notes.append(
-                f"{self.num_workers} workers share {len(cores)} cores {cores} "
-                f"(fewer cores than workers): {auto_threads} thread(s) each"
-            )
-        workers = []
-        for (name, role), port, mine in zip(
-            self.worker_roles(), self._worker_ports(), slices, strict=True
-        ):
-            pinned = self.pin_cores and not shared
-            threads = self.threads_per_worker or self.engine.threads
-            threads = threads or (len(mine) if pinned else auto_threads)
-            cores_of = mine if self.pin_cores else ()
-            workers.append(self._worker_plan(name, role, port, cores_of, threads))
-        return ClusterPlan(tuple(workers), self._router_plan(), shared, tuple(notes))
-
-    def _worker_plan(
-        self, name: str, role: str, port: int, cores: tuple[int, ...], threads: int
-    ) -> ProcessPlan:
-        engine = dataclasses.replace(self.engine, threads=threads)
-        pool = config_argv(self.pool_config(name)) if self.use_pool else ["--no-use-pool"]
-        host = self.host_of(name)
-        argv = [self.python, "-m", "kvserve", "worker", "--role", role]
-        argv += ["--worker-host", host, "--worker-port", str(port), "--worker-id", name]
-        argv += [*config_argv(engine), *pool, *config_argv(self.cluster_config)]
-        env = (
-            ("OMP_NUM_THREADS", str(threads)),
-            ("PYTHONUNBUFFERED", "1"),
-            *secret_env(self.cluster_config),
+        ``available_cores`` defaults to ``cores``, then to this process's affinity;
+        :func:`kvserve.process_plan.plan_cluster`)."""
+        return plan_cluster(
+            self, list(available_cores or self.cores or sorted(os.sched_getaffinity(0)))
         )
-        argv += self.worker_args
-        return ProcessPlan(name, role, tuple(argv), host, port, cores, env, self.prefix_of(name))
-
-    def _router_plan(self) -> ProcessPlan:
-        host = self.host_of("router")
-        argv = [self.python, "-m", "kvserve", "router", "--router-host", host]
-        argv += ["--router-port", str(self.router_port), *config_argv(self.cluster_config)]
-        if self.use_pool:
-            argv += config_argv(self.pool_config("router"))
-            argv += ["--master-metrics-url", self.pool_master.metrics_url]
-        else:
-            argv += ["--no-pool-lookup"]
-        if self.policy:
-            argv += ["--policy", self.policy]
-        if self.disagg_threshold_tokens is not None:
-            argv += ["--disagg-threshold-tokens", str(self.disagg_threshold_tokens)]
-        env = (("PYTHONUNBUFFERED", "1"), *secret_env(self.cluster_config))
-        argv += self.router_args
-        prefix = self.prefix_of("router")
-        return ProcessPlan("router", "router", tuple(argv), host, self.router_port, (), env, prefix)

@@ -4,7 +4,7 @@ follow them: used by the fault tests and by ``kvserve chaos``.
 - :func:`kill` (SIGKILL), :func:`freeze` / :func:`thaw` (SIGSTOP / SIGCONT) any process by
   its cluster name (a worker, ``router``, ``redis``, ``mooncake_master``);
 - :func:`load_of` asks a worker for its :class:`LoadReport` over gRPC (TLS when the
-  cluster has it);
+  cluster has it; as the ``monitor`` identity, which may only observe);
 - :func:`router_metric` reads a counter or gauge from the router's ``/metrics``;
 - :func:`wait_routable` waits until the router sees every running worker again;
 - :func:`held_pages` is what a worker holds for requests and reservations (a page in the
@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvserve.cluster import Cluster
 from proto import worker_pb2 as pb
 from proto.channels import sync_channel
+from proto.grpc_auth import MONITOR
 from proto.worker_pb2_grpc import WorkerStub
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,8 @@ def thaw(cluster: Cluster, name: str) -> None:
 def load_of(cluster: Cluster, name: str, timeout: float = 2.0) -> pb.LoadReport:
     """Worker ``name``'s load report; raises ``grpc.RpcError`` if it does not answer in
     time."""
-    with sync_channel(cluster.plan_of(name).address, cluster.cluster_config) as channel:
+    address = cluster.plan_of(name).address
+    with sync_channel(address, cluster.cluster_config, identity=MONITOR) as channel:
         report: pb.LoadReport = WorkerStub(channel).GetLoad(pb.LoadRequest(), timeout=timeout)
         return report
 

@@ -14,8 +14,9 @@ Lifecycle of :class:`NetHosts`:
    the bridge, the namespaces (loopback up) and the links, and brings all up; on any
    failure it removes what it made;
 3. :meth:`hosts` gives each name its :class:`~kvserve.process_plan.Host` (address, and the
-   ``ip netns exec`` prefix that runs a command there) for a
-   :class:`~kvserve.cluster_spec.ClusterSpec`;
+   ``ip netns exec`` prefix that runs a command there, as the :class:`RunAs` account when
+   one is given: ``kvserve up --hosts`` always gives one, so no process runs as root) for
+   a :class:`~kvserve.cluster_spec.ClusterSpec`;
 4. :meth:`link_down` / :meth:`link_up` pull and replug one host's cable (its bridge-side
    veth): packets to and from it are dropped, its sockets stay open;
 5. ``destroy()`` (also on leaving ``with hosts.made():``) deletes the namespaces (their
@@ -34,14 +35,17 @@ import ipaddress
 import itertools
 import logging
 import os
+import pwd
 import re
-import secrets
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from kvserve.cluster_spec import ClusterSpec
 from kvserve.process_plan import Host
+from kvserve.redis_service import new_password
+from kvserve.services import child_environment
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +72,99 @@ def ip(*args: str) -> str:
     return done.stdout
 
 
+PREFLIGHT = """
+import os, sys
+import kvserve.cli
+from workers.model.prepare import default_model_dir
+model = os.path.abspath(sys.argv[1] or default_model_dir())
+if not os.access(os.path.join(model, "config.json"), os.R_OK):
+    sys.exit(f"cannot read the model {model} (set KVSERVE_CACHE_DIR or --model)")
+print(model)
+"""
+"""What :meth:`RunAs.model_dir` runs: prints the model directory (``argv[1]``, empty: the
+default one) when this project imports and that model is readable, else exits non-zero
+naming what is not."""
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The unprivileged account processes run as on a namespace host: :meth:`prefix` goes
+    after ``ip netns exec <ns>`` (which needs root) and switches to it with ``setpriv``
+    (real and effective uid and gid, the account's groups, no new privileges, the
+    parent-death signal kept), then sets HOME, USER and LOGNAME to the account's. Never
+    root (ValueError)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+    def __post_init__(self) -> None:
+        if self.uid == 0 or self.gid == 0:
+            raise ValueError(f"processes must not run as root (user {self.name!r})")
+
+    @classmethod
+    def of(cls, user: str) -> RunAs:
+        """The account ``user``: a name or a numeric uid (ValueError if there is none)."""
+        try:
+            entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+        except KeyError:
+            raise ValueError(f"no such user: {user!r}") from None
+        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+    @classmethod
+    def invoker(cls, environ: Mapping[str, str] | None = None, euid: int | None = None) -> RunAs:
+        """Whoever started this process: under sudo the invoking user (``SUDO_UID``, and
+        ``SUDO_GID`` as its group), as root itself ``nobody``, else its own user.
+        ``environ`` / ``euid`` default to this process's."""
+        env = os.environ if environ is None else environ
+        euid = os.geteuid() if euid is None else euid
+        sudo_uid, sudo_gid = env.get("SUDO_UID", ""), env.get("SUDO_GID", "")
+        if euid != 0:
+            return cls.of(str(euid))
+        if not sudo_uid.isdigit() or int(sudo_uid) == 0:
+            return cls.of("nobody")
+        who = cls.of(sudo_uid)
+        return dataclasses.replace(who, gid=int(sudo_gid)) if sudo_gid.isdigit() else who
+
+    def prefix(self) -> tuple[str, ...]:
+        """The argv prefix that runs a command as this account (started as root)."""
+        creds = (f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups")
+        keep = ("--no-new-privs", "--pdeathsig", "keep", "--")
+        account = (f"HOME={self.home}", f"USER={self.name}", f"LOGNAME={self.name}")
+        return ("setpriv", *creds, *keep, "env", *account)
+
+    def model_dir(self, python: str, model: str, timeout: float = 120.0) -> str:
+        """The model directory the processes use when run as this account: ``model``, or
+        when empty the default model in the account's own cache, as an absolute path;
+        found out by running :data:`PREFLIGHT` as the account with the environment a child
+        would get (call as root). ValueError, saying why, when the account cannot start
+        ``python`` with this project or read that model."""
+        argv = [*self.prefix(), python, "-c", PREFLIGHT, model]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env=child_environment({}), timeout=timeout
+        )
+        if done.returncode == 0:
+            return done.stdout.strip()
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise ValueError(
+            f"processes run as {self.name} (uid {self.uid}), which cannot start {python} "
+            f"with kvserve: {why} (run through sudo as a user who can, or --hosts-user)"
+        )
+
+
 class NetHosts:
-    """Network namespaces as separate hosts (see the module docstring for the lifecycle)."""
+    """Network namespaces as separate hosts (see the module docstring for the lifecycle).
+
+    ``run_as``: the account every process runs as (:class:`RunAs`); None keeps the
+    launcher's own (root)."""
 
     def __init__(
-        self, names: Sequence[str], subnet: str = DEFAULT_SUBNET, tag: str = DEFAULT_TAG
+        self,
+        names: Sequence[str],
+        subnet: str = DEFAULT_SUBNET,
+        tag: str = DEFAULT_TAG,
+        run_as: RunAs | None = None,
     ) -> None:
         if not TAG.fullmatch(tag):
             raise ValueError(f"tag must be 1-8 lowercase letters or digits, got {tag!r}")
@@ -93,28 +185,34 @@ class NetHosts:
         self.names = list(names)
         self.addresses = {n: str(a) for n, a in zip(names, addresses[1:], strict=False)}
         self._veth = {n: f"{tag}v{i}" for i, n in enumerate(names)}
+        self.run_as = run_as
 
     def namespace(self, name: str) -> str:
         return f"{self.tag}-{name}"
 
     def prefix(self, name: str) -> tuple[str, ...]:
-        """The argv prefix that runs a command on host ``name``."""
-        return ("ip", "netns", "exec", self.namespace(name))
+        """The argv prefix that runs a command on host ``name`` (as :attr:`run_as`)."""
+        account = self.run_as.prefix() if self.run_as is not None else ()
+        return ("ip", "netns", "exec", self.namespace(name), *account)
 
     def hosts(self) -> dict[str, Host]:
         return {n: Host(self.addresses[n], self.prefix(n)) for n in self.names}
 
     @classmethod
     def for_spec(
-        cls, spec: ClusterSpec, subnet: str = DEFAULT_SUBNET, tag: str = DEFAULT_TAG
+        cls,
+        spec: ClusterSpec,
+        subnet: str = DEFAULT_SUBNET,
+        tag: str = DEFAULT_TAG,
+        run_as: RunAs | None = None,
     ) -> NetHosts:
         """One host for each process of ``spec`` (:meth:`ClusterSpec.process_names`)."""
-        return cls(spec.process_names(), subnet, tag)
+        return cls(spec.process_names(), subnet, tag, run_as)
 
     def place(self, spec: ClusterSpec) -> ClusterSpec:
         """``spec`` with every process on its own host; Redis, now reachable from other
-        hosts, gets a password made up for this run unless ``spec`` has one."""
-        password = spec.redis_password or secrets.token_urlsafe(24)
+        hosts, gets a password made up for this run if ``spec`` has none."""
+        password = spec.redis_password or new_password()
         return dataclasses.replace(spec, hosts=self.hosts(), redis_password=password)
 
     # -- lifecycle -------------------------------------------------------------------------

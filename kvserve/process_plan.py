@@ -1,5 +1,7 @@
 """What one process of a cluster is: where it runs (:class:`Host`), its exact command
-(:class:`ProcessPlan`), and the pure helpers that build commands from settings dataclasses.
+(:class:`ProcessPlan`), the pure helpers that build commands from settings dataclasses,
+and :func:`plan_cluster`, which turns a :class:`~kvserve.cluster_spec.ClusterSpec` into
+every worker's and the router's :class:`ProcessPlan`.
 """
 
 from __future__ import annotations
@@ -7,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvserve.settings import env_name
+
+if TYPE_CHECKING:
+    from kvserve.cluster_spec import ClusterSpec
 
 
 @dataclass(frozen=True)
@@ -84,3 +89,68 @@ class ClusterPlan:
     router: ProcessPlan
     shared_cores: bool
     notes: tuple[str, ...]
+
+
+def plan_cluster(spec: ClusterSpec, cores: Sequence[int]) -> ClusterPlan:
+    """Exact argv, port, cores and own environment of every worker and of the router:
+    each worker gets a disjoint slice of ``cores`` when there are at least as many cores
+    as workers (else all share all, and a note says so). Every setting is a flag; the
+    secrets go in the environment (:func:`secret_env`): the cluster's to every worker and
+    the router, the API keys to the router alone."""
+    ordered = list(cores)
+    slices, shared = split_cores(ordered, spec.num_workers)
+    auto_threads = max(1, len(ordered) // spec.num_workers)
+    notes = []
+    if shared and spec.pin_cores:
+        notes.append(
+            f"{spec.num_workers} workers share {len(ordered)} cores {ordered} "
+            f"(fewer cores than workers): {auto_threads} thread(s) each"
+        )
+    ports = spec.named_ports()
+    workers = []
+    for (name, role), mine in zip(spec.worker_roles(), slices, strict=True):
+        pinned = spec.pin_cores and not shared
+        threads = spec.threads_per_worker or spec.engine.threads
+        threads = threads or (len(mine) if pinned else auto_threads)
+        cores_of = mine if spec.pin_cores else ()
+        workers.append(_worker_plan(spec, name, role, ports[name], cores_of, threads))
+    return ClusterPlan(tuple(workers), _router_plan(spec), shared, tuple(notes))
+
+
+def _own_env(spec: ClusterSpec, *own: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    """A worker's or the router's own environment: unbuffered output, the cluster's
+    secrets, then ``own``."""
+    return (("PYTHONUNBUFFERED", "1"), *secret_env(spec.cluster_config), *own)
+
+
+def _worker_plan(
+    spec: ClusterSpec, name: str, role: str, port: int, cores: tuple[int, ...], threads: int
+) -> ProcessPlan:
+    engine = dataclasses.replace(spec.engine, threads=threads)
+    pool = config_argv(spec.pool_config(name)) if spec.use_pool else ["--no-use-pool"]
+    host = spec.host_of(name)
+    argv = [spec.python, "-m", "kvserve", "worker", "--role", role]
+    argv += ["--worker-host", host, "--worker-port", str(port), "--worker-id", name]
+    argv += [*config_argv(engine), *pool, *config_argv(spec.cluster_config), *spec.worker_args]
+    env = _own_env(spec, ("OMP_NUM_THREADS", str(threads)))
+    return ProcessPlan(name, role, tuple(argv), host, port, cores, env, spec.prefix_of(name))
+
+
+def _router_plan(spec: ClusterSpec) -> ProcessPlan:
+    host = spec.host_of("router")
+    argv = [spec.python, "-m", "kvserve", "router", "--router-host", host]
+    argv += ["--router-port", str(spec.router_port), *config_argv(spec.cluster_config)]
+    if spec.use_pool:
+        argv += config_argv(spec.pool_config("router"))
+        argv += ["--master-metrics-url", spec.pool_master.metrics_url]
+    else:
+        argv += ["--no-pool-lookup"]
+    if spec.policy:
+        argv += ["--policy", spec.policy]
+    if spec.disagg_threshold_tokens is not None:
+        argv += ["--disagg-threshold-tokens", str(spec.disagg_threshold_tokens)]
+    argv += ["--tokenizer-dir", spec.model_dir]  # its own setting, never the registry's
+    env = _own_env(spec, (env_name("api_key"), spec.api_key))
+    argv += spec.router_args
+    prefix = spec.prefix_of("router")
+    return ProcessPlan("router", "router", tuple(argv), host, spec.router_port, (), env, prefix)

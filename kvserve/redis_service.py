@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import os
 import re
+import secrets
 import shutil
 import time
 from collections.abc import Sequence
@@ -41,8 +41,9 @@ class RedisConfig:
     mode refuses other hosts then, so that is an error here); with a password and no
     ``username`` it is Redis's ``requirepass``; with a ``username`` too, that ACL user gets
     every command and key and the ``default`` user is switched off. The password never
-    reaches a command line: it goes to redis-server through a mode-0600 config file (removed
-    once Redis answers) and to clients through :func:`proto.registry.connect`.
+    reaches a command line nor the disk: redis-server reads it from its standard input
+    (:func:`redis_command`), clients get it through :func:`proto.registry.connect`.
+    :func:`new_password` makes one up (launchers do, unless one is given).
     """
 
     host: str = "127.0.0.1"
@@ -62,7 +63,7 @@ class RedisConfig:
         if not self.password and not is_loopback(self.host):
             raise ValueError(
                 f"Redis on {self.host} is reachable from other hosts: set a password "
-                f"(redis_password; kvserve up --hosts makes one up when none is given)"
+                f"(redis_password; kvserve up makes one up when none is given)"
             )
 
     @property
@@ -89,14 +90,18 @@ def redis_binary() -> str:
     return found
 
 
-def redis_command(
-    cfg: RedisConfig, binary: str = "redis-server", auth_conf: Path | None = None
-) -> list[str]:
+def new_password() -> str:
+    """A fresh Redis password (192 random bits, URL-safe base64)."""
+    return secrets.token_urlsafe(24)
+
+
+def redis_command(cfg: RedisConfig, binary: str = "redis-server") -> list[str]:
     """A throwaway Redis: no snapshots, no append-only file, protected mode on; with
-    credentials, ``auth_conf`` is the file holding them (:func:`redis_auth_conf`)."""
-    argv = [binary, *([str(auth_conf)] if auth_conf else [])]
-    argv += ["--port", str(cfg.port), "--bind", cfg.host, "--save", ""]
-    return [*argv, "--appendonly", "no", "--protected-mode", "yes"]
+    credentials, the last argument ``-`` makes it read them, as config lines
+    (:func:`redis_auth_conf`), from its standard input."""
+    argv = [binary, "--port", str(cfg.port), "--bind", cfg.host, "--save", ""]
+    argv += ["--appendonly", "no", "--protected-mode", "yes"]
+    return [*argv, "-"] if cfg.password else argv
 
 
 def _quoted(text: str) -> str:
@@ -115,29 +120,19 @@ def redis_auth_conf(cfg: RedisConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
 class RedisProcess:
     """``redis-server`` for one cluster: ``start()`` returns once it answers PING (with
     ``cfg``'s credentials)."""
 
     def __init__(self, cfg: RedisConfig, log_path: Path, prefix: Sequence[str] = ()) -> None:
         self.cfg = cfg
-        self._auth_conf = log_path.with_suffix(".auth.conf") if cfg.password else None
-        argv = redis_command(cfg, redis_binary(), self._auth_conf)
-        self.process = ManagedProcess("redis", argv, log_path, prefix=prefix)
+        argv = redis_command(cfg, redis_binary())
+        auth = redis_auth_conf(cfg).encode() if cfg.password else None
+        self.process = ManagedProcess("redis", argv, log_path, prefix=prefix, stdin=auth)
 
     def start(self, timeout: float = 20.0) -> RedisProcess:
         import redis
 
-        if self._auth_conf is not None:
-            _write_private(self._auth_conf, redis_auth_conf(self.cfg))
         self.process.start()
         client = connect(self.cfg.cluster_config, socket_timeout=0.5, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout
@@ -154,8 +149,6 @@ class RedisProcess:
             raise
         finally:
             client.close()
-            if self._auth_conf is not None:  # read at start-up: the secret leaves the disk
-                self._auth_conf.unlink(missing_ok=True)
 
     @property
     def url(self) -> str:

@@ -7,7 +7,10 @@ Lifecycle of a :class:`ManagedProcess`:
    the launcher, which then stops the children in order), optionally pinned to CPU cores
    (``taskset`` when present, else ``sched_setaffinity`` in the child), output appended to
    its log file; on Linux the child also gets SIGTERM if the launcher dies without stopping
-   it (killed, or a signal it does not handle), so no orphan outlives its cluster;
+   it (killed, or a signal it does not handle), so no orphan outlives its cluster; its
+   environment is :func:`child_environment`: the launcher's variables on an allow-list
+   plus the child's own (secrets travel there, never in argv), and optionally ``stdin``
+   bytes (Redis reads its credentials from there, so they never touch the disk);
 2. the owner waits for readiness its own way (Redis PING, ports, gRPC health, HTTP);
 3. ``stop()`` sends SIGTERM to the process group, waits ``grace`` seconds, then SIGKILLs
    the group; it is idempotent and also sweeps any leftover member of the group.
@@ -29,6 +32,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 from kvpool.master import MasterConfig, PoolService, pool_services
 
@@ -40,6 +44,42 @@ def tail(path: Path, lines: int = 30) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+INHERITED = frozenset(
+    {
+        *("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ"),
+        *("TMPDIR", "TMP", "TEMP", "VIRTUAL_ENV", "XDG_CACHE_HOME"),
+        *("LD_LIBRARY_PATH", "LD_PRELOAD", "CC", "CXX", "MAX_JOBS"),
+        *("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"),
+        "KVSERVE_CACHE_DIR",  # the model and kernel cache (workers.model.prepare), no setting
+    }
+)
+"""Variables of the launcher every child gets (when set): what locates programs, files,
+the locale and the model cache. No ``KVSERVE_*`` setting is among them: a child gets its
+settings as flags and its secrets from its own environment (:class:`ManagedProcess`)."""
+INHERITED_PREFIXES = (
+    *("LC_", "PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOMP_", "TORCH_"),
+    *("CUDA_", "NVIDIA_", "NCCL_", "MC_", "GLOG_", "GRPC_"),
+)
+"""...and every variable starting with one of these: the locale, the interpreter, the
+thread pools of torch and its BLAS, the GPU runtime (``CUDA_VISIBLE_DEVICES``), Mooncake's
+transfer engine (``MC_*``) and its logging, gRPC's tracing."""
+
+
+def inherited(name: str) -> bool:
+    """Whether a launcher's variable ``name`` reaches children (:data:`INHERITED`)."""
+    return name in INHERITED or name.startswith(INHERITED_PREFIXES)
+
+
+def child_environment(
+    own: Mapping[str, str], launcher: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A child's whole environment: the ``launcher``'s variables (default ``os.environ``)
+    that :func:`inherited` allows, then ``own`` over them. So a ``KVSERVE_API_KEY`` or any
+    other secret of the launcher reaches a child only when ``own`` names it."""
+    source = os.environ if launcher is None else launcher
+    return {**{k: v for k, v in source.items() if inherited(k)}, **own}
 
 
 PR_SET_PDEATHSIG = 1
@@ -58,7 +98,11 @@ def _die_with_parent() -> None:
 
 
 class ManagedProcess:
-    """One child process with its own log file and process group (see module docstring)."""
+    """One child process with its own log file and process group (see module docstring).
+
+    ``env`` is the child's own environment, on top of the inherited allow-list
+    (:func:`child_environment`); ``stdin``, when given, is written to the child's standard
+    input, which is then closed, at every start (else it reads from /dev/null)."""
 
     def __init__(
         self,
@@ -68,12 +112,14 @@ class ManagedProcess:
         env: Mapping[str, str] | None = None,
         cores: Sequence[int] = (),
         prefix: Sequence[str] = (),
+        stdin: bytes | None = None,
     ) -> None:
         self.name = name
         self.argv = [*prefix, *argv]
         self.log_path = log_path
         self.env = dict(env or {})
         self.cores = tuple(cores)
+        self._stdin = stdin
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopped = False  # stop() done: no more signals to a possibly reused pid
 
@@ -101,13 +147,15 @@ class ManagedProcess:
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if self._stdin is None else subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
+                env=child_environment(self.env),
                 start_new_session=True,
                 preexec_fn=preexec,
             )
+        if self._stdin is not None:
+            _feed(self._proc.stdin, self._stdin)
         return self
 
     @property
@@ -168,6 +216,14 @@ class ManagedProcess:
         return RuntimeError(
             f"{self.name} {what}: it {state}; last lines of {self.log_path}:\n{self.log_tail()}"
         )
+
+
+def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
+    """Write ``data`` to a child's stdin and close it (a child that exited early, and so
+    closed its end, is found out by its owner's readiness check)."""
+    assert pipe is not None
+    with contextlib.suppress(BrokenPipeError), pipe:
+        pipe.write(data)
 
 
 class PoolProcesses:

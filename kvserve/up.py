@@ -1,14 +1,21 @@
 """``kvserve up``: a whole cluster on this machine in one command.
 
-1. The flags (each also a ``KVSERVE_*`` variable) become a :class:`ClusterSpec`; with
-   ``--free-ports`` every port is a free loopback port instead; with ``--hosts`` every
-   process gets its own network host first (:class:`kvserve.netns.NetHosts`: a namespace
-   with its own address on a private bridge; Redis gets a made-up password unless one is
-   given), and the hosts are removed again after step 5;
-2. the :class:`Cluster` starts mooncake_master, Redis (with a password or an ACL user when
-   ``--redis-password`` / ``KVSERVE_REDIS_PASSWORD`` is set), the workers (each pinned to its own
-   cores when there are enough) and the router, and waits until all are healthy;
-3. the URLs and a sample ``curl`` line go to stderr;
+1. The flags (each also a ``KVSERVE_*`` variable) become a :class:`ClusterSpec`: the
+   cluster secret and the Redis password are made up for this run unless given
+   (``KVSERVE_CLUSTER_SECRET``, ``KVSERVE_REDIS_PASSWORD``), the router's API keys are
+   ``KVSERVE_API_KEY``'s; with ``--free-ports`` every port is a free loopback port
+   instead; with ``--hosts`` every process gets its own network host first
+   (:class:`kvserve.netns.NetHosts`: a namespace with its own address on a private
+   bridge), where it runs as an unprivileged user (:class:`kvserve.netns.RunAs`: the one
+   who ran sudo, else ``nobody``; checked before anything starts), and the hosts are
+   removed again after step 5;
+2. the :class:`Cluster` starts mooncake_master, Redis (always with a password, or an ACL
+   user with ``--redis-username``), the workers (each pinned to its own cores when there
+   are enough) and the router, and waits until all are healthy; every secret reaches a
+   process through its environment, and only the processes that use it
+   (:mod:`kvserve.cluster_spec`);
+3. the URLs and a sample ``curl`` line go to stderr (no secret: the line names the
+   ``KVSERVE_API_KEY`` variable, not its value);
 4. it blocks until Ctrl-C or SIGTERM (exit 0), or until the router, Redis or the master
    dies (exit 1; a dead worker is only reported, the router routes around it);
 5. everything is stopped in reverse order, also when start-up fails.
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -30,21 +38,30 @@ import time
 import urllib.request
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvserve.cluster import Cluster, ClusterSpec
-from kvserve.netns import DEFAULT_SUBNET, DEFAULT_TAG, NetHosts, NetnsError
+from kvserve.netns import DEFAULT_SUBNET, DEFAULT_TAG, NetHosts, NetnsError, RunAs
 from kvserve.settings import add_config_args, config_from_args, env_name
 from proto.registry import ClusterConfig
+from router.config import RouterConfig
 from workers.config import EngineConfig
 
 UP_POOL_SEGMENT_MIB = 256  # per worker: 2 workers + KV caches fit a 2-core, 24 GiB machine
 TRANSPORT_SETTINGS = (
     *("redis_username", "redis_password", "peer_timeout_s"),
     *("grpc_tls_cert", "grpc_tls_key", "grpc_tls_ca"),
+    *("cluster_secret", "hash_algorithm"),
 )
+MADE_UP_WHEN_EMPTY = ("redis_password", "cluster_secret")
+"""Settings that, left empty, :class:`ClusterSpec` makes up for the run."""
 ROUTER_PATHS = {"OpenAI API": "/v1", "metrics": "/metrics", "cache stats": "/v1/cache/stats"}
+SECRETS_NOTE = (
+    "in each process's environment only (KVSERVE_CLUSTER_SECRET, KVSERVE_REDIS_PASSWORD: "
+    "made up for this run unless given; KVSERVE_API_KEY: the router's)"
+)
 
 
 def _env_default(name: str, default: str) -> str:
@@ -89,6 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--hosts-tag", default=DEFAULT_TAG, help="prefix of the namespaces and links of --hosts"
     )
+    g.add_argument(
+        "--hosts-user",
+        default="",
+        help="with --hosts, run every process as this user (name or uid; never root; "
+        "default: the user who ran sudo, else nobody)",
+    )
     g.add_argument("--startup-timeout-s", type=float, default=300.0)
     g.add_argument(
         "--ask",
@@ -107,8 +130,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prompts with at most this many uncached tokens may be prefilled by the decode worker",
     )
     r.add_argument("--cluster", default=_env_default("cluster", "kvserve"), help="registry name")
+    add_config_args(r, RouterConfig, only=("api_key",))
     s = parser.add_argument_group(
-        "transport security (Redis credentials: prefer KVSERVE_REDIS_PASSWORD to the flag)"
+        "transport security (secrets: prefer KVSERVE_CLUSTER_SECRET, KVSERVE_REDIS_PASSWORD "
+        "and KVSERVE_API_KEY to the flags; the first two are made up when empty)"
     )
     add_config_args(s, ClusterConfig, only=TRANSPORT_SETTINGS)
     add_config_args(parser, EngineConfig)
@@ -120,7 +145,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
     """The :class:`ClusterSpec` the flags describe (``--pool-master`` etc. are replaced by
-    the cluster's own master)."""
+    the cluster's own master; the settings of :data:`MADE_UP_WHEN_EMPTY` are made up when
+    empty)."""
+    transport = {name: getattr(args, name) for name in TRANSPORT_SETTINGS}
+    transport = {k: v for k, v in transport.items() if v or k not in MADE_UP_WHEN_EMPTY}
     spec = ClusterSpec(
         prefill=args.prefill,
         decode=args.decode,
@@ -134,7 +162,8 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
         engine=config_from_args(EngineConfig, args),
         pool=config_from_args(PoolConfig, args),
         cluster_name=args.cluster,
-        **{name: getattr(args, name) for name in TRANSPORT_SETTINGS},
+        **transport,
+        api_key=args.api_key,
         policy=args.policy,
         disagg_threshold_tokens=args.disagg_threshold_tokens,
         pin_cores=args.pin_cores,
@@ -161,39 +190,58 @@ def _announce(cluster: Cluster, seconds: float) -> None:
     if cluster.master is not None:
         lines.append(f"  {'pool master':<12} {cluster.master.rpc_address}")
     lines.append(f"  {'logs':<12} {cluster.log_dir}")
+    lines.append(f"  {'secrets':<12} {SECRETS_NOTE}")
     message = {"role": "user", "content": "Hello!"}
     body = json.dumps({"model": _model_name(cluster), "messages": [message]})
+    auth = " -H 'Authorization: Bearer <a key of KVSERVE_API_KEY>'" if spec.api_key else ""
     lines.append(
-        f"try: curl -s {cluster.router_url}/v1/chat/completions "
+        f"try: curl -s {cluster.router_url}/v1/chat/completions{auth} "
         f"-H 'Content-Type: application/json' -d '{body}'"
     )
     lines.append("(Ctrl-C stops the cluster)")
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
+def client_key(api_key: str) -> str:
+    """A key the router accepts, from its API keys setting (``key`` or ``tenant=key``
+    entries, comma-separated: :mod:`router.auth`): the first entry's key; '' for none."""
+    tenant, sep, key = api_key.split(",")[0].strip().partition("=")
+    return key if sep else tenant
+
+
+def _router_json(cluster: Cluster, path: str, body: object = None, timeout: float = 2) -> Any:
+    """The router's JSON answer to a GET of ``path`` (a POST of ``body`` when given), with
+    a key it accepts when it has API keys; OSError (urllib's HTTPError among them) when it
+    cannot answer."""
+    headers = {"Content-Type": "application/json"}
+    if cluster.spec.api_key:
+        headers["Authorization"] = f"Bearer {client_key(cluster.spec.api_key)}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(cluster.router_url + path, data=data, headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.load(response)
+
+
 def ask(cluster: Cluster, question: str, max_tokens: int = 64) -> str:
-    """The answer to one chat message, greedy, through the router's OpenAI API."""
+    """The answer to one chat message, greedy, through the router's OpenAI API (with a key
+    it accepts); RuntimeError naming the router's answer when there is none."""
     body = {
         "model": _model_name(cluster),
         "messages": [{"role": "user", "content": question}],
         "max_tokens": max_tokens,
         "temperature": 0,
     }
-    request = urllib.request.Request(
-        cluster.router_url + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=300) as response:
-        reply = json.load(response)
-    return str(reply["choices"][0]["message"]["content"])
+    try:
+        reply = _router_json(cluster, "/v1/chat/completions", body, timeout=300)
+        return str(reply["choices"][0]["message"]["content"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise RuntimeError(f"--ask got no answer from the router: {exc}") from exc
 
 
 def _model_name(cluster: Cluster) -> str:
     """The first model the router serves (its ``/v1/models``), for the sample command."""
     try:
-        with urllib.request.urlopen(f"{cluster.router_url}/v1/models", timeout=2) as resp:
-            return str(json.load(resp)["data"][0]["id"])
+        return str(_router_json(cluster, "/v1/models")["data"][0]["id"])
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return "default"
 
@@ -212,15 +260,25 @@ def _serve(cluster: Cluster) -> int:
                 return 1
 
 
+def net_hosts(spec: ClusterSpec, args: argparse.Namespace) -> NetHosts:
+    """The hosts of ``--hosts``: one per process of ``spec``, each process run as
+    ``--hosts-user`` (default: :meth:`RunAs.invoker`)."""
+    run_as = RunAs.of(args.hosts_user) if args.hosts_user else RunAs.invoker()
+    return NetHosts.for_spec(spec, args.hosts_subnet, args.hosts_tag, run_as)
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the cluster, serve until Ctrl-C/SIGTERM, stop it (steps 1-5)."""
     logging.basicConfig(level=logging.INFO, format="kvserve up: %(message)s", stream=sys.stderr)
     spec = spec_from_args(args)
-    net = NetHosts.for_spec(spec, args.hosts_subnet, args.hosts_tag) if args.hosts else None
+    net = net_hosts(spec, args) if args.hosts else None
     try:
+        if net is not None and net.run_as is not None and os.geteuid() == 0:
+            model = net.run_as.model_dir(spec.python, spec.engine.model)  # as they see it
+            spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, model=model))
         with net.made() if net is not None else contextlib.nullcontext():
             return _run(Cluster(net.place(spec) if net is not None else spec), args)
-    except NetnsError as exc:
+    except (NetnsError, ValueError) as exc:
         print(f"kvserve up: error: {exc}", file=sys.stderr, flush=True)
         return 1
 

@@ -1,8 +1,8 @@
-"""gRPC channels and servers of a cluster, built in one place: keepalive and TLS.
+"""gRPC channels and servers of a cluster, built in one place: keepalive, TLS, tokens.
 
 Every process that speaks gRPC to a worker (the router's view, the launcher's health
 checks) dials through :func:`channel` / :func:`sync_channel`, and a worker serves through
-:func:`server` + :func:`add_port`, so both ends agree on two things:
+:func:`server` + :func:`add_port`, so both ends agree on three things:
 
 1. **Peer liveness.** A frozen peer (stopped, swapping, its host gone) may still have a
    kernel that ACKs TCP, so TCP alone never notices; an HTTP/2 PING does. Each end pings
@@ -18,16 +18,40 @@ checks) dials through :func:`channel` / :func:`sync_channel`, and a worker serve
    ``grpc_tls_ca`` (the system's roots when empty) and presents its own certificate when
    it has one. Worker certificates must name the address workers advertise (a SAN such as
    ``IP:127.0.0.1`` or the host name).
+3. **Who may call what** (:mod:`proto.grpc_auth`): with a
+   :attr:`~ClusterConfig.cluster_secret`, every call carries ``authorization: Bearer
+   <token>``, the token of the identity the channel was opened as (:func:`channel`:
+   ``router`` by default, every verb; :func:`sync_channel`: ``monitor`` by default,
+   ``GetLoad`` and health only), and the worker's server refuses a call without a valid
+   token (UNAUTHENTICATED) or outside its identity's verbs (PERMISSION_DENIED). Without a
+   secret nothing is checked, and :func:`server` logs that the worker's gRPC is
+   unauthenticated.
+
+TLS and the token do different jobs: (mutual) TLS authenticates and encrypts the channel,
+the token authorizes each verb (any certificate the CA signed is still only a transport).
+A bearer token on plaintext can be sniffed and replayed by anyone on the path, so across
+networks you do not trust, run TLS too; plaintext with tokens is for loopback or a private
+network.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from proto.grpc_auth import (
+    MONITOR,
+    ROUTER,
+    aio_interceptors,
+    server_interceptors,
+    sync_interceptors,
+)
 from proto.registry import ClusterConfig
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 << 20
 
@@ -110,28 +134,44 @@ def server_credentials(cluster: ClusterConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)], ca, require_client_auth=ca is not None)
 
 
-def channel(address: str, cluster: ClusterConfig) -> grpc.aio.Channel:
-    """An asyncio channel to the worker at ``host:port`` (keepalive, TLS per ``cluster``)."""
+def channel(address: str, cluster: ClusterConfig, identity: str = ROUTER) -> grpc.aio.Channel:
+    """An asyncio channel to the worker at ``host:port`` (keepalive, TLS per ``cluster``)
+    whose calls carry ``identity``'s token (the router's by default; none without a
+    secret). ValueError for an identity :mod:`proto.grpc_auth` does not know."""
     creds = channel_credentials(cluster)
     options = channel_options(cluster)
+    interceptors = aio_interceptors(cluster.cluster_secret, identity)
     if creds is None:
-        return grpc.aio.insecure_channel(address, options=options)
-    return grpc.aio.secure_channel(address, creds, options=options)
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    return grpc.aio.secure_channel(address, creds, options=options, interceptors=interceptors)
 
 
-def sync_channel(address: str, cluster: ClusterConfig) -> grpc.Channel:
-    """A blocking channel to the worker at ``host:port`` (health checks, tools)."""
+def sync_channel(address: str, cluster: ClusterConfig, identity: str = MONITOR) -> grpc.Channel:
+    """A blocking channel to the worker at ``host:port`` (health checks, tools) whose calls
+    carry ``identity``'s token (``monitor`` by default: GetLoad and health; a tool that
+    reserves or aborts asks for ``router``)."""
     creds = channel_credentials(cluster)
     options = channel_options(cluster)
+    interceptors = sync_interceptors(cluster.cluster_secret, identity)
     if creds is None:
-        return grpc.insecure_channel(address, options=options)
-    return grpc.secure_channel(address, creds, options=options)
+        base = grpc.insecure_channel(address, options=options)
+    else:
+        base = grpc.secure_channel(address, creds, options=options)
+    return grpc.intercept_channel(base, *interceptors) if interceptors else base
 
 
 def server(cluster: ClusterConfig) -> grpc.aio.Server:
-    """An asyncio gRPC server with the cluster's keepalive policy (add a port with
-    :func:`add_port`)."""
-    return grpc.aio.server(options=server_options(cluster))
+    """An asyncio gRPC server with the cluster's keepalive policy and, with a cluster
+    secret, the token checks of :mod:`proto.grpc_auth` on every method (add a port with
+    :func:`add_port`). Without a secret it logs, once per server, that anyone who reaches
+    the port may call every verb."""
+    interceptors = server_interceptors(cluster.cluster_secret)
+    if not interceptors:
+        log.warning(
+            "no cluster secret (KVSERVE_CLUSTER_SECRET): this worker's gRPC is "
+            "unauthenticated; any peer that reaches its port may call every verb"
+        )
+    return grpc.aio.server(options=server_options(cluster), interceptors=interceptors)
 
 
 def add_port(srv: grpc.aio.Server, address: str, cluster: ClusterConfig) -> int:

@@ -9,22 +9,65 @@ Keys (``<cluster>`` is the cluster name, ``kvserve`` by default):
   (:class:`ContractMismatchError`). Heartbeats refresh its TTL, so it expires with the
   last worker and a restarted cluster may serve another model.
 
+Every record and the contract carry a MAC keyed with the cluster secret, and every record
+read must pass the schema: readers drop the others (:mod:`proto.record_store`, whose names
+this module re-exports; the schema is :mod:`proto.records`).
+
 Only JSON goes through Redis (no pickle). Both sides import this module; neither imports
 the other's package.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-ROLES = ("prefill", "decode", "mixed")
+from kvpool.keyring import Keyring
+from proto.record_store import (
+    ContractMismatchError,
+    Keys,
+    Listing,
+    claim_contract,
+    list_workers,
+    open_record,
+    publish,
+    read_workers,
+    seal_record,
+    withdraw,
+)
+from proto.records import ROLES, RecordError, WorkerRecord
+from proto.refusals import Rejection, RejectLog
+from proto.trust import POOL_BLOCK, PREFIX_ROOT, REGISTRY_RECORD, check_secret, derive
+
+__all__ = [
+    "HASH_ALGORITHMS",
+    "ROLES",
+    "ClusterConfig",
+    "ContractMismatchError",
+    "Keys",
+    "Listing",
+    "RecordError",
+    "RegistryAccessError",
+    "RejectLog",
+    "Rejection",
+    "WorkerRecord",
+    "check",
+    "claim_contract",
+    "connect",
+    "explain",
+    "list_workers",
+    "open_record",
+    "publish",
+    "read_workers",
+    "seal_record",
+    "withdraw",
+]
+
+HASH_ALGORITHMS = ("sha256", "xxh3")
+"""Prefix-chain and layer-digest algorithms (:attr:`ClusterConfig.hash_algorithm`)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +99,18 @@ class ClusterConfig:
     - ``grpc_tls_ca``: PEM path of the CA that signs the peers' certificates: clients verify
       workers with it and workers then require client certificates signed by it (mutual
       TLS). All three empty: plaintext gRPC (fine on loopback or a private network).
+
+    Trust (:mod:`proto.trust`; the threat model is ``docs/security.md``):
+
+    - ``cluster_secret``: the secret every process of one cluster shares (give it as
+      ``KVSERVE_CLUSTER_SECRET``; left out of ``repr`` and logs). Worker gRPC calls carry a
+      token derived from it, pool blocks and registry records a MAC, and prefix hash chains
+      start from a root keyed with it. Empty: none of that protects anything (a process
+      started by hand for a test); ``kvserve up`` and the compose files always set one;
+    - ``hash_algorithm``: ``sha256`` (the default: SHA-256 prefix chains and SHA-256 layer
+      digests in pool blocks, collision resistant) or ``xxh3`` (xxh3-128 chains and xxh3-64
+      layer checksums: faster, for a single-tenant cluster whose pool members are all
+      trusted). Every process of a cluster must use the same (it is part of the contract).
     """
 
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -68,6 +123,8 @@ class ClusterConfig:
     grpc_tls_cert: str = ""
     grpc_tls_key: str = ""
     grpc_tls_ca: str = ""
+    cluster_secret: str = field(default="", repr=False)
+    hash_algorithm: str = "sha256"
 
     def __post_init__(self) -> None:
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
@@ -84,10 +141,29 @@ class ClusterConfig:
         if not self.peer_timeout_s > 0:
             raise ValueError(f"peer_timeout_s must be positive, got {self.peer_timeout_s}")
         _check_tls_files(self.grpc_tls_cert, self.grpc_tls_key, self.grpc_tls_ca)
+        check_secret(self.cluster_secret)
+        if self.hash_algorithm not in HASH_ALGORITHMS:
+            raise ValueError(
+                f"hash_algorithm must be one of {', '.join(HASH_ALGORITHMS)}, "
+                f"got {self.hash_algorithm!r}"
+            )
 
     @property
     def keys(self) -> Keys:
-        return Keys(self.cluster)
+        """This cluster's key names, with the key that MACs its records (derived from
+        ``cluster_secret``)."""
+        return Keys(self.cluster, derive(self.cluster_secret, REGISTRY_RECORD))
+
+    @property
+    def keyring(self) -> Keyring:
+        """The pool member's keys: the hash algorithm and the prefix-root and pool-block
+        keys derived from ``cluster_secret`` (workers and the router alike)."""
+        secret = self.cluster_secret
+        return Keyring(
+            self.hash_algorithm,
+            prefix_root=derive(secret, PREFIX_ROOT),
+            pool_block=derive(secret, POOL_BLOCK),
+        )
 
     @property
     def grpc_tls(self) -> bool:
@@ -181,101 +257,3 @@ def check(client: redis.Redis, cluster: ClusterConfig) -> None:
         client.ping()
     except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
         raise RegistryAccessError(explain(cluster, exc)) from exc
-
-
-class ContractMismatchError(RuntimeError):
-    """A worker's KV contract differs from the one the cluster runs with."""
-
-
-@dataclass(frozen=True)
-class WorkerRecord:
-    """What a worker tells the cluster about itself.
-
-    ``model`` is the served model name; ``model_dir`` where the worker loaded it from (the
-    router reads the tokenizer there unless told otherwise). ``contract`` is the KV
-    contract text (namespace key and KV wire layout); ``hash_seed``
-    and ``block_tokens`` let the router compute pool keys for lookups; ``load`` is the
-    latest load report (the fields of ``LoadReport`` in ``worker.proto``).
-    """
-
-    worker_id: str
-    address: str
-    role: str
-    model: str
-    model_dir: str
-    contract: str
-    hash_seed: int
-    block_tokens: int
-    num_layers: int
-    max_model_len: int
-    started_at: float
-    heartbeat_at: float
-    load: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> WorkerRecord:
-        data = json.loads(text)
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-
-@dataclass(frozen=True)
-class Keys:
-    cluster: str = "kvserve"
-
-    def worker(self, worker_id: str) -> str:
-        return f"{self.cluster}:worker:{worker_id}"
-
-    @property
-    def workers_pattern(self) -> str:
-        return f"{self.cluster}:worker:*"
-
-    @property
-    def contract(self) -> str:
-        return f"{self.cluster}:contract"
-
-
-def claim_contract(client: redis.Redis, keys: Keys, contract: str, ttl_s: float) -> None:
-    """Set the cluster contract if none is set, refresh it if it is ours, else raise."""
-    ttl_ms = max(1, int(ttl_s * 1000))
-    client.set(keys.contract, contract, nx=True, px=ttl_ms)
-    raw = client.get(keys.contract)
-    current = raw.decode() if isinstance(raw, bytes) else raw
-    if current is not None and current != contract:
-        raise ContractMismatchError(
-            f"this worker's KV contract differs from the cluster's "
-            f"(cluster {keys.cluster!r} runs {current!r}; this worker has "
-            f"{contract!r}): every worker must serve the same model, dtype, block size and "
-            f"KV layout, or use another --cluster"
-        )
-    client.pexpire(keys.contract, ttl_ms)
-
-
-def publish(client: redis.Redis, keys: Keys, record: WorkerRecord, ttl_s: float) -> None:
-    """Write ``record`` under its TTL (one heartbeat), refreshing the contract's TTL too."""
-    claim_contract(client, keys, record.contract, 3 * ttl_s)
-    client.set(keys.worker(record.worker_id), record.to_json(), px=max(1, int(ttl_s * 1000)))
-
-
-def withdraw(client: redis.Redis, keys: Keys, worker_id: str) -> None:
-    """Remove a worker's record (clean shutdown)."""
-    client.delete(keys.worker(worker_id))
-
-
-def list_workers(client: redis.Redis, keys: Keys) -> list[WorkerRecord]:
-    """Every live worker record (unparseable records are skipped)."""
-    names = sorted(client.scan_iter(match=keys.workers_pattern, count=256))
-    if not names:
-        return []
-    records: list[WorkerRecord] = []
-    for raw in client.mget(names):
-        if raw is None:
-            continue
-        try:
-            records.append(WorkerRecord.from_json(raw))
-        except (ValueError, TypeError):
-            continue
-    return records

@@ -511,6 +511,8 @@ class LoadReport(_message.Message):
     REQUESTS_FIELD_NUMBER: _builtins.int
     POOL_CONNECTED_FIELD_NUMBER: _builtins.int
     POOL_OUTAGES_FIELD_NUMBER: _builtins.int
+    POOL_FORGED_BLOCKS_FIELD_NUMBER: _builtins.int
+    POOL_CHECKSUM_FAILURES_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     draining: _builtins.bool
     waiting: _builtins.int
@@ -536,6 +538,10 @@ class LoadReport(_message.Message):
     """joined the pool, and the pool is reachable now"""
     pool_outages: _builtins.int
     """times the pool became unreachable since start"""
+    pool_forged_blocks: _builtins.int
+    """pool blocks refused: MAC missing or wrong (not ours)"""
+    pool_checksum_failures: _builtins.int
+    """pool blocks refused: a layer did not match its digest"""
     def __init__(
         self,
         *,
@@ -561,10 +567,12 @@ class LoadReport(_message.Message):
         requests: _builtins.int = ...,
         pool_connected: _builtins.bool = ...,
         pool_outages: _builtins.int = ...,
+        pool_forged_blocks: _builtins.int = ...,
+        pool_checksum_failures: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "draining", b"draining", "free_pages", b"free_pages", "kv_bytes_read", b"kv_bytes_read", "kv_bytes_written", b"kv_bytes_written", "kv_exposed_seconds", b"kv_exposed_seconds", "kv_read_seconds", b"kv_read_seconds", "kv_write_seconds", b"kv_write_seconds", "output_tokens", b"output_tokens", "pool_connected", b"pool_connected", "pool_outages", b"pool_outages", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prompt_tokens_computed", b"prompt_tokens_computed", "prompt_tokens_local", b"prompt_tokens_local", "prompt_tokens_pool", b"prompt_tokens_pool", "queued_prefill_tokens", b"queued_prefill_tokens", "requests", b"requests", "reserved", b"reserved", "role", b"role", "running", b"running", "total_pages", b"total_pages", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "draining", b"draining", "free_pages", b"free_pages", "kv_bytes_read", b"kv_bytes_read", "kv_bytes_written", b"kv_bytes_written", "kv_exposed_seconds", b"kv_exposed_seconds", "kv_read_seconds", b"kv_read_seconds", "kv_write_seconds", b"kv_write_seconds", "output_tokens", b"output_tokens", "pool_checksum_failures", b"pool_checksum_failures", "pool_connected", b"pool_connected", "pool_forged_blocks", b"pool_forged_blocks", "pool_outages", b"pool_outages", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prompt_tokens_computed", b"prompt_tokens_computed", "prompt_tokens_local", b"prompt_tokens_local", "prompt_tokens_pool", b"prompt_tokens_pool", "queued_prefill_tokens", b"queued_prefill_tokens", "requests", b"requests", "reserved", b"reserved", "role", b"role", "running", b"running", "total_pages", b"total_pages", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

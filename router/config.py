@@ -33,8 +33,11 @@ class RouterConfig:
     - ``reserve_lease_s``: a decode reservation is freed if prefill does not arrive in time.
     - ``request_timeout_s``: end-to-end deadline of one request (every RPC shares it).
     - ``served_model_name``: the model name clients must use; empty = the workers' ``model``.
-    - ``tokenizer_dir``: local model directory with the tokenizer and chat template; empty =
-      the ``model_dir`` that workers register (no hub access, ever).
+    - ``tokenizer_dir``: local model directory with the tokenizer and chat template (no hub
+      access, ever). The router reads no other: the ``model_dir`` in the workers' registry
+      records is never used as a path (anyone who can write to Redis could name any
+      directory there). Empty: every request that needs the tokenizer gets 503, and the
+      start logs why; ``kvserve up`` passes the workers' model directory.
     - ``max_body_bytes``: larger request bodies get HTTP 413.
     - ``max_connections``: client connections held at once (:func:`router.main.server_config`):
       a request gets 503 while this many are open, its own counted (uvicorn's
@@ -141,7 +144,7 @@ class RouterConfig:
         if self.tokenizer_dir and not (Path(self.tokenizer_dir) / "tokenizer.json").is_file():
             raise ValueError(
                 f"tokenizer_dir {self.tokenizer_dir!r} has no tokenizer.json: point it at a "
-                "local Hugging Face model directory, or leave it empty to use the workers' one"
+                "local Hugging Face model directory (the one the workers serve)"
             )
         if self.master_metrics_url:
             master_metrics_address(self.master_metrics_url)  # raises when malformed

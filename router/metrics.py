@@ -13,7 +13,10 @@ admission control, by worker; ``kvserve_auth_failures_total`` the 401s of any ro
 key, or a wrong one). Decode memory: ``kvserve_requests_waiting_for_kv`` is the number of
 requests waiting now in the router's queue for KV pages on the decode workers
 (:mod:`router.kv_wait`), and ``kvserve_kv_wait_seconds`` how long each request that had to
-wait spent there, however its wait ended.
+wait spent there, however its wait ended. Registry: ``kvserve_registry_rejected_records_total``
+counts the values under the workers' keys in Redis that the router refused at a poll (each
+poll that reads one counts it again): ``reason="mac"`` for no MAC or a wrong one (not
+written with the cluster secret), ``reason="invalid"`` for a record out of the schema.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ WORKER_GAUGES = (
     "decode_tokens_per_s",
     "pool_connected",
     "pool_outages",
+    "pool_forged_blocks",
+    "pool_checksum_failures",
 )
 
 
@@ -78,6 +83,11 @@ class RouterMetrics:
         self.auth_failures = Counter(
             "kvserve_auth_failures", "HTTP requests refused (401) for a missing or wrong API key",
             registry=r,
+        )  # fmt: skip
+        self.registry_rejections = Counter(
+            "kvserve_registry_rejected_records", "Worker records read from Redis and refused, "
+            "by reason (mac: not written with the cluster secret; invalid: out of the schema)",
+            ("reason",), registry=r,
         )  # fmt: skip
         self.kv_waiting = Gauge(
             "kvserve_requests_waiting_for_kv",

@@ -7,14 +7,17 @@ Lifecycle of :class:`PoolLookup`:
    unreachable, and neither start-up nor shutdown may wait for that. Until it has joined,
    and for good when it cannot (logged once), every lookup answers 0: the router still
    works, it just cannot credit pool hits when placing;
-2. :meth:`pooled_tokens` hashes the prompt with the cluster's block hash (seed and block
-   size from a worker record) and asks the pool, in one batched existence call, for the
-   longest stored prefix; errors count as 0, and so does a lookup that finds every one of
-   the :data:`LOOKUP_THREADS` lookup threads busy or that gets no answer within
-   ``timeout_s`` (counted in :attr:`PoolLookup.timeouts`; both logged at most once per
-   :data:`LOG_EVERY_S`). Lookups run in daemon threads of their own: calls stuck on a
-   frozen master hold at most those few threads, never the event loop's default executor
-   that the registry poll uses, nor the process's exit;
+2. :meth:`pooled_tokens` hashes the prompt with the cluster's keyed prefix chain and asks
+   the pool, in one batched existence call, for the longest stored prefix. The chain is
+   this router's own: its cluster secret and hash algorithm (:class:`ClusterConfig`), over
+   the namespace named in the worker record's KV contract (model, dtype, block size); a
+   record whose namespace names another algorithm or is malformed gets 0, so a record
+   can neither choose the algorithm nor the key. Errors count as 0, and so does a lookup
+   that finds every one of the :data:`LOOKUP_THREADS` lookup threads busy or that gets no
+   answer within ``timeout_s`` (counted in :attr:`PoolLookup.timeouts`; both logged at
+   most once per :data:`LOG_EVERY_S`). Lookups run in daemon threads of their own: calls
+   stuck on a frozen master hold at most those few threads, never the event loop's default
+   executor that the registry poll uses, nor the process's exit;
 3. ``close()`` leaves the pool (a join still in progress leaves as soon as it ends).
 """
 
@@ -23,16 +26,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from kvpool.config import PoolConfig
-from kvpool.hashing import hash_chain, salt_root
+from kvpool.hashing import Namespace, PrefixHasher
+from kvpool.keyring import Keyring
 from kvpool.keys import KeySpace, longest_prefix
 from kvpool.store import MooncakeStore, PoolUnavailableError
-from proto.registry import WorkerRecord
+from proto.registry import ClusterConfig, WorkerRecord
 from router.config import RouterConfig
 
 log = logging.getLogger(__name__)
@@ -44,19 +49,30 @@ LOG_EVERY_S = 60.0
 """Least time between two warnings of lookups given up or failed."""
 
 
-def record_keys(record: WorkerRecord) -> KeySpace:
-    """The pool key space of the cluster that ``record`` belongs to."""
-    return KeySpace(record.hash_seed, record.num_layers)
+@functools.lru_cache(maxsize=16)
+def record_chain(contract: str, num_layers: int, keyring: Keyring) -> tuple[PrefixHasher, KeySpace]:
+    """The prefix hasher and pool key space of a worker whose KV contract is ``contract``
+    (``<namespace key>|<wire layout>``), under this router's ``keyring``; ``ValueError``
+    when the contract names no namespace, or one of another algorithm than the keyring's."""
+    namespace = Namespace.parse(contract.rpartition("|")[0])
+    if namespace.algorithm != keyring.algorithm:
+        raise ValueError(
+            f"a worker's namespace uses {namespace.algorithm}, this router {keyring.algorithm}"
+        )
+    hasher = PrefixHasher(namespace, keyring.prefix_root)
+    return hasher, KeySpace.of(namespace, num_layers, keyring.pool_block)
 
 
 class PoolLookup:
     def __init__(
         self,
         config: PoolConfig,
+        cluster: ClusterConfig,
         enabled: bool = True,
         timeout_s: float = RouterConfig.pool_lookup_timeout_s,
     ) -> None:
         self._config = dataclasses.replace(config, pool_segment_mib=0)
+        self._keyring = cluster.keyring
         self._enabled = enabled
         self._timeout_s = timeout_s
         self._store: MooncakeStore | None = None
@@ -109,19 +125,23 @@ class PoolLookup:
         self, token_ids: Sequence[int], record: WorkerRecord, cache_salt: str = ""
     ) -> int:
         """Leading tokens of ``token_ids`` stored in the pool (whole blocks; 0 if unknown),
-        under the chain of ``cache_salt`` (see :func:`kvpool.hashing.salt_root`)."""
+        under the chain of ``cache_salt`` (see :meth:`kvpool.hashing.PrefixHasher.root`)."""
         store = self._store
-        if store is None or record.block_tokens <= 0 or record.num_layers <= 0:
+        if store is None or record.num_layers <= 0:
             return 0
-        root = salt_root(cache_salt, record.hash_seed)
-        hashes = hash_chain(token_ids, record.block_tokens, record.hash_seed, root)
+        try:
+            hasher, keys = record_chain(record.contract, record.num_layers, self._keyring)
+        except ValueError as exc:
+            self._warn(f"pool lookups skipped for worker {record.worker_id}: {exc}")
+            return 0
+        block_tokens = hasher.namespace.block_tokens
+        hashes = hasher.chain(token_ids, block_tokens, hasher.root(cache_salt))
         if not hashes:
             return 0
         if not self._threads.acquire(blocking=False):
             self.timeouts += 1
             self._warn("pool lookups skipped: every lookup thread still awaits the master")
             return 0
-        keys = record_keys(record)
         try:
             blocks = await asyncio.wait_for(
                 asyncio.wrap_future(self._in_thread(lambda: longest_prefix(store, keys, hashes))),
@@ -134,7 +154,7 @@ class PoolLookup:
         except Exception as exc:  # a lookup is a hint: never fail a request for it
             self._warn(f"pool lookups fail: {exc}")
             return 0
-        return blocks * record.block_tokens
+        return blocks * block_tokens
 
     def _in_thread(self, work: Callable[[], int]) -> concurrent.futures.Future[int]:
         """Run ``work`` in a new daemon thread that releases one of :attr:`_threads` (which

@@ -6,7 +6,8 @@ Lifecycle of :class:`RouterService`:
    lookup client (optional, in the background), starts the worker view (first registry
    poll included) and, with ``--controller``, the P:D ratio controller;
 2. per request, before any worker is called: :meth:`check_model` (404/503),
-   :meth:`tokenizer` (loaded once from the local model directory), :meth:`check_length`
+   :meth:`tokenizer` (loaded once from ``tokenizer_dir``, the router's own setting: never
+   from a path read from the registry; 503 without one), :meth:`check_length`
    (400), then :meth:`plan` (pool lookup, conductor placement; 503 when nobody can serve;
    429 with ``Retry-After`` when admission control predicts too late a first token);
 3. :meth:`flow` runs the plan; its chunks report to the shared metrics and cache stats,
@@ -14,10 +15,15 @@ Lifecycle of :class:`RouterService`:
    (:mod:`router.kv_wait`): a request whose decode reservation finds no free pages waits
    there, and a registry poll that brings fresh load reports wakes it to try again;
 4. ``stop()`` ends the controller and the worker view and leaves the pool.
+
+Every worker record used here (model name, ``max_model_len``, load, pool key space) has
+passed the registry's MAC and schema checks (:mod:`router.workers`); the refused ones are
+counted in ``kvserve_registry_rejected_records_total``.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -25,7 +31,7 @@ from pathlib import Path
 
 from kvpool.config import PoolConfig
 from proto import worker_pb2 as pb
-from proto.registry import ClusterConfig
+from proto.registry import ClusterConfig, Rejection
 from router.admission import admit
 from router.cache_stats import CacheStats
 from router.conductor import PlacementRequest, make_policy
@@ -41,6 +47,13 @@ from router.telemetry import Telemetry
 from router.tokenizer import PromptTokenizer, TokenizerSlot
 from router.workers import LiveWorker, WorkerView
 
+log = logging.getLogger(__name__)
+
+NO_TOKENIZER = (
+    "the router has no tokenizer: start it with --tokenizer-dir (env KVSERVE_TOKENIZER_DIR) "
+    "naming the model directory on this machine (it never reads one from the worker registry)"
+)
+
 
 class RouterService:
     def __init__(self, router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -> None:
@@ -48,10 +61,10 @@ class RouterService:
         self.cluster = cluster
         self.metrics = RouterMetrics()
         self.cache_stats = CacheStats()
-        self.view = WorkerView(cluster, on_poll=self._on_poll)
+        self.view = WorkerView(cluster, on_poll=self._on_poll, on_reject=self._on_reject)
         self.controller = RoleController(router, self.view, self.metrics)
         self.telemetry = Telemetry(self.metrics, self.cache_stats, self.controller.record)
-        self.pool = PoolLookup(pool, router.pool_lookup, router.pool_lookup_timeout_s)
+        self.pool = PoolLookup(pool, cluster, router.pool_lookup, router.pool_lookup_timeout_s)
         self.policy = make_policy(router.policy, router.disagg_threshold_tokens)
         self.pending = PendingLoad()
         self.kv_wait = KVWaitQueue(self.metrics.kv_waiting.set, self.metrics.kv_wait.observe)
@@ -65,6 +78,8 @@ class RouterService:
         await self.view.start()
         if self.config.tokenizer_dir:
             self.tokenizers.preload(Path(self.config.tokenizer_dir))
+        else:
+            log.error("%s", NO_TOKENIZER)
         if self.config.controller:
             self.controller.start()
 
@@ -107,12 +122,12 @@ class RouterService:
         return await self.tokenizers.get(self._tokenizer_dir)
 
     def _tokenizer_dir(self) -> Path:
-        if self.config.tokenizer_dir:
-            return Path(self.config.tokenizer_dir)
-        live = self.view.live()
-        if not live:
-            raise unavailable("no worker registered to tell where the tokenizer is")
-        return Path(live[0].record.model_dir)
+        """``tokenizer_dir``; 503 without one. The workers' ``model_dir`` is never used: it
+        is a path on their machines, and anyone who can write to Redis could name any
+        directory of the router's machine in it."""
+        if not self.config.tokenizer_dir:
+            raise unavailable(NO_TOKENIZER)
+        return Path(self.config.tokenizer_dir)
 
     def check_length(self, prompt_tokens: int, max_tokens: int | None, param: str) -> int:
         """The output limit to use (``max_tokens``, or what the context leaves); 400 when
@@ -190,5 +205,6 @@ class RouterService:
         if reports != self._reports:  # fresh load reports: pages may have come free
             self.kv_wait.wake()
         self._reports = reports
-        if live:  # load it now, not on the first request
-            self.tokenizers.preload(self._tokenizer_dir())
+
+    def _on_reject(self, rejection: Rejection) -> None:
+        self.metrics.registry_rejections.labels(rejection.reason).inc()

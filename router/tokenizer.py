@@ -2,9 +2,12 @@
 
 The router tokenizes so that it can check lengths, look prompts up in the pool and hand
 workers token ids. The directory is a Hugging Face model directory on this machine
-(``tokenizer.json``, ``tokenizer_config.json``, a chat template); nothing is fetched.
-Tokenizing is CPU work (about a second for a 1 MiB prompt on these machines): the router
-runs it in a few threads (:meth:`TokenizerSlot.off_loop`), never on the event loop.
+(``tokenizer.json``, ``tokenizer_config.json``, a chat template); nothing is fetched. It
+is the router's own ``tokenizer_dir`` setting, never a path read from the worker registry
+(a record's ``model_dir`` names a directory on the worker's machine, and whoever can write
+to Redis could name any directory in it). Tokenizing is CPU work (about a second for a
+1 MiB prompt on these machines): the router runs it in a few threads
+(:meth:`TokenizerSlot.off_loop`), never on the event loop.
 """
 
 from __future__ import annotations
@@ -59,8 +62,7 @@ class TokenizerSlot:
     Loading it imports transformers, which takes seconds on a small machine; done lazily, the
     first request after a start paid for it (a TTFT of ~7 s on 2 cores). Lifecycle:
 
-    1. :meth:`preload` starts the load in the background as soon as a directory is known (the
-       router calls it on every registry poll that sees a worker, or at start with
+    1. :meth:`preload` starts the load in the background (the router calls it at start with
        ``tokenizer_dir``); it does nothing once a load started (running, done or failed);
     2. while that load runs, :attr:`loading` is True (``/health`` answers 503 then, so that
        ``kvserve up`` and load balancers call the router ready only when a request will not

@@ -4,9 +4,13 @@ Lifecycle of :class:`WorkerView`:
 
 1. ``start()`` polls the registry once (so a router that starts next to a running
    cluster serves at once), then keeps polling every ``poll_s`` in a task;
-2. each poll reads every record (``proto.registry.list_workers``, in a thread: redis-py's
+2. each poll reads every record (``proto.registry.read_workers``, in a thread: redis-py's
    blocking client, from ``proto.registry.connect`` with the cluster's credentials; a
-   refused or failed read is logged and the last view kept) and opens one ``grpc.aio``
+   refused or failed read is logged and the last view kept). Only records whose MAC
+   verifies with the cluster secret and whose fields pass the schema enter the view
+   (:mod:`proto.record_store`); the others are logged, at most once a minute each
+   (:class:`proto.registry.RejectLog`), and handed to ``on_reject`` (the router counts
+   them), so a record forged or changed in Redis routes nothing. It opens one ``grpc.aio``
    channel + stub per new worker address, and a new one when another process serves at a
    known address (its ``started_at`` changed) (``proto.channels.channel``: TLS per the
    cluster's settings, and keepalive pings that fail every call to a frozen worker with
@@ -43,7 +47,16 @@ from google.protobuf.json_format import MessageToDict
 
 from proto import channels
 from proto import worker_pb2 as pb
-from proto.registry import ClusterConfig, WorkerRecord, connect, explain, list_workers
+from proto.registry import (
+    ClusterConfig,
+    RecordError,
+    Rejection,
+    RejectLog,
+    WorkerRecord,
+    connect,
+    explain,
+    read_workers,
+)
 from proto.worker_pb2_grpc import WorkerStub
 from router.conductor import WorkerLoad
 
@@ -128,9 +141,13 @@ class WorkerView:
         poll_s: float = POLL_S,
         channel_grace_s: float = CHANNEL_GRACE_S,
         clock: Callable[[], float] = time.monotonic,
+        on_reject: Callable[[Rejection], None] | None = None,
     ) -> None:
         self._cluster = cluster
         self._on_poll = on_poll
+        self._on_reject = on_reject
+        self._keys = cluster.keys
+        self._rejects = RejectLog(log, "registry value")
         self._poll_s = poll_s
         self._grace_s = channel_grace_s
         self._clock = clock
@@ -189,10 +206,16 @@ class WorkerView:
         drop out once unheard for ``heartbeat_ttl_s``.
         """
         try:
-            records = await asyncio.to_thread(list_workers, self._redis, self._cluster.keys)
+            listing = await asyncio.to_thread(read_workers, self._redis, self._keys)
         except redis.RedisError as exc:
             log.warning("worker registry unreadable: %s", explain(self._cluster, exc))
             records = await self._probe_known()
+        else:
+            records = listing.records
+            self._rejects.note(listing.rejected)
+            if self._on_reject is not None:
+                for rejection in listing.rejected:
+                    self._on_reject(rejection)
         now = self._clock()
         horizon = now - self._cluster.heartbeat_ttl_s
         seen = {k: v for k, v in self._seen.items() if v[0] >= horizon}
@@ -214,11 +237,12 @@ class WorkerView:
             *(e.stub.GetLoad(pb.LoadRequest(), timeout=timeout) for _, e in asked),
             return_exceptions=True,
         )
-        return [
-            dataclasses.replace(r, load=MessageToDict(reply, preserving_proto_field_name=True))
+        answered = [
+            _with_load(r, reply)
             for (r, _), reply in zip(asked, replies, strict=True)
             if isinstance(reply, pb.LoadReport)
         ]
+        return [r for r in answered if r is not None]
 
     def _end_holds(self) -> None:
         for worker_id, role in list(self._holds.items()):
@@ -252,3 +276,13 @@ class WorkerView:
         stale = [a for a, e in self._channels.items() if now - e.seen_at > self._grace_s]
         for address in stale:
             await self._channels.pop(address).channel.close(None)
+
+
+def _with_load(record: WorkerRecord, report: pb.LoadReport) -> WorkerRecord | None:
+    """``record`` with ``report`` as its load, or None if the schema refuses the report."""
+    try:
+        load = MessageToDict(report, preserving_proto_field_name=True)
+        return dataclasses.replace(record, load=load)
+    except RecordError as exc:
+        log.warning("worker %s: load report refused: %s", record.worker_id, exc)
+        return None

@@ -24,7 +24,8 @@ def tiny_cluster_spec(
 ) -> ClusterSpec:
     """A :class:`ClusterSpec` for the tiny model; ``engine`` overrides
     :class:`EngineConfig` fields, ``spec`` overrides :class:`ClusterSpec` fields (by
-    default 1 prefill + 1 decode worker, every request disaggregated)."""
+    default 1 prefill + 1 decode worker, every request disaggregated). The router reads
+    the tokenizer from ``model_dir`` (``--tokenizer-dir``, before any ``router_args``)."""
     base = EngineConfig(model=str(model_dir), block_tokens=BLOCK, kv_cache_mib=16, threads=1)
     defaults: dict[str, Any] = {
         "prefill": 1,
@@ -35,9 +36,11 @@ def tiny_cluster_spec(
         "threads_per_worker": 1,
         "startup_timeout_s": 180,
     }
+    router_args = ("--tokenizer-dir", str(model_dir), *spec.pop("router_args", ()))
     return ClusterSpec(
         engine=dataclasses.replace(base, **(engine or {})),
         log_dir=log_dir,
+        router_args=router_args,
         **{**defaults, **spec},
     ).with_free_ports()
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from kvpool.hashing import hash_block, hash_chain
+from kvpool.hashing import PrefixHasher
 from workers.block_pool import BlockPool
 from workers.sequence import Sequence
 
@@ -38,13 +38,25 @@ class RemotePrefix(Protocol):
 
 
 class BlockManager:
+    """Pages of ``num_blocks`` pages of ``block_tokens`` tokens; blocks are named by
+    ``hasher`` (the cluster's keyed prefix chain), from each sequence's ``hash_root``."""
+
     def __init__(
-        self, num_blocks: int, block_tokens: int, hash_seed: int, prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_tokens: int,
+        hasher: PrefixHasher,
+        prefix_caching: bool = True,
     ) -> None:
         self.pool = BlockPool(num_blocks)
         self.block_tokens = block_tokens
-        self.hash_seed = hash_seed
+        self.hasher = hasher
         self.prefix_caching = prefix_caching
+
+    def root(self, seq: Sequence) -> int:
+        """The parent of ``seq``'s first block name: its cache salt's root, or the unsalted
+        one."""
+        return self.hasher.unsalted_root if seq.hash_root is None else seq.hash_root
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_tokens)
@@ -55,10 +67,10 @@ class BlockManager:
             return [], []
         blocks: list[int] = []
         hashes: list[int] = []
-        parent = seq.hash_root
+        parent = self.root(seq)
         bt = self.block_tokens
         for start in range(0, seq.num_tokens - 1 - bt + 1, bt):
-            parent = hash_block(parent, seq.token_ids[start : start + bt], self.hash_seed)
+            parent = self.hasher.block(parent, seq.token_ids[start : start + bt])
             block = self.pool.lookup(parent)
             if block is None:
                 break
@@ -110,10 +122,10 @@ class BlockManager:
             return []
         bt = self.block_tokens
         full = min(seq.num_computed_tokens + num_new_tokens, seq.num_tokens) // bt
-        parent = seq.block_hashes[-1] if seq.block_hashes else seq.hash_root
+        parent = seq.block_hashes[-1] if seq.block_hashes else self.root(seq)
         named: list[tuple[int, int]] = []
         for i in range(len(seq.block_hashes), full):
-            parent = hash_block(parent, seq.token_ids[i * bt : (i + 1) * bt], self.hash_seed)
+            parent = self.hasher.block(parent, seq.token_ids[i * bt : (i + 1) * bt])
             named.append((parent, seq.block_table[i]))
         return named
 
@@ -152,8 +164,8 @@ class BlockManager:
         """
         if not self.prefix_caching or seq.num_computed_tokens:
             return 0
-        hashes = hash_chain(
-            seq.token_ids[: seq.num_tokens - 1], self.block_tokens, self.hash_seed, seq.hash_root
+        hashes = self.hasher.chain(
+            seq.token_ids[: seq.num_tokens - 1], self.block_tokens, self.root(seq)
         )
         local = next((i for i, h in enumerate(hashes) if self.pool.lookup(h) is None), len(hashes))
         wanted = hashes[local:]

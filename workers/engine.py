@@ -2,10 +2,12 @@ r"""One model engine: continuous batching over a paged KV cache, in-process.
 
 Lifecycle:
 
-1. ``Engine(config, pool)`` loads the model directory, sizes the KV cache from
+1. ``Engine(config, pool, keyring)`` loads the model directory, sizes the KV cache from
    ``kv_cache_mib``, builds the KV namespace (model fingerprint, dtype, block size, hash
-   version) and, when a pool is given, joins it (a pool that cannot be reached is logged
-   and skipped: the pool is a cache, never a condition of correctness);
+   algorithm and version) and the prefix hasher keyed from the cluster secret
+   (``keyring``: :class:`kvpool.keyring.Keyring`; the default has no secret) and, when a
+   pool is given, joins it with the keyring's block key (a pool that cannot be reached is
+   logged and skipped: the pool is a cache, never a condition of correctness);
 2. :meth:`Engine.add_request` validates and queues a request (``ValueError`` if it can never
    fit); :meth:`Engine.abort` ends one at any point and frees its pages;
 3. :meth:`Engine.step` schedules one batch (admission pulls further prefix blocks from the
@@ -31,7 +33,8 @@ import time
 import torch
 
 from kvpool.config import PoolConfig
-from kvpool.hashing import Namespace, salt_root
+from kvpool.hashing import Namespace, PrefixHasher
+from kvpool.keyring import Keyring
 from kvpool.landing import Landing
 from workers.config import EngineConfig
 from workers.kv_cache import KVCache, blocks_for_memory
@@ -64,8 +67,11 @@ def _use_native(config: EngineConfig) -> bool:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, pool: PoolConfig | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, pool: PoolConfig | None = None, keyring: Keyring | None = None
+    ) -> None:
         self.config = config
+        keyring = keyring or Keyring()
         if config.threads:
             torch.set_num_threads(config.threads)
         self.model_dir = resolve_model_dir(config.model)
@@ -77,7 +83,9 @@ class Engine:
             model=f"{self.model_dir.name}@{model_fingerprint(self.model_dir)}",
             dtype=config.dtype,
             block_tokens=config.block_tokens,
+            algorithm=keyring.algorithm,
         )
+        self.hasher = PrefixHasher(self.namespace, keyring.prefix_root)
         self.max_model_len = min(
             config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
         )
@@ -93,7 +101,9 @@ class Engine:
         self.runner = ModelRunner(
             model, kv, rope, native=_use_native(config), eos_token_ids=frozenset(eos)
         )
-        self.pool = join_pool(pool, self.namespace, kv, config.dtype) if pool else None
+        self.pool = (
+            join_pool(pool, self.namespace, kv, config.dtype, keyring.pool_block) if pool else None
+        )
         self.num_blocks = num_blocks
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -104,7 +114,7 @@ class Engine:
                 max_model_len=self.max_model_len,
                 prefix_caching=config.prefix_caching,
             ),
-            self.namespace.seed,
+            self.hasher,
             remote=self.pool,
         )
         self.streamer = (
@@ -179,7 +189,7 @@ class Engine:
         self._check_new(request_id, token_ids)
         self._check_params(params)
         seq = Sequence(request_id, token_ids, params, prompt, arrival_step=self.stats.steps)
-        seq.hash_root = salt_root(cache_salt, self.namespace.seed)
+        seq.hash_root = self.hasher.root(cache_salt)
         self.scheduler.add(seq)
         self._track(seq)
         self.stats.requests += 1
@@ -215,7 +225,7 @@ class Engine:
         :mod:`workers.reservations`); ``None`` if they are not free now, ``ValueError`` if
         the request can never fit. Released after ``lease_s`` unless :meth:`adopt` comes."""
         self._check_new(request_id, prompt_token_ids)
-        root = salt_root(cache_salt, self.namespace.seed)
+        root = self.hasher.root(cache_salt)
         return self.reservations.reserve(request_id, prompt_token_ids, max_tokens, lease_s, root)
 
     def adopt(

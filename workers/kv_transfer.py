@@ -28,11 +28,12 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from kvpool.block_write import BlockWrite, PendingBlock
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace
 from kvpool.landing import Lander, Landing
 from kvpool.layout import KVLayout
-from kvpool.pool import BlockWrite, KVPool, PendingBlock
+from kvpool.pool import KVPool
 from kvpool.store import MooncakeStore, PoolUnavailableError
 from workers.block_manager import BlockManager
 from workers.kv_cache import KVCache
@@ -54,8 +55,12 @@ def layout_of(kv: KVCache, dtype: str) -> KVLayout:
     )
 
 
-def join_pool(config: PoolConfig, namespace: Namespace, kv: KVCache, dtype: str) -> KVPool | None:
-    """Connect ``kv``'s slab to the shared pool, or ``None`` (logged) if it cannot be."""
+def join_pool(
+    config: PoolConfig, namespace: Namespace, kv: KVCache, dtype: str, block_key: bytes = b""
+) -> KVPool | None:
+    """Connect ``kv``'s slab to the shared pool, or ``None`` (logged) if it cannot be.
+
+    ``block_key`` (``proto.trust.derive(secret, POOL_BLOCK)``) MACs and checks its blocks."""
     if kv.slab.device.type != "cpu":
         log.warning("the KV pool needs a host-memory KV cache for now; running without it")
         return None
@@ -66,7 +71,9 @@ def join_pool(config: PoolConfig, namespace: Namespace, kv: KVCache, dtype: str)
         return None
     layout = layout_of(kv, dtype)
     writer = f"{socket.gethostname()}-{os.getpid()}-{id(kv):x}"
-    return KVPool(store, namespace, layout, kv.slab.data_ptr(), writer, config.pool_request_ttl_s)
+    return KVPool(
+        store, namespace, layout, kv.slab.data_ptr(), writer, config.pool_request_ttl_s, block_key
+    )
 
 
 @dataclass

@@ -13,7 +13,13 @@ The heartbeat says the process lives; the load report is as fresh as the engine 
 ``load`` must give up after about ``heartbeat_s`` (raising ``TimeoutError``) when the
 engine thread is busy, e.g. with a pool transfer to a frozen peer; the beat then publishes
 the last report it has, so a worker that is slow for a few seconds stays in the router's
-view (its requests wait) instead of vanishing from it (they would fail).
+view (its requests wait) instead of vanishing from it (they would fail). A report that
+the record schema refuses (:func:`proto.records.check_load`; readers would drop the whole
+record) is logged and replaced by the last one too.
+
+What the beat writes carries a MAC keyed with the cluster secret (``cluster.keys``), and so
+does the contract it claims: readers drop records without a valid one, and a contract
+without one is overwritten instead of refusing this worker (:mod:`proto.record_store`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import redis
 from proto.registry import (
     ClusterConfig,
     ContractMismatchError,
+    RecordError,
     RegistryAccessError,
     WorkerRecord,
     connect,
@@ -59,13 +66,13 @@ class Heartbeat:
 
     def beat(self) -> None:
         """Publish the record with a fresh load report now (the last one if the engine does
-        not answer in time: see the module docstring)."""
+        not answer in time or its report is refused: see the module docstring)."""
         try:
-            load = self.load()
-        except TimeoutError:
-            log.warning("engine busy: the heartbeat carries the last load report")
-            load = self.record.load
-        self.record = replace(self.record, heartbeat_at=time.time(), load=load)
+            self.record = replace(self.record, heartbeat_at=time.time(), load=self.load())
+        except (TimeoutError, RecordError) as exc:
+            why = "engine busy" if isinstance(exc, TimeoutError) else f"load report refused: {exc}"
+            log.warning("%s; the heartbeat carries the last load report", why)
+            self.record = replace(self.record, heartbeat_at=time.time())
         try:
             publish(self.client, self.cluster.keys, self.record, self.cluster.heartbeat_ttl_s)
         except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:

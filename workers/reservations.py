@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import time
 
-from kvpool.hashing import ROOT_PARENT
 from kvpool.landing import Lander, Landing
 from kvpool.pool import KVPool
 from workers.kv_transfer import start_landing
@@ -62,11 +61,12 @@ class Reservations:
         prompt_token_ids: list[int],
         max_tokens: int,
         lease_s: float,
-        hash_root: int = ROOT_PARENT,
+        hash_root: int | None = None,
     ) -> Sequence | None:
-        """Hold pages for a prompt (its hash chain rooted at ``hash_root``, the request's
-        cache salt); ``None`` if they are not free now (or owed to the queued requests:
-        :meth:`owed_pages`), ``ValueError`` if the request can never fit."""
+        """Hold pages for a prompt (its hash chain rooted at ``hash_root``, the root of the
+        request's cache salt; ``None``: unsalted); ``None`` if they are not free now (or
+        owed to the queued requests: :meth:`owed_pages`), ``ValueError`` if the request can
+        never fit."""
         assert request_id not in self._held, f"{request_id} is already reserved"
         seq = Sequence(request_id, list(prompt_token_ids), SamplingParams(max_tokens=max_tokens))
         seq.hash_root = hash_root

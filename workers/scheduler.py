@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvpool.hashing import PrefixHasher
 from workers.block_manager import BlockManager, RemotePrefix
 from workers.sequence import FinishReason, SeqStatus, Sequence
 
@@ -79,12 +80,12 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, hash_seed: int, remote: RemotePrefix | None = None
+        self, config: SchedulerConfig, hasher: PrefixHasher, remote: RemotePrefix | None = None
     ) -> None:
         self.config = config
         self.remote = remote
         self.blocks = BlockManager(
-            config.num_blocks, config.block_tokens, hash_seed, config.prefix_caching
+            config.num_blocks, config.block_tokens, hasher, config.prefix_caching
         )
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from kvpool.hashing import ROOT_PARENT
 from proto.limits import (
     MIN_TEMPERATURE,
     logits_processing_error,
@@ -141,9 +140,10 @@ class Sequence:
     arrival_step: int = 0
     handoff: bool = False
     """Prefill only: end after the first token and leave the prompt's KV in the pool."""
-    hash_root: int = ROOT_PARENT
-    """Parent of the first block's hash: the request's cache salt
-    (:func:`kvpool.hashing.salt_root`); requests with different roots share no prefix."""
+    hash_root: int | None = None
+    """Parent of the first block's hash: the root of the request's cache salt
+    (:meth:`kvpool.hashing.PrefixHasher.root`; ``None``: the unsalted root); requests with
+    different roots share no prefix."""
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -100,7 +100,7 @@ def serve(
     if engine_config.step_log_dir:  # one folder per starting role: costs differ by role
         folder = str(Path(engine_config.step_log_dir) / worker.role)
         engine_config = replace(engine_config, step_log_dir=folder)
-    engine = Engine(engine_config, pool if worker.use_pool else None)
+    engine = Engine(engine_config, pool if worker.use_pool else None, cluster.keyring)
     try:
         if worker.role != "mixed" and engine.pool is None:
             log.error("the %s role needs the KV pool, which could not be joined", worker.role)

@@ -104,4 +104,8 @@ def load_report(engine: Engine, role: str, draining: bool) -> pb.LoadReport:
         and engine.pool.store.available
         and engine.pool.store.healthy(),
         pool_outages=engine.pool.store.outages if engine.pool is not None else 0,
+        pool_forged_blocks=engine.pool.stats.forged_blocks if engine.pool is not None else 0,
+        pool_checksum_failures=engine.pool.stats.checksum_failures
+        if engine.pool is not None
+        else 0,
     )

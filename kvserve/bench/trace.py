@@ -168,8 +168,9 @@ def _conditions(
         "prefill_tokens_per_s": args.prefill_tokens_per_s,
         "seed": args.seed,
         "repetitions": 1,
-        "keys": "hash_block(parent, [trace hash id]) chained from ROOT_PARENT, namespace "
-        "mooncake-trace/none/bt512; KeySpace meta key (+ layer keys) per block",
+        "keys": "PrefixHasher.block(parent, [trace hash id]) chained from the unsalted root "
+        "(sha256, fixed public key), namespace mooncake-trace/none/bt512; KeySpace meta key "
+        "(+ layer keys) per block",
         "hits": "leading blocks present before the request; partial last block counted "
         "with its tokens",
         "cluster_model": "FIFO per prefill worker at prefill_tokens_per_s over uncached "

@@ -5,12 +5,13 @@ A trace line is ``{"timestamp": ms, "input_length": n, "output_length": m, "hash
 equal ids at the same position mean the whole prefix up to that block is identical.
 
 Mapping into the pool's key space (:func:`block_chain`): block ``i`` of a request is named
-``h_i = hash_block(h_{i-1}, [hash_ids[i]], seed)`` from ``ROOT_PARENT``, i.e. the trace id
-stands in for the block's 512 tokens as one "token" of the real chained hash, under the
-namespace :data:`TRACE_NAMESPACE` (its own seed, so trace keys never collide with a real
-model's). Equal id prefixes therefore give equal hashes, and ``KeySpace.meta_key(h)`` is a
-real pool key. Every block of the trace, the partial last one included, is a cacheable unit
-here (the trace names it; the engine itself would recompute a partial last block).
+``h_i = TRACE_HASHER.block(h_{i-1}, [hash_ids[i]])`` from the hasher's unsalted root, i.e.
+the trace id stands in for the block's 512 tokens as one "token" of the real chained hash,
+under the namespace :data:`TRACE_NAMESPACE` (its own text, so trace keys never collide with
+a real model's) and a fixed public root key (a replay protects nothing). Equal id prefixes
+therefore give equal hashes, and ``KeySpace.meta_key(h)`` is a real pool key. Every block
+of the trace, the partial last one included, is a cacheable unit here (the trace names it;
+the engine itself would recompute a partial last block).
 
 Hit semantics everywhere (LRU, real pool, local caches): a request's hits are the longest
 run of its *leading* blocks present before it runs; tokens are weighted 512 per block except
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpool.hashing import ROOT_PARENT, Namespace, hash_block
+from kvpool.hashing import Namespace, PrefixHasher
 from kvserve.bench import mooncake_trace
 from kvserve.bench.mooncake_trace import TraceEntry
 
@@ -34,7 +35,9 @@ BLOCK_TOKENS = 512
 """Tokens per trace block (the Mooncake trace's fixed block size)."""
 
 TRACE_NAMESPACE = Namespace(model="mooncake-trace", dtype="none", block_tokens=BLOCK_TOKENS)
-"""The namespace every trace block key lives in (its seed chains :func:`block_chain`)."""
+"""The namespace every trace block key lives in."""
+TRACE_HASHER = PrefixHasher(TRACE_NAMESPACE, root_key=b"kvserve trace replay (public)")
+"""What names trace blocks (:func:`block_chain`): a fixed, public key."""
 
 
 @dataclass(frozen=True)
@@ -65,16 +68,10 @@ def load_trace(path: Path, max_requests: int | None = None) -> list[TraceRequest
         return parse_trace(f, max_requests)
 
 
-def block_chain(hash_ids: Sequence[int], seed: int = TRACE_NAMESPACE.seed) -> list[int]:
-    """The chained pool hashes of a request's blocks (see the module docstring)."""
-    out: list[int] = []
-    parent = ROOT_PARENT
-    for block_id in hash_ids:
-        if not 0 <= block_id < 1 << 32:
-            raise ValueError(f"hash id {block_id} does not fit the 4-byte token encoding")
-        parent = hash_block(parent, [block_id], seed)
-        out.append(parent)
-    return out
+def block_chain(hash_ids: Sequence[int], hasher: PrefixHasher = TRACE_HASHER) -> list[int]:
+    """The chained pool hashes of a request's blocks (see the module docstring);
+    ``ValueError`` if an id does not fit the 4-byte token encoding."""
+    return hasher.chain(hash_ids, 1)
 
 
 @dataclass

@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 
-from kvpool.hashing import hash_chain
 from kvserve.bench.loadgen.metrics import RequestRecord
 from kvserve.bench.loadgen.workloads import RequestSpec
 from kvserve.sim.engine import SimEngine
@@ -51,7 +50,7 @@ class SimCluster:
         self.engines = {e.worker_id: e for e in engines}
         first = engines[0]
         self.block_tokens = first.config.block_tokens
-        self.hash_seed = first.hash_seed
+        self.hasher = first.hasher
         self.pool = first.pool
         self.policy = policy
         self.timing = timing or Timing()
@@ -129,7 +128,7 @@ class SimCluster:
         tokens = list(spec.prompt_token_ids)
         pooled = 0
         if self.pool is not None:
-            hashes = hash_chain(tokens, self.block_tokens, self.hash_seed)
+            hashes = self.hasher.chain(tokens, self.block_tokens)
             pooled = self.pool.leading(hashes) * self.block_tokens
         request = PlacementRequest(len(tokens), pooled)
         loads = self.pending.apply(list(self._view.values()))

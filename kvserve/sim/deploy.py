@@ -108,7 +108,6 @@ def build(
             f"{role[0]}{i}",
             role,
             config,
-            0,
             setup.cost if role == "prefill" else decode_cost,
             kv,
             pool,

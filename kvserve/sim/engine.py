@@ -22,12 +22,20 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
+from kvpool.hashing import Namespace, PrefixHasher
 from kvserve.bench.tracesim import LRUCache, leading
 from kvserve.sim.costs import StepCost, StepShape
 from kvserve.sim.link import Link, exposed_transfer_s
 from router.conductor import WorkerLoad
 from workers.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from workers.sequence import FinishReason, Sequence
+
+SIM_HASHER = PrefixHasher(
+    Namespace(model="kvserve-sim", dtype="none", block_tokens=1),
+    root_key=b"kvserve simulation (public)",
+)
+"""What names the blocks of simulated workers: a fixed, public key (a simulation protects
+nothing; the chain's cost per block is the real one)."""
 
 FIRST_OUTPUT_TOKEN = 100
 OUTPUT_TOKENS = 40_000
@@ -141,17 +149,17 @@ class SimEngine:
     worker_id: str
     role: str
     config: SchedulerConfig
-    hash_seed: int
     cost: StepCost
     kv: KVCosts
     pool: SimPool | None = None
     max_model_len: int = 1 << 30
     draining: bool = False
     stats: EngineStats = field(default_factory=EngineStats)
+    hasher: PrefixHasher = SIM_HASHER
 
     def __post_init__(self) -> None:
         self.client = PoolClient(self.pool) if self.pool is not None else None
-        self.scheduler = Scheduler(self.config, self.hash_seed, remote=self.client)
+        self.scheduler = Scheduler(self.config, self.hasher, remote=self.client)
         self.reserved: dict[str, Sequence] = {}
         self._step: _Step | None = None
         self.last_step: tuple[float, int] = (0.0, 0)

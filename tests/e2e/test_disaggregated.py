@@ -14,6 +14,9 @@ and the two tests that need separate hosts are skipped, saying why.
   worker (host), takes the prefix from the pool (usage, /v1/cache/stats and /metrics say
   so) and computes only the rest;
 - a stream cancelled mid-way gives every page back on every worker;
+- an outsider without the cluster secret (from the test's own host, across the network)
+  is refused by every worker's gRPC and by Redis, and a record it forges (even holding the
+  Redis password) is not believed; the cluster keeps serving;
 - cache salts keep tenants apart;
 - the decode host serving a stream is cut off (link down) mid-load: every request
   completes with its fault-free output on the other decode host; with the link back, the
@@ -24,21 +27,28 @@ and the two tests that need separate hosts are skipped, saying why.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import openai
 import pytest
+import redis
 
 from kvserve import faults
 from kvserve.chaos_load import ChaosRequest
 from kvserve.chaos_verify import TieChecker
 from kvserve.cluster import Cluster
 from kvserve.netns import NetHosts, unavailable
-from proto.registry import Keys, connect, list_workers
+from proto import worker_pb2 as pb
+from proto import worker_pb2_grpc
+from proto.channels import sync_channel
+from proto.grpc_auth import ROUTER
+from proto.registry import Keys, connect, list_workers, seal_record
 from tests.integration.reference import hf_greedy
 from tests.midstream import LONG, complete, fault_mid_stream
 from tests.tiny_cluster import BLOCK, MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
@@ -98,13 +108,43 @@ def test_every_process_has_its_own_host(net_cluster: tuple[NetHosts | None, Clus
     assert netns_of("self") not in namespaces
     registry = connect(cluster.cluster_config)
     try:
-        records = list_workers(registry, Keys(cluster.cluster_config.cluster))
+        records = list_workers(registry, cluster.cluster_config.keys)
     finally:
         registry.close()
     advertised = {r.worker_id: r.address for r in records}
     assert advertised == {n: f"{net.addresses[n]}:{cluster.plan_of(n).port}" for n in advertised}
     assert sorted(advertised) == sorted(cluster.worker_names)
     assert cluster.router_url.startswith(f"http://{net.addresses['router']}:")
+
+
+def test_an_outsider_without_the_secret_is_refused_and_changes_nothing(
+    cluster: Cluster, client: openai.OpenAI
+) -> None:
+    config = cluster.cluster_config
+    assert len(config.cluster_secret) >= 32  # the launcher made one up
+    outsider = dataclasses.replace(config, cluster_secret="")
+    for name in cluster.worker_names:
+        with sync_channel(cluster.plan_of(name).address, outsider, identity=ROUTER) as ch:
+            stub = worker_pb2_grpc.WorkerStub(ch)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.SetRole(pb.SetRoleRequest(role="prefill"), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert faults.load_of(cluster, name).role == cluster.plan_of(name).role
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis.from_url(config.redis_url, socket_timeout=10).ping()
+    registry = connect(config)  # holds the Redis password, not the cluster secret
+    try:
+        real = list_workers(registry, config.keys)[0]
+        fake = dataclasses.replace(real, worker_id="decode-9", load={"free_pages": 10**6})
+        registry.set(
+            Keys(config.cluster).worker("decode-9"), seal_record(Keys(config.cluster), fake)
+        )
+        listed = {r.worker_id for r in list_workers(registry, config.keys)}
+        assert "decode-9" not in listed and listed == set(cluster.worker_names)
+        assert completion_text(client, prompt_of(20, 77), 4, stream=False)
+    finally:
+        registry.delete(Keys(config.cluster).worker("decode-9"))
+        registry.close()
 
 
 def completion_text(client: openai.OpenAI, prompt: list[int], n: int, stream: bool) -> str:

@@ -13,7 +13,6 @@ import json
 import sys
 
 from kvpool.config import PoolConfig
-from kvpool.hashing import hash_chain
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.sequence import SamplingParams
@@ -25,7 +24,7 @@ def page_digests(engine: Engine, prompt: list[int]) -> list[tuple[int, list[str]
 
     bt = engine.config.block_tokens
     out = []
-    for h in hash_chain(prompt, bt, engine.namespace.seed):
+    for h in engine.hasher.chain(prompt, bt):
         page = engine.scheduler.blocks.pool.lookup(h)
         assert page is not None, "block not in the local cache"
         slab = engine.runner.kv.slab

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from kvpool.config import PoolConfig
-from kvpool.hashing import Namespace, hash_chain
+from kvpool.hashing import Namespace, PrefixHasher
 from kvpool.layout import KVLayout
 from kvpool.master import MasterConfig, MasterProcess, free_local_ports
 
@@ -17,6 +17,8 @@ LAYOUT = KVLayout(
     num_layers=3, num_blocks=16, block_tokens=8, kv_heads=2, head_dim=16, dtype="float32"
 )
 NAMESPACE = Namespace(model="pooltest@0", dtype="float32", block_tokens=8)
+HASHER = PrefixHasher(NAMESPACE)
+"""The chain of these tests (no secret: the default keys of ``KVPool`` too)."""
 
 
 @contextmanager
@@ -52,4 +54,4 @@ def make_slab(seed: int | None = None) -> np.ndarray:
 def chain(seed: int, n_blocks: int) -> list[int]:
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, 50000, n_blocks * LAYOUT.block_tokens).tolist()
-    return hash_chain(tokens, LAYOUT.block_tokens, NAMESPACE.seed)
+    return HASHER.chain(tokens, LAYOUT.block_tokens)

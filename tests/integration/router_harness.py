@@ -31,6 +31,7 @@ from fastapi import FastAPI
 from typing_extensions import override
 
 from kvpool.config import PoolConfig
+from kvpool.hashing import Namespace
 from kvpool.master import free_local_ports
 from kvserve.redis_service import RedisConfig, RedisProcess
 from proto import worker_pb2 as pb
@@ -57,6 +58,10 @@ def prompt_usage(n: int) -> pb.PromptUsage:
     return pb.PromptUsage(
         prompt_tokens=n, local_tokens=local, pool_tokens=pool, computed_tokens=n - local - pool
     )
+
+
+STUB_CONTRACT = f"{Namespace(model=MODEL, dtype='float32', block_tokens=16).key}|stub-wire"
+"""A well-formed contract (the router parses its namespace for pool lookups)."""
 
 
 class StubWorker(WorkerServicer):
@@ -171,7 +176,8 @@ class Harness:
         self.cluster = ClusterConfig(redis_url=redis_url, cluster=f"rt{uuid.uuid4().hex[:8]}")
         self.model_dir, self.stubs = model_dir, {s.worker_id: s for s in stubs}
         (self.port,) = free_local_ports(1)
-        options = {"disagg_threshold_tokens": 4, "pool_lookup": False, **(router_options or {})}
+        options = {"disagg_threshold_tokens": 4, "pool_lookup": False,
+                   "tokenizer_dir": str(model_dir), **(router_options or {})}  # fmt: skip
         self.config = RouterConfig(router_port=self.port, **options)
         first = self.config.api_key.split(",")[0].strip()
         _, named, key = first.partition("=")
@@ -223,7 +229,7 @@ class Harness:
         now = time.time()
         return WorkerRecord(
             worker_id=stub.worker_id, address=f"127.0.0.1:{port}", role=stub.role, model=MODEL,
-            model_dir=str(self.model_dir), contract="stub", hash_seed=1, block_tokens=16,
+            model_dir=str(self.model_dir), contract=STUB_CONTRACT, hash_seed=1, block_tokens=16,
             num_layers=2, max_model_len=self.max_model_len, started_at=now, heartbeat_at=now,
             load={"role": stub.role, "free_pages": stub.free_pages, "total_pages": 200,
                   "queued_prefill_tokens": str(stub.free_pages // 10), **stub.load},  # uint64: text

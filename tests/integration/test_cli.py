@@ -97,3 +97,57 @@ def test_bench_engine_prints_one_json_object(tiny_model_dir: Path) -> None:
     )
     assert report["headline"]["target"] == 3.0
     assert all(r["kvserve_decode_tok_s"] > 0 for r in report["results"])
+
+
+def _children(pid: int) -> dict[int, tuple[str, dict[str, str]]]:
+    """``pid``'s child processes: command line and environment of each (Linux /proc)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "stat").read_text().rsplit(")", 1)[1].split()[
+                1
+            ] == str(pid):
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                pairs = (proc / "environ").read_bytes().split(b"\0")
+                env = dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
+                found[int(proc.name)] = (cmdline, env)
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+    return found
+
+
+def test_up_with_api_keys_asks_with_one_and_hands_secrets_out_by_need(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``kvserve up --ask`` with ``KVSERVE_API_KEY`` set answers (it presents a key the
+    router accepts); the router alone has the keys, every worker and the router have the
+    made-up cluster secret and Redis password in their environment, and no command line
+    holds a secret."""
+    argv = [*KVSERVE, "up", "--free-ports", "--prefill", "0", "--decode", "0", "--mixed", "1"]
+    argv += ["--no-use-pool", "--no-pin-cores", "--model", str(tiny_model_dir)]
+    argv += ["--kv-cache-mib", "16", "--block-tokens", "16", "--log-dir", str(tmp_path)]
+    argv += ["--startup-timeout-s", "300", "--ask", "Hello"]
+    env = {**os.environ, "KVSERVE_API_KEY": "alice=k-test-1,k-test-2"}
+    env.pop("KVSERVE_CLUSTER_SECRET", None)
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as up:
+        try:
+            assert up.stdout is not None and up.stdout.readline(), up.communicate(timeout=30)
+            children = _children(up.pid).values()
+            roles = {
+                role: [e for c, e in children if f" {role} " in c] for role in ("worker", "router")
+            }
+            assert len(roles["worker"]) == 1 and len(roles["router"]) == 1
+            (router,), (worker,) = roles["router"], roles["worker"]
+            assert router["KVSERVE_API_KEY"] == env["KVSERVE_API_KEY"]
+            assert "KVSERVE_API_KEY" not in worker
+            secrets = [worker["KVSERVE_CLUSTER_SECRET"], worker["KVSERVE_REDIS_PASSWORD"]]
+            assert all(secrets) and secrets == [
+                router["KVSERVE_CLUSTER_SECRET"], router["KVSERVE_REDIS_PASSWORD"]
+            ]  # fmt: skip
+            assert not any(s in c for c, _ in children for s in [*secrets, "k-test-1"])
+            assert not any("KVSERVE_API_KEY" in e for c, e in children if "redis-server" in c)
+        finally:
+            up.terminate()
+            _, err = up.communicate(timeout=120)
+    assert up.returncode == 0, err.decode()[-3000:]
+    assert "Traceback" not in err.decode()

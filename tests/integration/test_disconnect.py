@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import grpc
 import pytest
 
 from kvserve.cluster import Cluster
 from kvserve.faults import is_idle
 from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
+from proto.channels import sync_channel
+from proto.grpc_auth import MONITOR
 from tests.tiny_cluster import MODEL_NAME, tiny_cluster_spec
 
 IDLE_WAIT_S = 20.0
@@ -73,10 +74,10 @@ class Workers:
     """``GetLoad`` on the prefill and the decode worker."""
 
     def __init__(self, cluster: Cluster) -> None:
-        addresses = cluster.worker_addresses
-        self._channels = {
-            "prefill": grpc.insecure_channel(addresses["prefill"][0]),
-            "decode": grpc.insecure_channel(addresses["decode"][0]),
+        addresses, config = cluster.worker_addresses, cluster.cluster_config
+        self._channels = {  # the monitor identity: GetLoad is all it asks
+            "prefill": sync_channel(addresses["prefill"][0], config, identity=MONITOR),
+            "decode": sync_channel(addresses["decode"][0], config, identity=MONITOR),
         }
         self._stubs = {n: worker_pb2_grpc.WorkerStub(c) for n, c in self._channels.items()}
 

@@ -17,7 +17,7 @@ import pytest
 
 from kvserve import faults
 from kvserve.cluster import Cluster
-from proto.registry import ClusterConfig, Keys, connect, list_workers
+from proto.registry import connect, list_workers
 from tests.midstream import LONG, complete, fault_mid_stream
 from tests.tiny_cluster import cluster_client, prompt_of, tiny_cluster_spec
 
@@ -126,9 +126,9 @@ def test_pool_master_restart_keeps_serving_then_reuses_the_pool(
 
 
 def registered(cluster: Cluster) -> set[str]:
-    client = connect(ClusterConfig(redis_url=cluster.redis_url))
+    client = connect(cluster.cluster_config)
     try:
-        return {r.worker_id for r in list_workers(client, Keys())}
+        return {r.worker_id for r in list_workers(client, cluster.cluster_config.keys)}
     finally:
         client.close()
 

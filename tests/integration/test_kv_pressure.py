@@ -25,6 +25,7 @@ from kvserve import faults
 from kvserve.cluster import Cluster
 from proto import worker_pb2 as pb
 from proto.channels import sync_channel
+from proto.grpc_auth import ROUTER
 from proto.worker_pb2_grpc import WorkerStub
 from tests.integration.test_disconnect import RawRequest, body
 from tests.tiny_cluster import BLOCK, MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
@@ -79,7 +80,8 @@ class Hog:
     """A reservation of ``pages`` pages made directly on a decode worker (lease 120 s)."""
 
     def __init__(self, cluster: Cluster, pages: int, seed: int) -> None:
-        self.channel = sync_channel(cluster.plan_of("decode-0").address, cluster.cluster_config)
+        address = cluster.plan_of("decode-0").address
+        self.channel = sync_channel(address, cluster.cluster_config, identity=ROUTER)
         self.stub = WorkerStub(self.channel)
         self.request_id = f"hog-{seed}"
         request = pb.ReserveRequest(

@@ -16,15 +16,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import grpc
 import openai
-import redis
 
 from kvserve.cluster import Cluster
-from kvserve.faults import router_metric
-from proto import worker_pb2 as pb
-from proto import worker_pb2_grpc
-from proto.registry import list_workers
+from kvserve.faults import load_of, router_metric
+from proto.registry import connect, list_workers
 from tests.integration.router_harness import wait_for
 from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
 
@@ -112,10 +108,9 @@ def test_controller_moves_a_decode_worker_to_prefill_and_loses_no_request(
         )  # fmt: skip
         assert "ttft" in change["reason"].lower() and change["completed_at"] >= change["at_s"]
         assert change["worker_id"] == worker
-        with grpc.insecure_channel(cluster.plan_of(worker).address) as channel:
-            report_of = worker_pb2_grpc.WorkerStub(channel).GetLoad(pb.LoadRequest(), timeout=10)
+        report_of = load_of(cluster, worker, timeout=10)
         assert report_of.role == "prefill" and not report_of.draining
-        records = list_workers(redis.Redis.from_url(cluster.redis_url), spec.cluster_config.keys)
+        records = list_workers(connect(spec.cluster_config), spec.cluster_config.keys)
         assert {r.worker_id: r.role for r in records}[worker] == "prefill"
 
         changes = router_metric(cluster, "kvserve_role_changes_total", from_role="decode",

@@ -5,7 +5,6 @@ whose KV contract differs from the cluster's, and a clean exit that withdraws th
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,55 +13,17 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvpool.master import MasterConfig, free_local_ports
-from kvserve.redis_service import RedisConfig, RedisProcess
-from kvserve.services import ManagedProcess
 from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
 from proto.registry import Keys, WorkerRecord, list_workers
-from tests.integration.pool_fixtures import running_master
+from tests.integration.worker_process import Services, start_worker, wait_serving, worker_services
 
 
 @pytest.fixture(scope="module")
-def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, MasterConfig]]:
-    log_dir = tmp_path_factory.mktemp("services")
-    (port,) = free_local_ports(1)
-    with (
-        RedisProcess(RedisConfig(port=port), log_dir / "redis.log") as redis_proc,
-        running_master(log_dir) as master,
-    ):
-        yield redis_proc.url, master
-
-
-def worker(
-    name: str, model: Path, services: tuple[str, MasterConfig], log_dir: Path, *extra: str
-) -> tuple[ManagedProcess, str]:
-    redis_url, master = services
-    (port,) = free_local_ports(1)
-    argv = [sys.executable, "-m", "kvserve", "worker", "--worker-port", str(port),
-            "--worker-id", name, "--model", str(model), "--redis-url", redis_url,
-            "--pool-master", master.rpc_address, "--pool-metadata-server", master.metadata_url,
-            "--pool-segment-mib", "32", "--pool-local-buffer-mib", "16", "--kv-cache-mib", "16",
-            "--block-tokens", "16", "--threads", "1", *extra]  # fmt: skip
-    return ManagedProcess(name, argv, log_dir / f"{name}.log").start(), f"127.0.0.1:{port}"
-
-
-def wait_serving(address: str, proc: ManagedProcess, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            assert proc.running, proc.log_tail()
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    raise AssertionError(f"worker not serving: {proc.log_tail()}")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    with worker_services(tmp_path_factory.mktemp("services")) as running:
+        yield running
 
 
 def record(redis_url: str, worker_id: str) -> WorkerRecord | None:
@@ -71,10 +32,10 @@ def record(redis_url: str, worker_id: str) -> WorkerRecord | None:
 
 
 def test_worker_registers_drains_on_role_change_refuses_misfits_and_withdraws(
-    services: tuple[str, MasterConfig], tiny_model_dir: Path, tmp_path: Path
+    services: Services, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     redis_url = services[0]
-    proc, address = worker("w-mixed", tiny_model_dir, services, tmp_path, "--role", "mixed")
+    proc, address = start_worker("w-mixed", tiny_model_dir, services, tmp_path, "--role", "mixed")
     try:
         wait_serving(address, proc)
         rec = record(redis_url, "w-mixed")
@@ -126,7 +87,9 @@ def test_worker_registers_drains_on_role_change_refuses_misfits_and_withdraws(
         assert rec is not None and rec.role == "decode"
         channel.close()
 
-        misfit, _ = worker("w-misfit", tiny_model_dir, services, tmp_path, "--block-tokens", "32")
+        misfit, _ = start_worker(
+            "w-misfit", tiny_model_dir, services, tmp_path, "--block-tokens", "32"
+        )
         assert misfit.wait(120) == 1
         assert "contract differs" in misfit.log_tail(50)
         assert record(redis_url, "w-misfit") is None

@@ -2,9 +2,10 @@
 
 :func:`serving_worker` starts :class:`workers.servicer.WorkerServicer` over a real
 :class:`workers.engine.Engine` on 127.0.0.1 (a free port, the cluster's server options, no
-registry), on an asyncio loop of its own thread, so a test can call it with a plain gRPC
-stub while also reaching into the engine (through ``loop.call``) or patching it. Everything
-it started is stopped when the block ends.
+registry, a cluster secret of its own: every call goes through the token checks of
+:mod:`proto.grpc_auth`), on an asyncio loop of its own thread, so a test can call it with a
+blocking gRPC stub (the ``router`` identity: every verb) while also reaching into the engine
+(through ``loop.call``) or patching it. Everything it started is stopped when the block ends.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any, TypeVar
 import grpc
 
 from proto import channels, worker_pb2_grpc
+from proto.grpc_auth import ROUTER
 from proto.registry import ClusterConfig
+from proto.trust import new_secret
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.engine_loop import EngineLoop
@@ -61,8 +64,9 @@ def serving_worker(config: EngineConfig, role: str = "mixed") -> Iterator[Served
     def run(coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, aio).result(30)
 
+    cluster = ClusterConfig(cluster_secret=new_secret())
+
     async def start() -> tuple[grpc.aio.Server, int]:
-        cluster = ClusterConfig()
         server = channels.server(cluster)
         worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
         port = channels.add_port(server, "127.0.0.1:0", cluster)
@@ -71,7 +75,7 @@ def serving_worker(config: EngineConfig, role: str = "mixed") -> Iterator[Served
 
     server, port = run(start())
     address = f"127.0.0.1:{port}"
-    channel = grpc.insecure_channel(address)
+    channel = channels.sync_channel(address, cluster, identity=ROUTER)
     try:
         yield ServedWorker(address, servicer, loop, worker_pb2_grpc.WorkerStub(channel))
     finally:

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool.hashing import hash_chain, salt_root
+from kvpool.hashing import Namespace, PrefixHasher
 from workers.block_manager import BlockManager
 from workers.sequence import SamplingParams, Sequence
 
-SEED = 1234
 BT = 4
+HASHER = PrefixHasher(Namespace(model="bm@0", dtype="float32", block_tokens=BT), b"key")
 
 
 def make_seq(request_id: str, token_ids: list[int]) -> Sequence:
@@ -31,12 +31,12 @@ def run_prefill(bm: BlockManager, seq: Sequence) -> None:
 
 
 def test_blocks_for() -> None:
-    bm = BlockManager(4, BT, SEED)
+    bm = BlockManager(4, BT, HASHER)
     assert [bm.blocks_for(n) for n in (0, 1, 3, 4, 5, 8, 9)] == [0, 1, 1, 1, 2, 2, 3]
 
 
 def test_allocate_covers_new_tokens_without_computing_them() -> None:
-    bm = BlockManager(8, BT, SEED)
+    bm = BlockManager(8, BT, HASHER)
     s = make_seq("a", list(range(10)))
     assert bm.can_allocate(s, 10)
     bm.allocate(s, 10)
@@ -48,7 +48,7 @@ def test_allocate_covers_new_tokens_without_computing_them() -> None:
 
 
 def test_allocate_in_chunks_only_takes_missing_pages() -> None:
-    bm = BlockManager(8, BT, SEED)
+    bm = BlockManager(8, BT, HASHER)
     s = make_seq("a", list(range(11)))
     bm.allocate(s, 3)
     assert s.block_table == [0]
@@ -65,7 +65,7 @@ def test_allocate_in_chunks_only_takes_missing_pages() -> None:
 
 
 def test_can_allocate_boundary_for_a_running_sequence() -> None:
-    bm = BlockManager(3, BT, SEED)
+    bm = BlockManager(3, BT, HASHER)
     s = make_seq("a", list(range(12)))
     bm.allocate(s, 4)
     s.num_computed_tokens = 4
@@ -82,7 +82,7 @@ def test_can_allocate_boundary_for_a_running_sequence() -> None:
 
 
 def test_match_prefix_on_empty_cache() -> None:
-    bm = BlockManager(8, BT, SEED)
+    bm = BlockManager(8, BT, HASHER)
     assert bm.match_prefix(make_seq("a", list(range(12)))) == ([], [])
 
 
@@ -91,14 +91,14 @@ def test_match_prefix_on_empty_cache() -> None:
     [(1, 0), (4, 0), (5, 1), (7, 1), (8, 1), (9, 2), (12, 2), (13, 3), (16, 3), (17, 4)],
 )
 def test_match_prefix_never_covers_the_last_token(prompt_len: int, expected_hits: int) -> None:
-    bm = BlockManager(16, BT, SEED)
+    bm = BlockManager(16, BT, HASHER)
     donor = make_seq("donor", [*range(16), 99])
     run_prefill(bm, donor)  # blocks 0..3 full, cached
     assert len(donor.block_hashes) == 4
     s = make_seq("s", list(range(prompt_len)))
     pages, hashes = bm.match_prefix(s)
     assert pages == donor.block_table[:expected_hits]
-    assert hashes == hash_chain(list(range(16)), BT, SEED)[:expected_hits]
+    assert hashes == HASHER.chain(list(range(16)), BT)[:expected_hits]
     assert expected_hits * BT <= prompt_len - 1
     # nothing is taken by a match
     assert s.block_table == []
@@ -106,33 +106,33 @@ def test_match_prefix_never_covers_the_last_token(prompt_len: int, expected_hits
 
 
 def test_match_prefix_stops_at_first_miss() -> None:
-    bm = BlockManager(16, BT, SEED)
+    bm = BlockManager(16, BT, HASHER)
     run_prefill(bm, make_seq("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]))
     # same first block, different second block, same third block: the chain stops at 1
     s = make_seq("b", [1, 2, 3, 4, 0, 6, 7, 8, 9, 10, 11, 12, 13])
     pages, hashes = bm.match_prefix(s)
     assert pages == [0]
-    assert hashes == hash_chain([1, 2, 3, 4], BT, SEED)
+    assert hashes == HASHER.chain([1, 2, 3, 4], BT)
 
 
-def test_match_prefix_depends_on_hash_seed() -> None:
-    bm = BlockManager(8, BT, SEED)
+def test_match_prefix_depends_on_the_key() -> None:
+    bm = BlockManager(8, BT, HASHER)
     run_prefill(bm, make_seq("a", list(range(9))))
-    other = BlockManager(8, BT, SEED + 1)
-    other.pool = bm.pool  # same pages and names, other namespace
+    other = BlockManager(8, BT, PrefixHasher(HASHER.namespace, b"another key"))
+    other.pool = bm.pool  # same pages and names, same namespace, other cluster secret
     assert bm.match_prefix(make_seq("b", list(range(9))))[0] == [0, 1]
     assert other.match_prefix(make_seq("b", list(range(9)))) == ([], [])
 
 
 def test_cache_salts_never_share_a_prefix() -> None:
-    bm = BlockManager(8, BT, SEED)
+    bm = BlockManager(8, BT, HASHER)
     tenant_a = make_seq("a", list(range(9)))
-    tenant_a.hash_root = salt_root("tenant-a", SEED)
+    tenant_a.hash_root = HASHER.root("tenant-a")
     run_prefill(bm, tenant_a)
 
     def salted(rid: str, salt: str) -> Sequence:
         seq = make_seq(rid, list(range(9)))
-        seq.hash_root = salt_root(salt, SEED)
+        seq.hash_root = HASHER.root(salt)
         return seq
 
     assert bm.match_prefix(salted("b", "tenant-a"))[0] == [0, 1]
@@ -144,13 +144,13 @@ def test_cache_salts_never_share_a_prefix() -> None:
 
 
 def test_hits_on_running_pages_are_shared() -> None:
-    bm = BlockManager(8, BT, SEED)
+    bm = BlockManager(8, BT, HASHER)
     a = make_seq("a", list(range(9)))
     run_prefill(bm, a)
     assert a.block_table == [0, 1, 2]
     b = make_seq("b", [*range(8), 50, 51, 52])
     hits = bm.match_prefix(b)
-    assert hits == ([0, 1], hash_chain(list(range(8)), BT, SEED))
+    assert hits == ([0, 1], HASHER.chain(list(range(8)), BT))
     assert bm.can_allocate(b, 3, hits[0])
     bm.allocate(b, 3, hits)
     assert b.block_table == [0, 1, 3]
@@ -162,7 +162,7 @@ def test_hits_on_running_pages_are_shared() -> None:
 
 
 def test_hits_on_free_cached_pages_revive_them() -> None:
-    bm = BlockManager(4, BT, SEED)
+    bm = BlockManager(4, BT, HASHER)
     a = make_seq("a", list(range(9)))
     run_prefill(bm, a)  # pages 0 1 2; 0 and 1 named
     bm.deallocate(a)
@@ -181,7 +181,7 @@ def test_hits_on_free_cached_pages_revive_them() -> None:
 
 
 def test_revived_pages_count_against_free_pages() -> None:
-    bm = BlockManager(4, BT, SEED)
+    bm = BlockManager(4, BT, HASHER)
     a = make_seq("a", list(range(9)))
     run_prefill(bm, a)
     bm.deallocate(a)  # free: [3, 2, 1, 0], pages 0 and 1 named
@@ -198,7 +198,7 @@ def test_revived_pages_count_against_free_pages() -> None:
 
 
 def test_hits_ignored_when_empty() -> None:
-    bm = BlockManager(4, BT, SEED)
+    bm = BlockManager(4, BT, HASHER)
     s = make_seq("a", list(range(5)))
     bm.allocate(s, 5, ([], []))
     assert s.block_table == [0, 1]
@@ -209,7 +209,7 @@ def test_can_allocate_counts_the_pages_after_prefix_hits() -> None:
     """Regression: _pages_needed once sized the fresh pages from num_computed_tokens (still 0
     before the hits are taken) and so forgot the hit tokens; can_allocate() said yes and
     allocate() raised RuntimeError."""
-    bm = BlockManager(4, BT, SEED)
+    bm = BlockManager(4, BT, HASHER)
     a = make_seq("a", list(range(9)))
     run_prefill(bm, a)  # a keeps pages 0 1 2 (0 and 1 named); only page 3 is free
     b = make_seq("b", [*range(8), 100, 101, 102, 103, 104, 105, 106, 107])
@@ -221,7 +221,7 @@ def test_can_allocate_counts_the_pages_after_prefix_hits() -> None:
 
 
 def test_can_allocate_agrees_with_allocate_after_hits_when_pages_suffice() -> None:
-    bm = BlockManager(5, BT, SEED)
+    bm = BlockManager(5, BT, HASHER)
     a = make_seq("a", list(range(9)))
     run_prefill(bm, a)  # pages 0 1 2 held; 3 and 4 free
     b = make_seq("b", [*range(8), 100, 101, 102, 103, 104, 105, 106, 107])
@@ -236,13 +236,13 @@ def test_can_allocate_agrees_with_allocate_after_hits_when_pages_suffice() -> No
 
 
 def test_commit_names_only_full_computed_blocks() -> None:
-    bm = BlockManager(8, BT, SEED)
+    bm = BlockManager(8, BT, HASHER)
     tokens = list(range(20, 31))  # 11 tokens: blocks 0 and 1 full, block 2 partial
     s = make_seq("a", tokens)
     bm.allocate(s, 11)
     s.num_computed_tokens = 5
     bm.commit(s)
-    chain = hash_chain(tokens, BT, SEED)
+    chain = HASHER.chain(tokens, BT)
     assert len(chain) == 2
     assert s.block_hashes == chain[:1]
     assert bm.pool.lookup(chain[0]) == s.block_table[0]
@@ -260,12 +260,12 @@ def test_commit_names_only_full_computed_blocks() -> None:
     s.token_ids.append(31)
     s.num_computed_tokens = 12
     bm.commit(s)
-    assert s.block_hashes == hash_chain([*tokens, 31], BT, SEED)
+    assert s.block_hashes == HASHER.chain([*tokens, 31], BT)
     assert bm.pool.lookup(s.block_hashes[2]) == s.block_table[2]
 
 
 def test_commit_never_names_uncomputed_tokens() -> None:
-    bm = BlockManager(8, BT, SEED)
+    bm = BlockManager(8, BT, HASHER)
     s = make_seq("a", list(range(12)))
     bm.allocate(s, 12)
     s.num_computed_tokens = 3
@@ -275,18 +275,18 @@ def test_commit_never_names_uncomputed_tokens() -> None:
 
 
 def test_commit_after_hits_continues_the_chain() -> None:
-    bm = BlockManager(8, BT, SEED)
+    bm = BlockManager(8, BT, HASHER)
     run_prefill(bm, make_seq("a", list(range(9))))
     b = make_seq("b", [*range(8), 40, 41, 42, 43, 44])
     run_prefill(bm, b)
     assert b.num_cached_tokens == 8
     assert b.block_table[:2] == [0, 1]
-    assert b.block_hashes == hash_chain(b.token_ids, BT, SEED)
+    assert b.block_hashes == HASHER.chain(b.token_ids, BT)
     assert bm.pool.lookup(b.block_hashes[2]) == b.block_table[2]
 
 
 def test_commit_of_duplicate_content_keeps_first_page() -> None:
-    bm = BlockManager(8, BT, SEED)
+    bm = BlockManager(8, BT, HASHER)
     a = make_seq("a", list(range(5)))
     b = make_seq("b", list(range(5)))
     bm.allocate(a, 5)
@@ -294,14 +294,14 @@ def test_commit_of_duplicate_content_keeps_first_page() -> None:
     a.num_computed_tokens = b.num_computed_tokens = 5
     bm.commit(a)
     bm.commit(b)
-    h = hash_chain(list(range(4)), BT, SEED)
+    h = HASHER.chain(list(range(4)), BT)
     assert a.block_hashes == b.block_hashes == h
     assert bm.pool.lookup(h[0]) == a.block_table[0] == 0
     assert bm.pool.block_hash[b.block_table[0]] is None
 
 
 def test_commit_with_share_moves_duplicate_blocks_onto_the_cached_pages() -> None:
-    bm = BlockManager(8, BT, SEED)
+    bm = BlockManager(8, BT, HASHER)
     a = make_seq("a", list(range(9)))
     b = make_seq("b", [*range(8), 99])  # same two full blocks, another tail
     bm.allocate(a, 9)
@@ -312,7 +312,7 @@ def test_commit_with_share_moves_duplicate_blocks_onto_the_cached_pages() -> Non
     own = list(b.block_table)
     free_before = bm.pool.num_free
     named = bm.commit(b, share=True)
-    h = hash_chain(list(range(8)), BT, SEED)
+    h = HASHER.chain(list(range(8)), BT)
     assert named == [(h[0], 0), (h[1], 1)]
     assert b.block_table == [0, 1, own[2]] and b.block_hashes == h
     assert b.page_epoch == 1  # its block-table row is rewritten
@@ -328,7 +328,7 @@ def test_commit_with_share_moves_duplicate_blocks_onto_the_cached_pages() -> Non
 
 
 def test_deallocate_frees_last_block_first() -> None:
-    bm = BlockManager(6, BT, SEED)
+    bm = BlockManager(6, BT, HASHER)
     s = make_seq("a", list(range(9)))
     run_prefill(bm, s)
     s.num_cached_tokens = 3  # not the block manager's field to reset
@@ -339,11 +339,11 @@ def test_deallocate_frees_last_block_first() -> None:
     assert bm.pool.free_order() == [3, 4, 5, 2, 1, 0]
     assert bm.pool.ref_counts == [0] * 6
     # names survive release until the page is taken again
-    assert bm.pool.lookup(hash_chain(list(range(8)), BT, SEED)[1]) == 1
+    assert bm.pool.lookup(HASHER.chain(list(range(8)), BT)[1]) == 1
 
 
 def test_shared_prefix_outlives_the_tail_under_eviction() -> None:
-    bm = BlockManager(4, BT, SEED)
+    bm = BlockManager(4, BT, HASHER)
     a = make_seq("a", list(range(12)))
     run_prefill(bm, a)  # pages 0 1 2, all full and named
     names = list(a.block_hashes)
@@ -359,7 +359,7 @@ def test_shared_prefix_outlives_the_tail_under_eviction() -> None:
 
 
 def test_deallocate_of_shared_pages_keeps_other_owner() -> None:
-    bm = BlockManager(8, BT, SEED)
+    bm = BlockManager(8, BT, HASHER)
     a = make_seq("a", list(range(9)))
     run_prefill(bm, a)
     b = make_seq("b", list(range(10)))
@@ -374,7 +374,7 @@ def test_deallocate_of_shared_pages_keeps_other_owner() -> None:
 
 
 def test_deallocate_empty_sequence() -> None:
-    bm = BlockManager(2, BT, SEED)
+    bm = BlockManager(2, BT, HASHER)
     s = make_seq("a", [1])
     bm.deallocate(s)
     assert bm.pool.free_order() == [0, 1]
@@ -384,13 +384,13 @@ def test_deallocate_empty_sequence() -> None:
 
 
 def test_prefix_caching_off() -> None:
-    bm = BlockManager(8, BT, SEED, prefix_caching=False)
+    bm = BlockManager(8, BT, HASHER, prefix_caching=False)
     a = make_seq("a", list(range(9)))
     run_prefill(bm, a)
     assert a.block_hashes == []
     assert bm.pool.block_hash == [None] * 8
     # even a name put into the pool by hand is not matched
-    bm.pool.cache(a.block_table[0], hash_chain(list(range(4)), BT, SEED)[0])
+    bm.pool.cache(a.block_table[0], HASHER.chain(list(range(4)), BT)[0])
     b = make_seq("b", list(range(9)))
     assert bm.match_prefix(b) == ([], [])
     run_prefill(bm, b)
@@ -414,13 +414,13 @@ def test_match_prefix_finds_the_longest_cached_prefix(
     block_tokens: int, donors: list[list[int]], keep: list[bool], prompt: list[int]
 ) -> None:
     # enough pages that nothing is ever evicted: the cache holds every full prefix computed
-    bm = BlockManager(100, block_tokens, SEED)
+    bm = BlockManager(100, block_tokens, HASHER)
     cached: set[tuple[int, ...]] = set()
     held: list[Sequence] = []
     for i, tokens in enumerate(donors):
         s = make_seq(f"d{i}", tokens)
         run_prefill(bm, s)
-        assert s.block_hashes == hash_chain(tokens, block_tokens, SEED)
+        assert s.block_hashes == HASHER.chain(tokens, block_tokens)
         full = len(tokens) // block_tokens
         cached.update(tuple(tokens[: k * block_tokens]) for k in range(1, full + 1))
         if keep[i]:
@@ -435,7 +435,7 @@ def test_match_prefix_finds_the_longest_cached_prefix(
     s = make_seq("p", prompt)
     pages, hashes = bm.match_prefix(s)
     assert len(pages) == expected
-    assert hashes == hash_chain(prompt, block_tokens, SEED)[:expected]
+    assert hashes == HASHER.chain(prompt, block_tokens)[:expected]
     assert [bm.pool.lookup(h) for h in hashes] == pages
     assert len(set(pages)) == len(pages)
     run_prefill(bm, s)
@@ -458,7 +458,7 @@ def test_can_allocate_is_exact_with_and_without_hits(
     block_tokens: int, num_blocks: int, requests: list[tuple[list[int], bool]]
 ) -> None:
     """can_allocate() says yes exactly when allocate() then succeeds."""
-    bm = BlockManager(num_blocks, block_tokens, SEED)
+    bm = BlockManager(num_blocks, block_tokens, HASHER)
     held: list[Sequence] = []
     for i, (tokens, keep) in enumerate(requests):
         s = make_seq(f"r{i}", tokens)

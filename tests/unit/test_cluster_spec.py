@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +12,7 @@ import kvserve.cli as cli
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvserve.cluster_spec import ClusterSpec
-from kvserve.process_plan import Host, config_argv, split_cores
+from kvserve.process_plan import Host, ProcessPlan, config_argv, split_cores
 from kvserve.redis_service import RedisConfig, redis_auth_conf, redis_command
 from kvserve.settings import config_from_args
 from proto.registry import ClusterConfig
@@ -22,7 +21,7 @@ from workers.config import EngineConfig
 REGISTRY = ["--redis-url", "redis://127.0.0.1:6379/0", "--cluster", "kvserve"]
 REGISTRY += ["--heartbeat-s", "1.0", "--heartbeat-ttl-s", "3.0", "--redis-username", ""]
 REGISTRY += ["--peer-timeout-s", "5.0", "--grpc-tls-cert", "", "--grpc-tls-key", ""]
-REGISTRY += ["--grpc-tls-ca", ""]  # the password goes through the environment (below)
+REGISTRY += ["--grpc-tls-ca", "", "--hash-algorithm", "sha256"]  # secrets: the environment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +58,8 @@ def test_config_argv_spells_every_field_as_its_flag() -> None:
 
 
 def test_two_cores_one_prefill_one_decode_pins_one_core_each() -> None:
-    plan = spec().plan([0, 1])
+    s = spec()
+    plan = s.plan([0, 1])
     prefill, decode = plan.workers
     assert list(prefill.argv) == worker_argv("prefill", 50061, "prefill-0", 1)
     assert list(decode.argv) == worker_argv("decode", 50062, "decode-0", 1)
@@ -70,13 +70,14 @@ def test_two_cores_one_prefill_one_decode_pins_one_core_each() -> None:
     assert flag(decode.argv, "--pool-segment-mib") == "256"
     assert (prefill.cores, decode.cores) == ((0,), (1,))
     assert dict(decode.env) == {
-        **{"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "KVSERVE_REDIS_PASSWORD": ""}
+        **{"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+        **{"KVSERVE_REDIS_PASSWORD": s.redis_password, "KVSERVE_CLUSTER_SECRET": s.cluster_secret},
     }
     assert decode.address == "127.0.0.1:50062"
     assert not plan.shared_cores and plan.notes == ()
     router = ["py", "-m", "kvserve", "router", "--router-host", "127.0.0.1"]
     router += ["--router-port", "8000", *REGISTRY, *config_argv(spec().pool_config("router"))]
-    router += ["--master-metrics-url", "http://127.0.0.1:9003/metrics"]
+    router += ["--master-metrics-url", "http://127.0.0.1:9003/metrics", "--tokenizer-dir", "/m"]
     assert list(plan.router.argv) == router
     assert plan.router.cores == () and plan.router.port == 8000
 
@@ -113,13 +114,19 @@ def test_mixed_only_without_pool() -> None:
     assert [w.name for w in plan.workers] == ["mixed-0", "mixed-1"]
     assert "--no-use-pool" in plan.workers[0].argv
     assert "--pool-master" not in plan.workers[0].argv
-    assert plan.router.argv[-3:] == ("--no-pool-lookup", "--policy", "round_robin")
+    assert plan.router.argv[-5:-2] == ("--no-pool-lookup", "--policy", "round_robin")
 
 
 def test_router_options_and_extra_args_come_last() -> None:
     s = spec(disagg_threshold_tokens=0, router_args=("--x",), worker_args=("--y",))
     plan = s.plan([0, 1])
-    assert plan.router.argv[-3:] == ("--disagg-threshold-tokens", "0", "--x")
+    assert plan.router.argv[-5:] == (
+        "--disagg-threshold-tokens",
+        "0",
+        "--tokenizer-dir",
+        "/m",
+        "--x",
+    )
     assert plan.workers[0].argv[-1] == "--y"
 
 
@@ -156,9 +163,10 @@ def test_redis_command() -> None:
         *["redis-server", "--port", "7001", "--bind", "127.0.0.1", "--save", ""],
         *["--appendonly", "no", "--protected-mode", "yes"],
     ]
-    conf = Path("/run/redis.auth.conf")
-    assert redis_command(RedisConfig(password="s"), "r", conf)[:3] == ["r", str(conf), "--port"]
-    assert "s" not in redis_command(RedisConfig(password="s"), "r", conf)
+    with_password = redis_command(
+        RedisConfig(port=7001, password="s3"), "r"
+    )  # credentials from stdin
+    assert with_password == ["r", *argv[1:], "-"] and "s3" not in " ".join(with_password)
     assert redis_auth_conf(RedisConfig(password='a"b')) == 'requirepass "a\\"b"\n'
     assert redis_auth_conf(RedisConfig(password="p", username="u")) == (
         'user default off\nuser u on ">p" ~* &* +@all\n'
@@ -183,11 +191,23 @@ def test_redis_command() -> None:
         ({"heartbeat_s": 5.0}, "heartbeat"),
         ({"disagg_threshold_tokens": -1}, "disagg_threshold_tokens"),
         ({"stop_grace_s": 0.0}, "positive"),
+        ({"master": MasterConfig(master_host="10.0.0.9")}, "stays on loopback"),
     ],
 )
 def test_invalid_specs_say_what_to_change(kw: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         spec(**kw)
+
+
+def test_redis_and_the_pool_stay_on_loopback_whatever_host_says() -> None:
+    s = spec(host="10.0.0.9")
+    decode = s.plan([0, 1]).workers[1]
+    assert (flag(decode.argv, "--worker-host"), s.router_url) == (
+        "10.0.0.9",
+        "http://10.0.0.9:8000",
+    )
+    assert flag(decode.argv, "--pool-local-hostname") == "127.0.0.1"
+    assert s.redis_config.host == s.pool_master.master_host == s.host_of("redis") == "127.0.0.1"
 
 
 def test_no_pool_ports_are_checked_without_the_pool() -> None:
@@ -237,24 +257,53 @@ def test_hosts_must_name_real_processes_and_reachable_addresses(
     hosts: dict[str, Host], error: str
 ) -> None:
     with pytest.raises(ValueError, match=error):
-        spec(hosts=hosts)
+        spec(hosts=hosts, redis_password="")
 
 
-def _parse(argv: tuple[str, ...]) -> argparse.Namespace:
-    assert argv[:3] == ("py", "-m", "kvserve")
-    return cli.build_parser().parse_args(list(argv[3:]))
+def _parse(p: ProcessPlan, monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
+    """``p``'s argv as the real CLI parses it in ``p``'s own environment."""
+    assert p.argv[:3] == ("py", "-m", "kvserve")
+    for key, value in p.env:
+        monkeypatch.setenv(key, value)
+    return cli.build_parser().parse_args(list(p.argv[3:]))
 
 
-def test_argv_round_trips_through_the_real_cli() -> None:
-    """Once ``worker`` and ``router`` are verbs of kvserve.cli, the argv means the spec."""
+def test_argv_round_trips_through_the_real_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once ``worker`` and ``router`` are verbs of kvserve.cli, the argv and the environment
+    mean the spec (its secrets included)."""
     s = spec(disagg_threshold_tokens=64, policy="cache_aware")
     plan = s.plan([0, 1])
-    ns = _parse(plan.workers[1].argv)
+    ns = _parse(plan.workers[1], monkeypatch)
     assert (ns.role, ns.worker_port, ns.worker_id) == ("decode", 50062, "decode-0")
     assert config_from_args(EngineConfig, ns) == dataclasses.replace(s.engine, threads=1)
     assert config_from_args(PoolConfig, ns) == s.pool_config("decode-0")
     assert config_from_args(ClusterConfig, ns) == s.cluster_config
-    ns = _parse(plan.router.argv)
+    ns = _parse(plan.router, monkeypatch)
     assert (ns.router_port, ns.policy, ns.disagg_threshold_tokens) == (8000, "cache_aware", 64)
     assert config_from_args(ClusterConfig, ns) == s.cluster_config
-    assert ns.master_metrics_url == s.master.metrics_url
+    assert (ns.master_metrics_url, ns.tokenizer_dir) == (s.master.metrics_url, s.model_dir)
+
+
+def test_secrets_are_made_up_per_spec_and_travel_only_in_the_environment() -> None:
+    """Each spec has its own cluster secret and Redis password unless given; every worker
+    and the router get both, through the environment only; the router alone gets the API
+    keys (set to '' when there are none, so nothing else can stand in)."""
+    a, b = spec(api_key="t1=k1,k2"), spec()
+    assert a.cluster_secret != b.cluster_secret and a.redis_password != b.redis_password
+    assert len(a.cluster_secret) == 64 and len(a.redis_password) >= 32
+    assert spec(cluster_secret="x" * 40).cluster_config.cluster_secret == "x" * 40
+    secrets = (a.cluster_secret, a.redis_password, "k1", "k2")
+    plan = a.plan([0, 1])
+    for p in (*plan.workers, plan.router):
+        env = dict(p.env)
+        assert env["KVSERVE_CLUSTER_SECRET"] == a.cluster_secret
+        assert env["KVSERVE_REDIS_PASSWORD"] == a.redis_password
+        text = " ".join(p.argv) + repr(p) + repr(a) + repr(a.cluster_config)
+        assert not any(secret in text for secret in secrets)
+    assert all("KVSERVE_API_KEY" not in dict(w.env) for w in plan.workers)
+    assert dict(plan.router.env)["KVSERVE_API_KEY"] == "t1=k1,k2"
+    assert dict(b.plan([0, 1]).router.env)["KVSERVE_API_KEY"] == ""
+    with pytest.raises(ValueError, match="repeats"):
+        spec(api_key="k1,k1")
+    with pytest.raises(ValueError, match="cluster_secret"):
+        spec(cluster_secret="short")

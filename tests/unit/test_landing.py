@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-import xxhash
 
-from kvpool.hashing import Namespace
+from kvpool.hashing import Namespace, PrefixHasher
 from kvpool.landing import Lander, Landing
 from kvpool.layout import KVLayout
+from kvpool.meta import digest_bytes
 from kvpool.pool import BlockMeta, KVPool
 from kvpool.store import MooncakeStore
 from workers.kv_transfer import pull_prompt
@@ -82,16 +82,17 @@ class Harness:
         store = MooncakeStore(self.client)
         self.pool = KVPool(store, NAMESPACE, LAYOUT, self.slab.ctypes.data, "reader")
         self.rng = np.random.default_rng(0)
-        self.sums: dict[str, list[int]] = {}
+        self.sums: dict[str, list[bytes]] = {}
 
     def layer(self, key: str, layer: int) -> None:
         data = self.rng.integers(0, 256, SPAN, dtype=np.uint8).tobytes()
-        self.sums.setdefault(key, [0] * LAYOUT.num_layers)[layer] = xxhash.xxh3_64_intdigest(data)
+        digest = digest_bytes(NAMESPACE.algorithm, data)
+        self.sums.setdefault(key, [b""] * LAYOUT.num_layers)[layer] = digest
         self.client.objects[f"{key}/{layer}"] = data
 
-    def meta(self, key: str, sums: list[int] | None = None) -> BlockMeta:
+    def meta(self, key: str, sums: list[bytes] | None = None) -> BlockMeta:
         sums = self.sums[key] if sums is None else sums
-        self.client.objects[key] = self.pool._meta(sums, {})
+        self.client.objects[key] = self.pool.codec.encode(key, sums, {})
         return BlockMeta(sums=sums)
 
     def block(self, key: str) -> BlockMeta:
@@ -148,7 +149,7 @@ def test_a_cancelled_landing_keeps_the_leading_blocks_it_read(
     if defect == "none":
         expected.append(h.meta(k[1]))
     elif defect == "bad-sum":
-        h.meta(k[1], [s + 1 for s in h.sums[k[1]]])
+        h.meta(k[1], [bytes(len(s)) for s in h.sums[k[1]]])
     h.layer(k[2], 0)  # block 2 only partly in: not kept, nor anything after it
     land = lander.add(landing(h, 4))
     wait_for(lambda: read_objects(land) == 2 * LAYOUT.num_layers + 1)
@@ -254,7 +255,7 @@ def test_the_decode_side_computes_only_what_never_landed(h: Harness) -> None:
         max_num_batched_tokens=64,
         max_model_len=64,
     )
-    reservations = Reservations(Scheduler(config, 7), h.pool, streaming=True)
+    reservations = Reservations(Scheduler(config, PrefixHasher(NAMESPACE)), h.pool, streaming=True)
     prompt = list(range(100, 140))
     try:
         seq = reservations.reserve("r1", prompt, max_tokens=2, lease_s=60.0)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from kvpool.hashing import hash_chain
+from kvpool.hashing import Namespace, PrefixHasher
 from workers.block_manager import BlockManager
 from workers.scheduler import Scheduler, SchedulerConfig
 from workers.sequence import SamplingParams, Sequence
 
-SEED = 1234
 BT = 4
+HASHER = PrefixHasher(Namespace(model="rp@0", dtype="float32", block_tokens=BT), b"key")
 
 
 class FakePool:
@@ -38,11 +38,11 @@ def seq(tokens: list[int]) -> Sequence:
 
 def test_pulled_blocks_become_local_hits() -> None:
     tokens = list(range(14))  # 3 full blocks; the last token is always computed
-    remote = FakePool(hash_chain(tokens, BT, SEED))
-    bm = BlockManager(8, BT, SEED)
+    remote = FakePool(HASHER.chain(tokens, BT))
+    bm = BlockManager(8, BT, HASHER)
     s = seq(tokens)
     assert bm.pull_remote(s, remote) == 3
-    assert remote.loads == [(hash_chain(tokens, BT, SEED), [0, 1, 2])]
+    assert remote.loads == [(HASHER.chain(tokens, BT), [0, 1, 2])]
     assert bm.pool.num_free == 8  # loaded pages wait in the cache, unowned
     pages, _ = bm.match_prefix(s)
     assert pages == [0, 1, 2]
@@ -50,8 +50,8 @@ def test_pulled_blocks_become_local_hits() -> None:
 
 def test_pull_starts_after_local_hits_and_stops_at_a_failed_block() -> None:
     tokens = list(range(17))  # 4 full blocks
-    chain = hash_chain(tokens, BT, SEED)
-    bm = BlockManager(8, BT, SEED)
+    chain = HASHER.chain(tokens, BT)
+    bm = BlockManager(8, BT, HASHER)
     first = seq(tokens[:5])  # computes block 0 locally
     bm.allocate(first, 5)
     first.num_computed_tokens = 5
@@ -65,15 +65,15 @@ def test_pull_starts_after_local_hits_and_stops_at_a_failed_block() -> None:
 
 def test_pull_never_takes_more_pages_than_are_free() -> None:
     tokens = list(range(21))
-    bm = BlockManager(2, BT, SEED)
-    remote = FakePool(hash_chain(tokens, BT, SEED))
+    bm = BlockManager(2, BT, HASHER)
+    remote = FakePool(HASHER.chain(tokens, BT))
     assert bm.pull_remote(seq(tokens), remote) == 2
 
 
 def test_scheduler_admits_with_pool_hits_and_reports_new_blocks() -> None:
     tokens = list(range(10))
-    remote = FakePool(hash_chain(tokens, BT, SEED))
-    sched = Scheduler(SchedulerConfig(num_blocks=8, block_tokens=BT), SEED, remote=remote)
+    remote = FakePool(HASHER.chain(tokens, BT))
+    sched = Scheduler(SchedulerConfig(num_blocks=8, block_tokens=BT), HASHER, remote=remote)
     s = seq(tokens)
     sched.add(s)
     batch = sched.schedule()

@@ -33,13 +33,13 @@ from hypothesis.stateful import (
 )
 
 import workers.reservations as reservations_module
-from kvpool.hashing import salt_root
+from kvpool.hashing import Namespace, PrefixHasher
 from tests.unit.machine_settings import STATEFUL
 from workers.reservations import Reservations
 from workers.scheduler import Scheduler, SchedulerConfig
 from workers.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
 
-SEED = 7
+HASHER = PrefixHasher(Namespace(model="rm@0", dtype="float32", block_tokens=4), b"key")
 FIRST_TOKEN = 9
 FAKE_TOKEN = 8
 RESERVATION_IDS = tuple(f"r{i}" for i in range(5))
@@ -100,7 +100,7 @@ class ReservationMachine(RuleBasedStateMachine):
             max_num_batched_tokens=6,
             max_model_len=max_model_len,
         )
-        return Scheduler(config, SEED)
+        return Scheduler(config, HASHER)
 
     @initialize(
         num_blocks=st.integers(min_value=6, max_value=16),
@@ -132,7 +132,7 @@ class ReservationMachine(RuleBasedStateMachine):
     ) -> None:
         """``Engine._enqueue``: a new request in ``waiting`` (ValueError if it never fits)."""
         seq = Sequence(request_id, tokens, SamplingParams(max_tokens=max_tokens), prompt)
-        seq.hash_root = salt_root(salt, SEED)
+        seq.hash_root = HASHER.root(salt)
         if not self._fits_ever(prompt, max_tokens):
             with pytest.raises(ValueError):
                 self.sched.add(seq)
@@ -174,7 +174,7 @@ class ReservationMachine(RuleBasedStateMachine):
         if self._in_use(request_id):
             return  # the engine refuses a duplicate id before reservations see it
         before = self.pool_state
-        root = salt_root(salt, SEED)
+        root = HASHER.root(salt)
         if not self._fits_ever(len(prompt), max_tokens):
             event("reserve: never fits")
             with pytest.raises(ValueError):

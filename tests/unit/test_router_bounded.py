@@ -18,18 +18,20 @@ import pytest
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from kvpool.config import PoolConfig
+from kvpool.hashing import Namespace
 from kvpool.store import MooncakeStore
 from kvserve.settings import add_config_args, config_from_args
-from proto.registry import WorkerRecord
+from proto.registry import ClusterConfig, WorkerRecord
 from router.config import RouterConfig
 from router.main import server_config
 from router.pool_lookup import LOOKUP_THREADS, PoolLookup
 from router.tokenizer import TOKENIZE_THREADS, TokenizerSlot
 
+NAMESPACE = Namespace(model="m@0", dtype="float32", block_tokens=4)
 RECORD = WorkerRecord(
     worker_id="w", address="127.0.0.1:1", role="decode", model="m", model_dir="/nowhere",
-    contract="c", hash_seed=1, block_tokens=4, num_layers=2, max_model_len=4096,
-    started_at=0.0, heartbeat_at=0.0,
+    contract=f"{NAMESPACE.key}|L2", hash_seed=NAMESPACE.seed, block_tokens=4, num_layers=2,
+    max_model_len=4096, started_at=0.0, heartbeat_at=0.0,
 )  # fmt: skip
 PROMPT = list(range(16))  # 4 blocks of RECORD's 4 tokens
 
@@ -121,7 +123,7 @@ def test_a_frozen_master_costs_no_hits_bounded_threads_and_one_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     frozen = FrozenStore()
-    lookup = PoolLookup(PoolConfig(), enabled=False, timeout_s=0.2)
+    lookup = PoolLookup(PoolConfig(), ClusterConfig(), enabled=False, timeout_s=0.2)
     lookup._store = frozen.as_store()
 
     async def main() -> None:

@@ -14,12 +14,12 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvpool.hashing import hash_chain
+from kvpool.hashing import Namespace, PrefixHasher
 from tests.unit.machine_settings import STATEFUL
 from workers.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from workers.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
 
-SEED = 99
+HASHER = PrefixHasher(Namespace(model="sched@0", dtype="float32", block_tokens=4), b"key")
 FAKE_TOKEN = 7
 
 
@@ -39,7 +39,7 @@ def make_sched(
         max_model_len=max_model_len,
         prefix_caching=prefix_caching,
     )
-    return Scheduler(config, SEED)
+    return Scheduler(config, HASHER)
 
 
 def make_seq(request_id: str, token_ids: list[int], max_tokens: int) -> Sequence:
@@ -150,7 +150,7 @@ def test_long_prompt_is_chunked_across_steps() -> None:
     assert a.block_table == [0, 1, 2, 3, 4]
     assert a.num_computed_tokens == 20
     assert a.output_token_ids == [FAKE_TOKEN]
-    assert a.block_hashes == hash_chain(a.token_ids[:20], 4, SEED)
+    assert a.block_hashes == HASHER.chain(a.token_ids[:20], 4)
 
     assert ids(step(sched)) == [("a", 1)]
     assert a.output_token_ids == [FAKE_TOKEN, FAKE_TOKEN]
@@ -697,7 +697,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if sched.config.prefix_caching:
                 k = len(seq.block_hashes)
                 assert k <= seq.num_computed_tokens // bt
-                assert seq.block_hashes == hash_chain(seq.token_ids[: k * bt], bt, SEED)
+                assert seq.block_hashes == HASHER.chain(seq.token_ids[: k * bt], bt)
                 for page, h in zip(seq.block_table, seq.block_hashes, strict=False):
                     assert pool.block_hash[page] in (h, None)
             else:

@@ -7,7 +7,7 @@ import pytest
 from kvserve.bench.loadgen.workloads import RequestSpec
 from kvserve.sim.cluster import SimCluster
 from kvserve.sim.costs import StepShape
-from kvserve.sim.engine import KVCosts, SimEngine, SimPool, shape_of
+from kvserve.sim.engine import SIM_HASHER, KVCosts, SimEngine, SimPool, shape_of
 from kvserve.sim.link import Link
 from kvserve.sim.request import Timing
 from router.conductor import make_policy
@@ -34,7 +34,6 @@ def engines(roles: str, blocks: int = 256, pool: SimPool | None = None) -> list[
             f"{role}{i}",
             {"p": "prefill", "d": "decode", "m": "mixed"}[role],
             config,
-            0,
             PerStep(),
             FAST,
             pool,
@@ -52,7 +51,8 @@ def cluster(roles: str, threshold: int = 8, **kw: object) -> SimCluster:
 
 
 def test_shape_of_a_mixed_batch_names_decodes_and_prefill_chunks() -> None:
-    sched = Scheduler(SchedulerConfig(num_blocks=16, block_tokens=4, max_num_batched_tokens=8), 0)
+    config = SchedulerConfig(num_blocks=16, block_tokens=4, max_num_batched_tokens=8)
+    sched = Scheduler(config, SIM_HASHER)
     long, short = (
         Sequence(n, list(range(100, 100 + k)), SamplingParams())
         for n, k in (("long", 12), ("short", 3))

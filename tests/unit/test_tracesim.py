@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from kvpool.hashing import ROOT_PARENT, hash_block
 from kvpool.keys import KeySpace
 from kvserve.bench.tracecluster import cluster_replay
 from kvserve.bench.tracesim import (
+    TRACE_HASHER,
     TRACE_NAMESPACE,
     HitCount,
     LRUCache,
@@ -56,9 +56,9 @@ def test_rejects_block_count_that_does_not_match_length() -> None:
 
 
 def test_chain_is_the_real_hash_of_one_token_per_block() -> None:
-    seed = TRACE_NAMESPACE.seed
-    first = hash_block(ROOT_PARENT, [5], seed)
-    assert block_chain([5, 9]) == [first, hash_block(first, [9], seed)]
+    first = TRACE_HASHER.block(TRACE_HASHER.root(), [5])
+    assert block_chain([5, 9]) == [first, TRACE_HASHER.block(first, [9])]
+    assert TRACE_HASHER.namespace == TRACE_NAMESPACE
 
 
 def test_equal_id_prefixes_give_equal_keys_and_only_them() -> None:
@@ -68,7 +68,7 @@ def test_equal_id_prefixes_give_equal_keys_and_only_them() -> None:
     keys = KeySpace.of(TRACE_NAMESPACE, 0)
     assert keys.meta_key(a[0]).startswith(keys.tag + "/b/")
     assert keys.block_keys(a[0]) == [keys.meta_key(a[0])]
-    with pytest.raises(ValueError, match="4-byte"):
+    with pytest.raises(ValueError, match="4 unsigned bytes"):
         block_chain([1 << 32])
 
 

@@ -1,0 +1,112 @@
+"""The compose cluster's secrets, written before any other service starts (the one-shot
+``secrets`` service of docker-compose.yml runs ``python deploy/init_secrets.py ROOT``).
+
+Under ``ROOT`` (default ``/run/kvserve``) there is one directory per group of readers, each
+a named volume that only those services mount, read-only (:data:`FILES`):
+
+- ``cluster/``: ``cluster_secret`` and ``redis_password``, for the workers and the router
+  (``deploy/with-secrets.sh`` exports them as ``KVSERVE_CLUSTER_SECRET`` and
+  ``KVSERVE_REDIS_PASSWORD``, also for their health checks);
+- ``router/api_key``: the router's API keys (``KVSERVE_API_KEY``): the ones given, plus a
+  key of tenant ``prometheus`` for the scrape of ``/metrics``; empty (no keys, the router
+  open) when none are given;
+- ``redis/``: ``redis.conf`` (its ``requirepass``; Redis is started with it) and
+  ``password`` (for its health check);
+- ``exporter/passwords.json``: redis_exporter's ``REDIS_PASSWORD_FILE``;
+- ``prometheus/router_key``: the bearer token of Prometheus's scrape of the router.
+
+The cluster secret and the Redis password are the ones given in this service's environment
+(``KVSERVE_CLUSTER_SECRET``, ``KVSERVE_REDIS_PASSWORD``), else the ones written by an
+earlier run (so a service recreated later still agrees with the others), else new ones
+(:func:`proto.trust.new_secret`, :func:`kvserve.redis_service.new_password`); the
+Prometheus key likewise, never given. Every file is replaced atomically, mode 0444 (the
+readers run as different users; each volume is mounted only where it is read). Invalid
+input (a short secret, a malformed key list) exits non-zero, naming the setting, and then
+no other service starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from kvserve.redis_service import RedisConfig, new_password, redis_auth_conf
+from proto.trust import check_secret, new_secret
+from router.auth import parse_api_keys
+
+REDIS_ADDR = "redis://redis:6379"
+"""Where redis_exporter scrapes (its ``REDIS_ADDR`` in docker-compose.yml)."""
+PROMETHEUS_TENANT = "prometheus"
+FILES = (
+    "cluster/cluster_secret",
+    "cluster/redis_password",
+    "router/api_key",
+    "redis/redis.conf",
+    "redis/password",
+    "exporter/passwords.json",
+    "prometheus/router_key",
+)
+"""Every file written, relative to the root (tests/unit/test_compose.py checks that each
+is where its reader looks)."""
+
+
+def _kept(root: Path, name: str, given: str, new: str) -> str:
+    """``given``, else what ``root/name`` holds, else ``new``."""
+    path = root / name
+    if given:
+        return given
+    if path.is_file() and path.read_text():
+        return path.read_text()
+    return new
+
+
+def contents(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """What each of :data:`FILES` is to hold (module docstring); ValueError on bad input."""
+    secret = _kept(root, FILES[0], environ.get("KVSERVE_CLUSTER_SECRET", ""), new_secret())
+    password = _kept(root, FILES[1], environ.get("KVSERVE_REDIS_PASSWORD", ""), new_password())
+    prometheus = _kept(root, FILES[6], "", new_password())
+    check_secret(secret)
+    redis = RedisConfig(password=password)  # raises on line breaks and NUL
+    keys = environ.get("KVSERVE_API_KEY", "").strip()
+    router_keys = f"{keys},{PROMETHEUS_TENANT}={prometheus}" if keys else ""
+    parse_api_keys(router_keys)  # raises, naming the entry's position only
+    texts = (
+        secret,
+        password,
+        router_keys,
+        redis_auth_conf(redis),
+        password,
+        json.dumps({REDIS_ADDR: password}),
+        prometheus,
+    )
+    return dict(zip(FILES, texts, strict=True))
+
+
+def write(root: Path, environ: Mapping[str, str]) -> None:
+    """Write every file under ``root`` (each replaced atomically, mode 0444)."""
+    for name, text in contents(root, environ).items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.write_text(text)
+        tmp.chmod(0o444)
+        tmp.replace(path)
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[1] if len(argv) > 1 else "/run/kvserve")
+    try:
+        write(root, os.environ)
+    except ValueError as exc:
+        print(f"init_secrets: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"init_secrets: wrote {len(FILES)} files under {root}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,18 @@
+#!/bin/sh
+# Runs its arguments with the compose cluster's secrets in the environment, each read from
+# the file deploy/init_secrets.py wrote (the volumes under /run/kvserve): a file this
+# container does not mount sets nothing, so each service gets only its own secrets.
+# docker-compose.yml runs every worker and the router, and their health checks, through it:
+#   sh /app/deploy/with-secrets.sh kvserve probe worker
+set -eu
+dir=${KVSERVE_SECRETS_DIR:-/run/kvserve}
+load() { # load VARIABLE FILE
+  if [ -r "$dir/$2" ]; then
+    value=$(cat "$dir/$2")
+    export "$1=$value"
+  fi
+}
+load KVSERVE_CLUSTER_SECRET cluster/cluster_secret
+load KVSERVE_REDIS_PASSWORD cluster/redis_password
+load KVSERVE_API_KEY router/api_key
+exec "$@"

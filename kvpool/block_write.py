@@ -1,0 +1,76 @@
+"""Writing blocks to the pool one layer at a time (see :meth:`kvpool.pool.KVPool.begin_write`).
+
+Commit rule: every layer object of a block is put first, each digested as it is put; the
+meta object (digests and MAC: :mod:`kvpool.meta`) goes last, only for a block whose every
+layer put succeeded.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpool.pool import KVPool
+
+PendingBlock = tuple[str, int, dict[str, float]]
+"""``(meta key, page, extra meta fields)`` of one block to write."""
+
+
+class BlockWrite:
+    """Blocks being written to the pool, one layer at a time.
+
+    Lifecycle: ``write_layer(i)`` for every layer (each puts that layer's span of every
+    block and digests it) -> ``commit()`` (metas of the blocks whose layers all landed;
+    returns how many). Layer writes may run on a helper thread while the model computes the
+    next layer; ``commit`` must come after the last of them.
+    """
+
+    def __init__(self, pool: KVPool, blocks: list[PendingBlock]) -> None:
+        self.pool = pool
+        self.blocks = blocks
+        self.ok = [True] * len(blocks)
+        self.sums: list[list[bytes]] = [[b""] * pool.layout.num_layers for _ in blocks]
+        self.seconds = 0.0
+        self.bytes = 0
+
+    def write_layer(self, layer: int) -> None:
+        if not self.blocks:
+            return
+        t0 = time.perf_counter()
+        pool, size = self.pool, self.pool.layout.span_bytes
+        ptrs = [pool.slab_ptr + pool.layout.offset(layer, page) for _, page, _ in self.blocks]
+        keys = [f"{meta}/{layer}" for meta, _, _ in self.blocks]
+        codes = pool.store.put_from(keys, ptrs, [size] * len(keys))
+        for i, (code, ptr) in enumerate(zip(codes, ptrs, strict=True)):
+            if code != 0:
+                self.ok[i] = False
+            else:
+                self.sums[i][layer] = pool.digest(ptr, size)
+                self.bytes += size
+        self.seconds += time.perf_counter() - t0
+
+    def commit(self) -> int:
+        t0 = time.perf_counter()
+        pool = self.pool
+        metas = [
+            (meta, pool.codec.encode(meta, sums, extra))
+            for (meta, _, extra), ok, sums in zip(self.blocks, self.ok, self.sums, strict=True)
+            if ok
+        ]
+        if metas:
+            pool.store.put_bytes([k for k, _ in metas], [v for _, v in metas])
+        per = pool.layout.num_layers
+        stats = pool.stats
+        stats.blocks_written += len(metas)
+        stats.objects_written += len(metas) * (per + 1)
+        stats.bytes_written += len(metas) * per * pool.layout.span_bytes
+        self.seconds += time.perf_counter() - t0
+        stats.write_seconds += self.seconds
+        return len(metas)
+
+    def write_all(self) -> int:
+        """Every layer, then :meth:`commit` (the write after compute, not overlapped)."""
+        for layer in range(self.pool.layout.num_layers):
+            self.write_layer(layer)
+        return self.commit()

@@ -1,0 +1,234 @@
+"""``kvserve bench hashing``: what the keyed prefix identity and the block digests cost.
+
+Three measurements in one process, each the median of ``--repeat`` runs:
+
+1. **prefix chain**: microseconds per 1,000 prompt tokens of
+   :meth:`kvpool.hashing.PrefixHasher.chain` (a salted root included, as every request
+   pays it), for ``sha256`` and ``xxh3`` at each ``--block-tokens``, against the chain this
+   replaced (hash version 1: unkeyed xxh3-64, reproduced here as :func:`legacy_chain`);
+2. **layer digests**: microseconds per 1,000 tokens of KV of
+   :func:`kvpool.meta.layer_digest` (SHA-256 truncated to 16 bytes, or xxh3-64) over one
+   span per (layer, block) as the pool writes them, for the KV shapes of the tiny model and
+   of SmolLM2-135M (layers, KV heads and head size from their ``config.json``; the KV dtype
+   is ``--dtype``, the engine's default);
+3. **prefill**: the time the engine takes to prefill 1,000 prompt tokens of the tiny model
+   (one request, a fresh random prompt each run), which 1 and 2 are compared with
+   (``vs_tiny_prefill``); with ``--prefill-smollm2`` also SmolLM2-135M's, which its own
+   layer digests are compared with (``vs_own_prefill``; about 3 s per run on 2 idle cores,
+   so ~25 s more).
+
+The chain runs on the engine thread (admission, and each step's new blocks); the digests run
+on the pool writer's helper thread and the lander thread, overlapped with compute, so on an
+idle machine their cost is hidden: the ratios bound what they could take from prefill. The
+load average at the start is in the conditions (the figures are wall-clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from kvpool.hashing import ALGORITHMS, Namespace, PrefixHasher
+from kvpool.layout import ELEMENT_BYTES
+from kvpool.meta import LayerDigest, layer_digest
+from kvserve.bench.report import emit, log, median
+from workers.config import EngineConfig
+
+PER = 1000
+"""Figures are per this many tokens."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt-tokens", type=int, default=8192, help="tokens of the chained prompt")
+    p.add_argument("--block-tokens", type=int, nargs="+", default=[16, EngineConfig.block_tokens])
+    p.add_argument("--dtype", default=EngineConfig.dtype, choices=sorted(ELEMENT_BYTES))
+    p.add_argument("--prefill-tokens", type=int, default=PER)
+    p.add_argument("--prefill-smollm2", action="store_true", help="also time its prefill")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def legacy_chain(token_ids: Sequence[int], block_tokens: int, seed: int) -> list[int]:
+    """Hash version 1 (the baseline): ``xxh3_64(parent as 8 bytes || tokens, seed)`` from 0,
+    unkeyed, as ``kvpool.hashing.hash_chain`` computed it before the keyed chain."""
+    names: list[int] = []
+    parent = 0
+    for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
+        block = np.asarray(token_ids[start : start + block_tokens], dtype="<u4").tobytes()
+        parent = xxhash.xxh3_64_intdigest(parent.to_bytes(8, "little") + block, seed=seed)
+        names.append(parent)
+    return names
+
+
+def salted_chain(hasher: PrefixHasher, tokens: Sequence[int], block_tokens: int) -> list[int]:
+    """What a request pays: its salt's root, then its prompt's chain."""
+    return hasher.chain(tokens, block_tokens, hasher.root("tenant"))
+
+
+def digest_all(digest: LayerDigest, ptrs: list[int], size: int) -> list[bytes]:
+    return [digest(ptr, size) for ptr in ptrs]
+
+
+def _timed_us(work: Callable[[], object], repeat: int) -> float:
+    """Median wall time of ``work`` in microseconds (one untimed warm-up run first)."""
+    work()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        work()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return median(samples)
+
+
+def chain_costs(args: argparse.Namespace, tokens: list[int]) -> list[dict[str, Any]]:
+    """Rows of measurement 1: per algorithm and block size, microseconds per 1,000 tokens."""
+    rows: list[dict[str, Any]] = []
+    key = os.urandom(32)
+    for bt in args.block_tokens:
+        ns = Namespace(model="bench@0", dtype=args.dtype, block_tokens=bt)
+        legacy = _timed_us(partial(legacy_chain, tokens, bt, ns.seed), args.repeat)
+        rows.append(_chain_row("legacy-xxh3-64 (unkeyed, v1)", bt, legacy, legacy))
+        for algorithm in ALGORITHMS:
+            hasher = PrefixHasher(Namespace(ns.model, ns.dtype, bt, algorithm), key)
+            us = _timed_us(partial(salted_chain, hasher, tokens, bt), args.repeat)
+            rows.append(_chain_row(algorithm, bt, us, legacy))
+    return rows
+
+
+def _chain_row(algorithm: str, bt: int, us: float, legacy_us: float) -> dict[str, Any]:
+    return {
+        "what": "prefix chain",
+        "algorithm": algorithm,
+        "block_tokens": bt,
+        "us": us,
+        "vs_legacy": round(us / legacy_us, 2),
+    }
+
+
+def digest_costs(
+    args: argparse.Namespace, shapes: dict[str, tuple[int, int, int]]
+) -> list[dict[str, Any]]:
+    """Rows of measurement 2: per model shape ``(layers, kv_heads, head_dim)`` and algorithm,
+    the digests of ``args.prefill_tokens`` tokens of KV in spans of the engine's block."""
+    rows: list[dict[str, Any]] = []
+    bt = EngineConfig.block_tokens
+    rng = np.random.default_rng(args.seed)
+    for name, (layers, kv_heads, head_dim) in shapes.items():
+        span = 2 * bt * kv_heads * head_dim * ELEMENT_BYTES[args.dtype]
+        blocks = -(-args.prefill_tokens // bt)
+        buf = rng.integers(0, 256, layers * blocks * span, dtype=np.uint8)
+        ptrs = [buf.ctypes.data + i * span for i in range(layers * blocks)]
+        for algorithm in ALGORITHMS:
+            us = _timed_us(partial(digest_all, layer_digest(algorithm), ptrs, span), args.repeat)
+            rows.append(
+                {
+                    "what": "layer digests",
+                    "algorithm": algorithm,
+                    "model": name,
+                    "kv_bytes": buf.nbytes,
+                    "span_bytes": span,
+                    "us": us * PER / (blocks * bt),
+                    "gb_per_s": round(buf.nbytes / us / 1e3, 2),
+                }
+            )
+    return rows
+
+
+def prefill_us(model_dir: Path, args: argparse.Namespace) -> float:
+    """Measurement 3: median microseconds to prefill ``args.prefill_tokens`` of the model."""
+    from workers.engine import Engine
+    from workers.sequence import SamplingParams
+
+    engine = Engine(EngineConfig(model=str(model_dir), dtype=args.dtype, kv_cache_mib=64))
+    rng = np.random.default_rng(args.seed)
+    vocab = engine.model_config.vocab_size
+
+    def prefill() -> None:
+        prompt = rng.integers(0, vocab, args.prefill_tokens).tolist()
+        engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0))
+
+    try:
+        return _timed_us(prefill, args.repeat)
+    finally:
+        engine.close()
+
+
+def kv_shape(model_dir: Path) -> tuple[int, int, int]:
+    """``(layers, kv_heads, head_dim)`` of a model directory's ``config.json``."""
+    from workers.model.config import load_model_config
+
+    cfg = load_model_config(model_dir)
+    return cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+
+
+def model_dirs() -> dict[str, Path]:
+    """The tiny model (made on first use, as ``kvserve chaos`` does) and SmolLM2-135M."""
+    from workers.model.prepare import cache_dir, make_tiny_model, prepare_default_model
+
+    tiny = cache_dir() / "models" / "tiny-llama"
+    if not (tiny / "config.json").is_file():
+        make_tiny_model(tiny)
+    return {"tiny-llama": tiny, "SmolLM2-135M": prepare_default_model()}
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    load = os.getloadavg()[0]
+    dirs = model_dirs()
+    tokens = np.random.default_rng(args.seed).integers(0, 49152, args.prompt_tokens).tolist()
+    log("prefix chains ...")
+    rows = chain_costs(args, tokens)
+    log("layer digests ...")
+    rows += digest_costs(args, {name: kv_shape(d) for name, d in dirs.items()})
+    timed = [name for name in dirs if name == "tiny-llama" or args.prefill_smollm2]
+    prefills: dict[str, float] = {}
+    for name in timed:
+        log(f"{name} prefill ...")
+        prefills[name] = prefill_us(dirs[name], args) * PER / args.prefill_tokens
+    for row in rows:
+        if row["what"] == "prefix chain":
+            row["us"] *= PER / args.prompt_tokens
+        row["us_per_1k_tokens"] = round(row.pop("us"), 1)
+        row["vs_tiny_prefill"] = round(row["us_per_1k_tokens"] / prefills["tiny-llama"], 5)
+        if row.get("model") in prefills:
+            row["vs_own_prefill"] = round(row["us_per_1k_tokens"] / prefills[row["model"]], 5)
+    rows += [
+        {"what": "prefill", "model": name, "us_per_1k_tokens": round(us, 1)}
+        for name, us in prefills.items()
+    ]
+    bt = EngineConfig.block_tokens
+    sha = next(r for r in rows if r["algorithm"] == "sha256" and r.get("block_tokens") == bt)
+    digest = next(r for r in rows if r.get("model") == "tiny-llama" and r["algorithm"] == "sha256")
+    emit(
+        "hashing",
+        {
+            "prompt_tokens": args.prompt_tokens,
+            "block_tokens": args.block_tokens,
+            "digest_block_tokens": bt,
+            "kv_dtype": args.dtype,
+            "prefill_tokens": args.prefill_tokens,
+            "kv_shapes_layers_kvheads_headdim": {name: kv_shape(d) for name, d in dirs.items()},
+            "repeat": args.repeat,
+            "statistic": "median wall time",
+            "loadavg_1m_at_start": round(load, 2),
+            "chain_includes": "one salted root (HMAC-SHA256) per prompt",
+            "digests": "sha256: SHA-256 of each span, first 16 bytes; xxh3: xxh3-64",
+            "seconds": round(time.monotonic() - started, 1),
+        },
+        rows,
+        {
+            "metric": f"sha256 chain (block {bt}) + sha256 layer digests of the tiny model, "
+            "per 1,000 tokens, as a share of the tiny model's prefill of 1,000 tokens",
+            "value": round(sha["vs_tiny_prefill"] + digest["vs_tiny_prefill"], 4),
+            "chain_vs_legacy": sha["vs_legacy"],
+        },
+    )
+    return 0

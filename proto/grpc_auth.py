@@ -1,0 +1,309 @@
+"""Who may call which method of a worker's gRPC server: bearer tokens from the cluster secret.
+
+Identities (:data:`PERMISSIONS`), each with the token :func:`proto.trust.grpc_token` derives
+for it from :attr:`~proto.registry.ClusterConfig.cluster_secret`:
+
+- ``router`` (:data:`ROUTER`): every ``Worker`` verb (Reserve, Prefill, Generate, Abort,
+  GetLoad, SetRole; a verb added to ``worker.proto`` later is the router's alone until
+  granted to another identity) and the health service;
+- ``monitor`` (:data:`MONITOR`): ``GetLoad`` and the health service only: health checks
+  (``kvserve probe``, the launcher's readiness wait), fault tests and tools that observe.
+
+Nothing is open: with a secret, the standard ``grpc.health.v1.Health`` service (Check,
+Watch, List) needs a token too (``monitor`` or ``router``), so an outsider learns not even
+whether a worker is serving and cannot hold Watch streams open. Probes that cannot send
+metadata (a bare ``grpc_health_probe``, Kubernetes' built-in gRPC probe) must therefore
+run ``kvserve probe worker``, which reads the secret from ``KVSERVE_CLUSTER_SECRET``.
+
+On the wire, every call carries one metadata entry ``authorization: Bearer <token>``, the
+token being ``<identity>.<hex>``. A worker with a secret (:class:`ServerAuth`) answers:
+
+- ``UNAUTHENTICATED`` when the entry is missing, repeated, malformed, names no identity, or
+  its token is not that identity's (compared with :func:`hmac.compare_digest`, in constant
+  time, against the one token the named identity has);
+- ``PERMISSION_DENIED`` when a valid identity calls a method it is not granted (unknown
+  methods included: deny by default);
+
+and runs the method otherwise. A refused call never reaches the servicer: its request is
+not even parsed. With an empty secret there are no checks at all (:func:`server_interceptors`
+returns none; :mod:`proto.channels` logs that once when the server is built).
+
+Client side, :func:`aio_interceptors` and :func:`sync_interceptors` add the entry to every
+call of a channel (gRPC refuses call credentials on a plaintext channel, so this is done
+with interceptors, which work the same with and without TLS). The token authorizes the
+verb; it is no transport security: across an untrusted network run TLS as well
+(:mod:`proto.channels`), or a sniffed token is as good as the secret for its verbs.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from grpc_health.v1 import health_pb2
+
+from proto import worker_pb2
+from proto.refusals import Rejection, RejectLog
+from proto.trust import grpc_token
+
+log = logging.getLogger(__name__)
+
+AUTHORIZATION = "authorization"
+"""The metadata key that carries the token (gRPC metadata keys are lower case)."""
+SCHEME = "Bearer"
+ROUTER = "router"
+MONITOR = "monitor"
+
+
+Metadata = Iterable[tuple[str, str | bytes]]
+"""Call metadata as gRPC hands it over: ``(key, value)`` pairs."""
+
+
+def _methods(service: ServiceDescriptor) -> tuple[str, ...]:
+    """Full method paths (``/package.Service/Verb``) of a service."""
+    return tuple(f"/{service.full_name}/{m.name}" for m in service.methods)
+
+
+_WORKER = worker_pb2.DESCRIPTOR.services_by_name["Worker"]
+WORKER_METHODS = _methods(_WORKER)
+HEALTH_METHODS = _methods(health_pb2.DESCRIPTOR.services_by_name["Health"])
+GET_LOAD = f"/{_WORKER.full_name}/GetLoad"
+
+PERMISSIONS: Mapping[str, frozenset[str]] = {
+    ROUTER: frozenset((*WORKER_METHODS, *HEALTH_METHODS)),
+    MONITOR: frozenset((GET_LOAD, *HEALTH_METHODS)),
+}
+"""Identity -> the full method paths it may call (anything else: PERMISSION_DENIED)."""
+
+
+def check_identity(identity: str) -> str:
+    """``identity`` if it is one of :data:`PERMISSIONS`, else ValueError."""
+    if identity not in PERMISSIONS:
+        raise ValueError(f"unknown gRPC identity {identity!r}; use one of {sorted(PERMISSIONS)}")
+    return identity
+
+
+def header(secret: str, identity: str) -> tuple[str, str]:
+    """The metadata entry ``identity`` sends under ``secret``."""
+    return AUTHORIZATION, f"{SCHEME} {grpc_token(secret, check_identity(identity))}"
+
+
+def parse(value: str | bytes) -> tuple[str, str] | None:
+    """``(identity, token)`` from an authorization value ``Bearer <identity>.<hex>`` (the
+    scheme is case-insensitive), or None when the value has another shape. The identity is
+    only what the token claims: nothing is verified here."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    scheme, _, token = value.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != SCHEME.lower() or not token.isascii():
+        return None
+    identity, dot, digest = token.rpartition(".")
+    if not (identity and dot and digest):
+        return None
+    return identity, token
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a call is refused: the status and the details it is answered with."""
+
+    code: grpc.StatusCode
+    details: str
+
+
+class Authenticator:
+    """Decides, from a call's method and metadata, whether a worker runs it (see the module
+    docstring); holds each identity's expected token, derived once from the secret."""
+
+    def __init__(self, secret: str) -> None:
+        if not secret:
+            raise ValueError("an Authenticator needs a non-empty cluster secret")
+        self._tokens = {i: grpc_token(secret, i).encode() for i in PERMISSIONS}
+
+    def identity(self, metadata: Metadata | None) -> str | None:
+        """The identity whose valid token ``metadata`` carries, or None (no, several, or a
+        malformed or wrong authorization entry)."""
+        values = [v for k, v in (metadata or ()) if k.lower() == AUTHORIZATION]
+        if len(values) != 1 or (parsed := parse(values[0])) is None:
+            return None
+        identity, token = parsed
+        expected = self._tokens.get(identity)
+        if expected is None:
+            return None
+        return identity if hmac.compare_digest(token.encode(), expected) else None
+
+    def refusal(self, method: str, metadata: Metadata | None) -> Refusal | None:
+        """None when the call may run, else how it is answered."""
+        identity = self.identity(metadata)
+        if identity is None:
+            return Refusal(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or invalid token: worker gRPC needs 'authorization: Bearer <token>' "
+                "derived from the cluster secret (KVSERVE_CLUSTER_SECRET)",
+            )
+        if method not in PERMISSIONS[identity]:
+            return Refusal(grpc.StatusCode.PERMISSION_DENIED, f"{identity} may not call {method}")
+        return None
+
+
+_HANDLERS: Mapping[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler[Any, Any]]] = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+_REFUSALS = RejectLog(log, "gRPC call")
+"""Refused calls, logged per (method, status) at most once a minute: a flood of bad calls
+does not flood the log."""
+
+
+def _refusing(
+    handler: grpc.RpcMethodHandler[Any, Any] | None, method: str, refusal: Refusal
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of the same streaming kind as ``handler`` (unary for an unknown method)
+    that answers ``refusal`` without parsing the request."""
+
+    async def refuse(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        _REFUSALS.note([Rejection(method, refusal.code.name, f"from {context.peer()}")])
+        await context.abort(refusal.code, refusal.details)
+
+    kind = (False, False)
+    if handler is not None:
+        kind = (bool(handler.request_streaming), bool(handler.response_streaming))
+    return _HANDLERS[kind](refuse)
+
+
+class ServerAuth(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """The server interceptor of a worker with a secret: runs a call only when
+    :meth:`Authenticator.refusal` finds nothing against it."""
+
+    def __init__(self, secret: str) -> None:
+        self.authenticator = Authenticator(secret)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        method = handler_call_details.method
+        refusal = self.authenticator.refusal(method, handler_call_details.invocation_metadata)
+        handler = await continuation(handler_call_details)
+        return handler if refusal is None else _refusing(handler, method, refusal)
+
+
+def server_interceptors(secret: str) -> list[grpc.aio.ServerInterceptor]:  # type: ignore[type-arg]
+    """The interceptors of a worker's server: :class:`ServerAuth`, or none without a secret."""
+    return [ServerAuth(secret)] if secret else []
+
+
+# -- clients ---------------------------------------------------------------------------------
+
+
+def with_header(metadata: Metadata | None, entry: tuple[str, str]) -> list[tuple[str, Any]]:
+    """``metadata`` with ``entry`` as its only authorization entry (one a caller set is
+    replaced, so a call never carries two)."""
+    kept = [(k, v) for k, v in (metadata or ()) if k.lower() != AUTHORIZATION]
+    return [*kept, entry]
+
+
+class _AioToken:
+    """Adds the token to the calls of an asyncio channel: one subclass per call kind, since
+    an asyncio channel files an interceptor under the first kind it implements only."""
+
+    def __init__(self, entry: tuple[str, str]) -> None:
+        self._entry = entry
+
+    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*with_header(d.metadata, self._entry))
+        return grpc.aio.ClientCallDetails(
+            d.method, d.timeout, metadata, d.credentials, d.wait_for_ready
+        )
+
+
+class _AioUnaryUnary(_AioToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _AioUnaryStream(_AioToken, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _AioStreamUnary(_AioToken, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[type-arg]
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._details(details), requests)
+
+
+class _AioStreamStream(_AioToken, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[type-arg]
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._details(details), requests)
+
+
+_AIO_KINDS = (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)
+
+
+@dataclass(frozen=True)
+class _CallDetails(grpc.ClientCallDetails):
+    method: str
+    timeout: float | None
+    metadata: Any
+    credentials: grpc.CallCredentials | None
+    wait_for_ready: bool | None
+    compression: grpc.Compression | None
+
+
+class _SyncToken(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
+    grpc.StreamUnaryClientInterceptor,  # type: ignore[type-arg]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[type-arg]
+):
+    """Adds the token to every call of a blocking channel (:func:`grpc.intercept_channel`)."""
+
+    def __init__(self, entry: tuple[str, str]) -> None:
+        self._entry = entry
+
+    def _details(self, d: grpc.ClientCallDetails) -> _CallDetails:
+        metadata = with_header(d.metadata, self._entry)
+        wait = getattr(d, "wait_for_ready", None)
+        compression = getattr(d, "compression", None)
+        return _CallDetails(d.method, d.timeout, metadata, d.credentials, wait, compression)
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+
+def aio_interceptors(secret: str, identity: str) -> list[Any]:
+    """Client interceptors of an asyncio channel calling as ``identity`` (none without a
+    secret: the worker checks nothing then). ValueError for an unknown identity."""
+    check_identity(identity)
+    if not secret:
+        return []
+    entry = header(secret, identity)
+    return [kind(entry) for kind in _AIO_KINDS]
+
+
+def sync_interceptors(secret: str, identity: str) -> list[Any]:
+    """The same for a blocking channel (for :func:`grpc.intercept_channel`)."""
+    check_identity(identity)
+    return [_SyncToken(header(secret, identity))] if secret else []

@@ -1,0 +1,81 @@
+"""The cluster secret and the keys each plane derives from it.
+
+One secret per cluster (:attr:`proto.registry.ClusterConfig.cluster_secret`, env
+``KVSERVE_CLUSTER_SECRET``; ``kvserve up`` and the compose files make one up unless it is
+given). Nothing uses the secret itself: each use derives its own key,
+``HMAC-SHA256(secret, "kvserve/v1/" + purpose)``, so a key learned from one plane (say the
+gRPC token seen on the wire) reveals nothing about another (say the pool's block MAC key).
+
+Purposes (one constant each below, used nowhere else):
+
+- :data:`PREFIX_ROOT`: the root of every prefix hash chain (:mod:`kvpool.hashing`), so no
+  one without the secret can compute any chain, a tenant's or the shared one;
+- :data:`POOL_BLOCK`: the MAC on every pool block's meta (:mod:`kvpool.pool`), and the name
+  of a request's partial-block key (no live request id in the pool's key space);
+- :data:`REGISTRY_RECORD`: the MAC on every worker record and on the contract in Redis
+  (:mod:`proto.registry`);
+- :func:`grpc_token` of an identity: the bearer token that identity presents on worker
+  gRPC calls (:mod:`proto.grpc_auth`).
+
+An empty secret is allowed (a process started by hand, tests): every derivation then uses
+an empty key, which keeps every code path the same but protects nothing; processes log
+that they run without one. :func:`check_secret` states what a real secret must look like.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+PREFIX_ROOT = "prefix-root"
+POOL_BLOCK = "pool-block"
+REGISTRY_RECORD = "registry-record"
+_GRPC_TOKEN = "grpc-token/"
+
+MIN_SECRET_CHARS = 32
+"""A secret is at least this many characters (``new_secret`` gives 64 hex digits)."""
+
+
+def new_secret() -> str:
+    """A fresh cluster secret: 256 random bits as 64 hex digits."""
+    return secrets.token_hex(32)
+
+
+def check_secret(secret: str) -> None:
+    """Raise ValueError unless ``secret`` is empty (no secret) or a usable secret: at least
+    :data:`MIN_SECRET_CHARS` printable ASCII characters without spaces."""
+    if not secret:
+        return
+    if len(secret) < MIN_SECRET_CHARS:
+        raise ValueError(
+            f"cluster_secret is {len(secret)} characters; use at least {MIN_SECRET_CHARS} "
+            f"(for example: python -c 'import secrets; print(secrets.token_hex(32))')"
+        )
+    if not all(33 <= ord(c) < 127 for c in secret):
+        raise ValueError("cluster_secret must be printable ASCII without spaces")
+
+
+def derive(secret: str, purpose: str) -> bytes:
+    """The 32-byte key of ``purpose`` under ``secret`` (empty secret: an empty-key HMAC)."""
+    return hmac.new(secret.encode(), b"kvserve/v1/" + purpose.encode(), hashlib.sha256).digest()
+
+
+def grpc_token(secret: str, identity: str) -> str:
+    """The bearer token of ``identity`` (hex; it names the identity, so a worker can tell
+    who calls without trying every identity's token)."""
+    return f"{identity}.{derive(secret, _GRPC_TOKEN + identity).hex()}"
+
+
+def mac(key: bytes, *parts: bytes) -> bytes:
+    """HMAC-SHA256 of ``parts``, each length-prefixed (so no two part lists collide)."""
+    h = hmac.new(key, digestmod=hashlib.sha256)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.digest()
+
+
+def mac_ok(key: bytes, tag: bytes, *parts: bytes) -> bool:
+    """Whether ``tag`` is the MAC of ``parts`` (constant-time comparison)."""
+    return hmac.compare_digest(tag, mac(key, *parts))

@@ -1,0 +1,122 @@
+"""The compose files are safe: the one-shot ``secrets`` service (deploy/init_secrets.py, run
+here for real) makes up the cluster secret and the Redis password once, keeps them, and
+lets given ones win; each secret is mounted, read-only, only into the services that read
+it (through deploy/with-secrets.sh or their own file settings); Redis requires its
+password; the RDMA machines must be given the shared secrets; nothing but the router and
+Prometheus is published, and those on loopback only (tests/unit/compose_files.py reads the
+files as compose does; no container runs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvserve.settings import config_from_args
+from proto.registry import ClusterConfig
+from router.auth import parse_api_keys
+from tests.unit.compose_files import (
+    INIT,
+    ONE_SHOT,
+    RDMA,
+    RDMA_ENV,
+    RDMA_SERVICES,
+    ROOT,
+    SECRETS_DIR,
+    SERVICES,
+    compose,
+    environment,
+    init_secrets,
+    mounts,
+    parse,
+    secret_env,
+    secret_file,
+    write_secrets,
+)
+
+
+@pytest.fixture(scope="module")
+def secrets_roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_secrets(tmp_path_factory)
+
+
+@pytest.mark.parametrize("missing", ["KVSERVE_CLUSTER_SECRET", "KVSERVE_REDIS_PASSWORD"])
+def test_rdma_machines_must_be_given_the_shared_secrets(
+    missing: str, monkeypatch: pytest.MonkeyPatch, secrets_roots: dict[str, Path]
+) -> None:
+    """Each machine's own ``secrets`` service would make up different ones: compose refuses
+    to start without them, and every worker and the router get the given ones."""
+    env = {k: v for k, v in RDMA_ENV.items() if k != missing}
+    with pytest.raises(ValueError, match=missing):
+        compose(RDMA, env)
+    for name in ("prefill", "decode", "router"):
+        ns = parse(RDMA_SERVICES[name], monkeypatch, secrets_roots["rdma"])
+        cluster = config_from_args(ClusterConfig, ns)
+        assert cluster.redis_password == RDMA_ENV["KVSERVE_REDIS_PASSWORD"]
+        assert cluster.cluster_secret == RDMA_ENV["KVSERVE_CLUSTER_SECRET"]
+
+
+def test_only_the_router_and_prometheus_are_published_and_on_loopback_only() -> None:
+    published = {n: s["ports"] for n, s in SERVICES.items() if s.get("ports")}
+    assert set(published) == {"router", "prometheus"}
+    assert all(str(p).startswith("127.0.0.1:") for ports in published.values() for p in ports)
+
+
+def test_secrets_are_made_up_once_kept_and_given_ones_win(tmp_path: Path) -> None:
+    module = init_secrets()
+    module.write(tmp_path, {})
+    first = {name: (tmp_path / name).read_text() for name in module.FILES}
+    assert all((tmp_path / name).stat().st_mode & 0o777 == 0o444 for name in module.FILES)
+    assert len(first["cluster/cluster_secret"]) == 64 and first["router/api_key"] == ""
+    assert first["cluster/redis_password"] == first["redis/password"]
+    module.write(tmp_path, {})  # a later `docker compose up`: the same secrets
+    assert {name: (tmp_path / name).read_text() for name in module.FILES} == first
+    module.write(tmp_path, {"KVSERVE_CLUSTER_SECRET": "g" * 40, "KVSERVE_REDIS_PASSWORD": "pw"})
+    assert (tmp_path / "cluster/cluster_secret").read_text() == "g" * 40
+    assert (tmp_path / "redis/redis.conf").read_text() == 'requirepass "pw"\n'
+    assert json.loads((tmp_path / "exporter/passwords.json").read_text()) == {
+        environment(SERVICES["redis-exporter"])["REDIS_ADDR"]: "pw"
+    }
+    bad = subprocess.run(
+        [sys.executable, str(INIT), str(tmp_path)],
+        env={"KVSERVE_CLUSTER_SECRET": "short", "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "cluster_secret" in bad.stderr
+
+
+def test_each_secret_is_mounted_only_where_it_is_read(secrets_roots: dict[str, Path]) -> None:
+    """Redis starts with its requirepass file and checks health with the password;
+    redis_exporter and Prometheus read theirs by their own file settings; workers get the
+    cluster secret and the Redis password, the router those and the API keys, through
+    deploy/with-secrets.sh; no other service mounts any secrets volume."""
+    root = secrets_roots["base"]
+    redis = SERVICES["redis"]
+    conf = secret_file(redis, redis["command"][1], root)
+    password = secret_file(redis, f"{SECRETS_DIR}/redis/password", root)
+    assert conf == f'requirepass "{password}"\n' and "/run/kvserve/redis/password" in str(
+        redis["healthcheck"]["test"]
+    )
+    exporter = SERVICES["redis-exporter"]
+    assert password in secret_file(exporter, environment(exporter)["REDIS_PASSWORD_FILE"], root)
+    readers: dict[str, set[str]] = {}
+    for name, service in SERVICES.items():
+        for target, (volume, _) in mounts(service).items():
+            if target.startswith(SECRETS_DIR) and name not in ONE_SHOT:
+                readers.setdefault(volume, set()).add(name)
+    assert readers == {
+        "secrets-cluster": {"prefill", "decode", "router"},
+        "secrets-router": {"router"},
+        "secrets-redis": {"redis"},
+        "secrets-exporter": {"redis-exporter"},
+        "secrets-prometheus": {"prometheus"},
+    }
+    for name in ("prefill", "decode", "router"):
+        exported = secret_env(SERVICES[name], root)
+        assert exported["KVSERVE_REDIS_PASSWORD"] == password
+        assert exported["KVSERVE_CLUSTER_SECRET"] == (root / "cluster/cluster_secret").read_text()
+        assert ("KVSERVE_API_KEY" in exported) == (name == "router")
+    assert parse_api_keys(secret_env(SERVICES["router"], root)["KVSERVE_API_KEY"]).enabled

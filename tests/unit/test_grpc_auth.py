@@ -1,0 +1,251 @@
+"""Worker gRPC authorization (:mod:`proto.grpc_auth`): token parsing, the identity/verb
+table, the constant-time comparison, and both interceptors end to end on an in-process
+server (a recording stand-in for the worker's servicer, on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from proto import channels, grpc_auth, worker_pb2_grpc
+from proto import worker_pb2 as pb
+from proto.grpc_auth import MONITOR, ROUTER, Authenticator, parse
+from proto.registry import ClusterConfig
+from proto.trust import grpc_token, new_secret
+
+SECRET = new_secret()
+WORKER = "/kvserve.worker.v1.Worker/"
+HEALTH = {f"/grpc.health.v1.Health/{v}" for v in ("Check", "Watch", "List")}
+VERBS = ("Reserve", "Prefill", "Generate", "Abort", "GetLoad", "SetRole")
+UNAUTHENTICATED, DENIED = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
+
+
+def bearer(secret: str, identity: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {grpc_token(secret, identity)}")]
+
+
+# -- parsing and the table ---------------------------------------------------------------
+
+
+def test_parse_takes_bearer_identity_dot_digest_only() -> None:
+    token = grpc_token(SECRET, ROUTER)
+    assert parse(f"Bearer {token}") == (ROUTER, token)
+    assert parse(f"bearer  {token} ".encode()) == (ROUTER, token)  # scheme case, bytes
+    for bad in ("", token, f"Basic {token}", "Bearer", "Bearer nodot", "Bearer .abc",
+                "Bearer router.", "Bearer rout\u00e9r.abc"):  # fmt: skip
+        assert parse(bad) is None, bad
+
+
+def test_header_round_trips_and_unknown_identities_are_refused() -> None:
+    key, value = grpc_auth.header(SECRET, MONITOR)
+    assert key == "authorization" and parse(value) == (MONITOR, grpc_token(SECRET, MONITOR))
+    with pytest.raises(ValueError, match="unknown gRPC identity"):
+        grpc_auth.header(SECRET, "prefill")
+    with pytest.raises(ValueError, match="unknown gRPC identity"):
+        channels.sync_channel("127.0.0.1:1", ClusterConfig(), identity="admin")
+
+
+def test_router_may_call_every_verb_and_monitor_only_observes() -> None:
+    assert set(grpc_auth.PERMISSIONS) == {ROUTER, MONITOR}
+    assert grpc_auth.PERMISSIONS[ROUTER] == {WORKER + v for v in VERBS} | HEALTH
+    assert grpc_auth.PERMISSIONS[MONITOR] == {WORKER + "GetLoad"} | HEALTH
+    # every verb the proto defines is in the table (a new one is the router's alone)
+    assert set(grpc_auth.WORKER_METHODS) == {WORKER + v for v in VERBS}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "method", "code"),
+    [
+        ([], WORKER + "GetLoad", UNAUTHENTICATED),
+        ([("authorization", "")], WORKER + "GetLoad", UNAUTHENTICATED),
+        (bearer(new_secret(), ROUTER), WORKER + "SetRole", UNAUTHENTICATED),  # wrong secret
+        (bearer(SECRET, "admin"), WORKER + "SetRole", UNAUTHENTICATED),  # unknown identity
+        ([("authorization", f"Bearer router.{'0' * 64}")], WORKER + "Abort", UNAUTHENTICATED),
+        (bearer(SECRET, ROUTER) * 2, WORKER + "Abort", UNAUTHENTICATED),  # two entries
+        (bearer(SECRET, MONITOR), WORKER + "SetRole", DENIED),
+        (bearer(SECRET, MONITOR), WORKER + "Reserve", DENIED),
+        (bearer(SECRET, ROUTER), "/grpc.reflection.v1.ServerReflection/Info", DENIED),
+        (bearer(SECRET, MONITOR), WORKER + "GetLoad", None),
+        (bearer(SECRET, MONITOR), "/grpc.health.v1.Health/Check", None),
+        (bearer(SECRET, ROUTER), WORKER + "SetRole", None),
+    ],
+)
+def test_refusals(
+    metadata: list[tuple[str, str]], method: str, code: grpc.StatusCode | None
+) -> None:
+    refusal = Authenticator(SECRET).refusal(method, metadata)
+    assert (refusal.code if refusal else None) == code
+
+
+def test_the_verdict_is_a_constant_time_compare_against_the_named_identity(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[tuple[bytes, bytes]] = []
+    verdict = [True]
+
+    def spy(a: bytes, b: bytes) -> bool:
+        seen.append((a, b))
+        return verdict[0]
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    auth = Authenticator(SECRET)
+    forged = f"monitor.{'f' * 64}"
+    assert auth.identity([("authorization", f"Bearer {forged}")]) == MONITOR  # spy says yes
+    assert seen == [(forged.encode(), grpc_token(SECRET, MONITOR).encode())]
+    verdict[0] = False
+    assert auth.identity(bearer(SECRET, ROUTER)) is None  # the spy says no to a real token
+
+
+def test_without_a_secret_nothing_is_installed() -> None:
+    assert grpc_auth.server_interceptors("") == []
+    assert grpc_auth.aio_interceptors("", ROUTER) == []
+    assert grpc_auth.sync_interceptors("", MONITOR) == []
+    with pytest.raises(ValueError, match="non-empty"):
+        Authenticator("")
+
+
+def test_a_callers_own_authorization_is_replaced() -> None:
+    entry = grpc_auth.header(SECRET, ROUTER)
+    merged = grpc_auth.with_header([("authorization", "Bearer x.y"), ("x-trace", "1")], entry)
+    assert merged == [("x-trace", "1"), entry]
+
+
+# -- both interceptors on a real in-process server -----------------------------------------
+
+
+class Recorder(worker_pb2_grpc.WorkerServicer):
+    """Records the verbs that reached it."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def GetLoad(self, request: pb.LoadRequest, context: Any) -> pb.LoadReport:  # noqa: N802
+        self.calls.append("GetLoad")
+        return pb.LoadReport(role="mixed")
+
+    async def SetRole(self, request: pb.SetRoleRequest, context: Any) -> pb.SetRoleReply:  # noqa: N802
+        self.calls.append("SetRole")
+        return pb.SetRoleReply(role=request.role, previous="mixed")
+
+    async def Generate(  # noqa: N802
+        self, request: pb.GenerateRequest, context: Any
+    ) -> AsyncIterator[pb.TokenChunk]:
+        self.calls.append("Generate")
+        yield pb.TokenChunk(token_ids=[7], finish_reason=pb.FINISH_REASON_LENGTH)
+
+
+@asynccontextmanager
+async def serving(cluster: ClusterConfig) -> AsyncIterator[tuple[str, Recorder]]:
+    server = channels.server(cluster)
+    recorder = Recorder()  # type: ignore[abstract]  # the verbs it lacks answer UNIMPLEMENTED
+    worker_pb2_grpc.add_WorkerServicer_to_server(recorder, server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = channels.add_port(server, "127.0.0.1:0", cluster)
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}", recorder
+    finally:
+        await server.stop(None)
+
+
+def sync_code(call: Callable[[], Any]) -> grpc.StatusCode:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        code: grpc.StatusCode = exc.code()
+        return code
+    return grpc.StatusCode.OK
+
+
+async def aio_code(call: Callable[[], Any]) -> grpc.StatusCode:
+    try:
+        await call()
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+def generate() -> pb.GenerateRequest:
+    return pb.GenerateRequest(request_id="r", prompt_token_ids=[1])
+
+
+def test_channels_carry_their_identity_and_the_server_enforces_it() -> None:
+    cluster = ClusterConfig(cluster_secret=SECRET)
+    stranger = ClusterConfig(cluster_secret=new_secret())
+
+    def blocking(address: str) -> dict[str, grpc.StatusCode]:
+        check = health_pb2.HealthCheckRequest()
+        codes = {}
+        with channels.sync_channel(address, cluster) as monitor:  # default: monitor
+            codes["monitor GetLoad"] = sync_code(
+                lambda: worker_pb2_grpc.WorkerStub(monitor).GetLoad(pb.LoadRequest(), timeout=10)
+            )
+            codes["monitor SetRole"] = sync_code(
+                lambda: worker_pb2_grpc.WorkerStub(monitor).SetRole(
+                    pb.SetRoleRequest(role="decode"), timeout=10
+                )
+            )
+            codes["monitor health"] = sync_code(
+                lambda: health_pb2_grpc.HealthStub(monitor).Check(check, timeout=10)
+            )
+        with grpc.insecure_channel(address) as bare:
+            codes["bare health"] = sync_code(
+                lambda: health_pb2_grpc.HealthStub(bare).Check(check, timeout=10)
+            )
+            codes["bare Generate"] = sync_code(
+                lambda: list(worker_pb2_grpc.WorkerStub(bare).Generate(generate(), timeout=10))
+            )
+        with channels.sync_channel(address, cluster, identity=ROUTER) as router:
+            codes["router sync Generate"] = sync_code(
+                lambda: list(worker_pb2_grpc.WorkerStub(router).Generate(generate(), timeout=10))
+            )
+        with channels.sync_channel(address, stranger, identity=ROUTER) as other:
+            codes["stranger SetRole"] = sync_code(
+                lambda: worker_pb2_grpc.WorkerStub(other).SetRole(
+                    pb.SetRoleRequest(role="decode"), timeout=10
+                )
+            )
+        return codes
+
+    async def scenario() -> tuple[dict[str, grpc.StatusCode], list[str]]:
+        async with serving(cluster) as (address, recorder):
+            codes = await asyncio.to_thread(blocking, address)
+            async with channels.channel(address, cluster) as router:  # default: router
+                stub = worker_pb2_grpc.WorkerStub(router)
+
+                async def stream() -> None:
+                    assert [c.token_ids[0] async for c in stub.Generate(generate(), timeout=10)]
+
+                codes["router Generate"] = await aio_code(stream)
+                codes["router SetRole"] = await aio_code(
+                    lambda: stub.SetRole(pb.SetRoleRequest(role="decode"), timeout=10)
+                )
+            async with channels.channel(address, stranger) as other:
+                codes["stranger stream"] = await aio_code(
+                    lambda: worker_pb2_grpc.WorkerStub(other).Generate(generate()).read()
+                )
+            return codes, recorder.calls
+
+    codes, calls = asyncio.run(scenario())
+    assert codes == {
+        "monitor GetLoad": grpc.StatusCode.OK,
+        "monitor SetRole": DENIED,
+        "monitor health": grpc.StatusCode.OK,
+        "bare health": UNAUTHENTICATED,
+        "bare Generate": UNAUTHENTICATED,
+        "stranger SetRole": UNAUTHENTICATED,
+        "router sync Generate": grpc.StatusCode.OK,
+        "router Generate": grpc.StatusCode.OK,
+        "router SetRole": grpc.StatusCode.OK,
+        "stranger stream": UNAUTHENTICATED,
+    }
+    assert calls == ["GetLoad", "Generate", "Generate", "SetRole"]  # refused calls never reached it
