@@ -7,8 +7,10 @@ The sources are in ``workers/model/csrc/``. They are compiled with
 ``key`` hashes the sources, the flags, the torch and Python versions, the compiler and the
 CPU (model and feature flags): a change of any of them, or a machine of another kind sharing
 the cache, builds anew instead of loading a binary that may not run there. Concurrent builds
-(several workers starting at once) are serialized by cpp_extension's lock file in that
-folder; a lock left by a killed build is removed after :data:`STALE_LOCK_S`.
+(several workers starting at once) are serialized by an ``flock`` on ``build.flock`` in that
+folder, taken before cpp_extension runs: the kernel releases it when its holder dies, so
+whoever holds it knows that any cpp_extension baton (``lock``) still there was left by a
+killed build and removes it at once (a stale baton used to stall every later worker).
 
 Nothing is built or loaded at import: :func:`available` (for callers that can fall back to
 the torch path) and :func:`build` (for the setup script) do it once per process, under a
@@ -25,6 +27,8 @@ head_dim]``, contiguous, float32, bfloat16 or float16; both release the GIL):
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -35,6 +39,7 @@ import sys
 import sysconfig
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -48,7 +53,6 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ops.cpp", "paged_attention.cpp")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-Wall", "-Wno-unused-function")
 LDFLAGS = ("-fopenmp",)
-STALE_LOCK_S = 15 * 60.0  # a build lock older than this is left by a dead build
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -112,24 +116,33 @@ def _ensure_ninja_on_path() -> None:
         os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
 
 
-def _remove_stale_lock(folder: Path) -> None:
-    lock = folder / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except OSError:
-        return
-    if age > STALE_LOCK_S:
-        log.warning("removing a stale build lock (%.0f s old): %s", age, lock)
-        lock.unlink(missing_ok=True)
+@contextlib.contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """Hold the folder's build ``flock`` (blocking until no other process does); inside
+    it, no live build owns cpp_extension's baton, so one found there is removed."""
+    with (folder / "build.flock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        baton = folder / "lock"
+        if baton.exists():
+            log.warning("removing a build lock left by a killed build: %s", baton)
+            baton.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _load() -> ModuleType:
-    from torch.utils import cpp_extension
-
     key = cache_key()
     folder = build_dir(key)
     folder.mkdir(parents=True, exist_ok=True)
-    _remove_stale_lock(folder)
+    with _build_lock(folder):
+        return _compile(key, folder)
+
+
+def _compile(key: str, folder: Path) -> ModuleType:
+    from torch.utils import cpp_extension
+
     _ensure_ninja_on_path()
     cpp_extension.verify_ninja_availability()
     module = cpp_extension.load(
