@@ -50,10 +50,12 @@ LOG_EVERY_S = 60.0
 
 
 @functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=32)
 def record_chain(contract: str, num_layers: int, keyring: Keyring) -> tuple[PrefixHasher, KeySpace]:
     """The prefix hasher and pool key space of a worker whose KV contract is ``contract``
     (``<namespace key>|<wire layout>``), under this router's ``keyring``; ``ValueError``
-    when the contract names no namespace, or one of another algorithm than the keyring's."""
+    when the contract names no namespace, or one of another algorithm than the keyring's.
+    Cached: a cluster has one contract, so each lookup does not parse it again."""
     namespace = Namespace.parse(contract.rpartition("|")[0])
     if namespace.algorithm != keyring.algorithm:
         raise ValueError(
