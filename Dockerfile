@@ -3,7 +3,9 @@
 #   --build-arg MOONCAKE=mooncake-transfer-engine \
 #   --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
 # (the CUDA Mooncake wheel cannot even be imported without the NVIDIA driver).
-# g++ builds the native CPU attention kernels (workers/model/csrc).
+# g++ (and the gcc it brings) builds the native CPU attention kernels (workers/model/csrc)
+# and, at a pool member's first start, the library that keeps Mooncake's listeners on
+# the member's own address (kvpool/csrc/confine.c).
 #
 # Steps: 1. Debian libraries Mooncake needs (libibverbs1 loads its transport; libnuma1);
 # 2. every Python package but torch from requirements.lock, exact versions checked against

@@ -4,12 +4,15 @@
 Under ``ROOT`` (default ``/run/kvserve``) there is one directory per group of readers, each
 a named volume that only those services mount, read-only (:data:`FILES`):
 
-- ``cluster/``: ``cluster_secret`` and ``redis_password``, for the workers and the router
+- ``cluster/``: ``cluster_secret`` and ``redis_password`` themselves, read by this service
+  alone (so that a later run keeps them);
+- ``worker/``: ``cluster_secret`` holding a worker's grant (:mod:`proto.grants`: what a
+  worker needs of the secret, never the secret) and ``redis_password``, for the workers
   (``deploy/with-secrets.sh`` exports them as ``KVSERVE_CLUSTER_SECRET`` and
   ``KVSERVE_REDIS_PASSWORD``, also for their health checks);
-- ``router/api_key``: the router's API keys (``KVSERVE_API_KEY``): the ones given, plus a
-  key of tenant ``prometheus`` for the scrape of ``/metrics``; empty (no keys, the router
-  open) when none are given;
+- ``router/``: the same with a router's grant, and ``api_key``: the router's API keys
+  (``KVSERVE_API_KEY``): the ones given, plus a key of tenant ``prometheus`` for the scrape
+  of ``/metrics``; empty (no keys, the router open) when none are given;
 - ``redis/``: ``redis.conf`` (its ``requirepass``; Redis is started with it) and
   ``password`` (for its health check);
 - ``exporter/passwords.json``: redis_exporter's ``REDIS_PASSWORD_FILE``;
@@ -34,6 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kvserve.redis_service import RedisConfig, new_password, redis_auth_conf
+from proto.grants import grant
 from proto.trust import check_secret, new_secret
 from router.auth import parse_api_keys
 
@@ -43,6 +47,10 @@ PROMETHEUS_TENANT = "prometheus"
 FILES = (
     "cluster/cluster_secret",
     "cluster/redis_password",
+    "worker/cluster_secret",
+    "worker/redis_password",
+    "router/cluster_secret",
+    "router/redis_password",
     "router/api_key",
     "redis/redis.conf",
     "redis/password",
@@ -67,7 +75,7 @@ def contents(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
     """What each of :data:`FILES` is to hold (module docstring); ValueError on bad input."""
     secret = _kept(root, FILES[0], environ.get("KVSERVE_CLUSTER_SECRET", ""), new_secret())
     password = _kept(root, FILES[1], environ.get("KVSERVE_REDIS_PASSWORD", ""), new_password())
-    prometheus = _kept(root, FILES[6], "", new_password())
+    prometheus = _kept(root, "prometheus/router_key", "", new_password())
     check_secret(secret)
     redis = RedisConfig(password=password)  # raises on line breaks and NUL
     keys = environ.get("KVSERVE_API_KEY", "").strip()
@@ -75,6 +83,10 @@ def contents(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
     parse_api_keys(router_keys)  # raises, naming the entry's position only
     texts = (
         secret,
+        password,
+        grant(secret, "worker"),
+        password,
+        grant(secret, "router"),
         password,
         router_keys,
         redis_auth_conf(redis),

@@ -12,7 +12,11 @@ load() { # load VARIABLE FILE
     export "$1=$value"
   fi
 }
-load KVSERVE_CLUSTER_SECRET cluster/cluster_secret
-load KVSERVE_REDIS_PASSWORD cluster/redis_password
+# A worker mounts worker/, the router router/; cluster_secret holds their role's grant,
+# never the secret itself (deploy/init_secrets.py).
+load KVSERVE_CLUSTER_SECRET worker/cluster_secret
+load KVSERVE_REDIS_PASSWORD worker/redis_password
+load KVSERVE_CLUSTER_SECRET router/cluster_secret
+load KVSERVE_REDIS_PASSWORD router/redis_password
 load KVSERVE_API_KEY router/api_key
 exec "$@"

@@ -22,6 +22,10 @@ class PoolConfig:
       names the NICs, e.g. ``mlx5_0,mlx5_1``).
     - ``pool_local_hostname``: the address other pool members reach this process at; it
       must not be a loopback address when members run on different hosts.
+    - ``pool_confine``: bind Mooncake's own listeners (the transfer engine's ports) to
+      ``pool_local_hostname`` only, instead of every interface as Mooncake does
+      (:mod:`kvpool.confine`: an ``LD_PRELOAD`` library, built with the system C compiler;
+      without one, a warning and every interface).
     - ``pool_segment_mib``: memory this process contributes to the pool.
     - ``pool_local_buffer_mib``: the client's own transfer buffer.
     - ``pool_request_ttl_s``: lifetime of request-scoped objects (partial last blocks)
@@ -33,6 +37,7 @@ class PoolConfig:
     pool_protocol: str = "tcp"
     pool_rdma_devices: str = ""
     pool_local_hostname: str = "127.0.0.1"
+    pool_confine: bool = True
     pool_segment_mib: int = 512
     pool_local_buffer_mib: int = 64
     pool_request_ttl_s: float = 60.0

@@ -21,6 +21,7 @@ to close it or wait again. :attr:`MooncakeStore.outages` counts outages,
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -29,6 +30,10 @@ from kvpool.master import port_open
 
 log = logging.getLogger(__name__)
 
+TRANSFER_ADDRESS_VARIABLE = "MC_TCP_BIND_ADDRESS"
+"""Mooncake's own variable for the address its TCP transport advertises to the other members
+(despite the name, it binds nothing: :mod:`kvpool.confine` does that); set from
+``pool_local_hostname`` before each join."""
 MASTER_PROBE_S = 2.0
 """How long joining the pool waits for the master's port to answer before giving up."""
 OUTAGE_BACKOFF_S = 1.0
@@ -98,6 +103,9 @@ class MooncakeStore:
             raise PoolUnavailableError(
                 f"nothing answers at {config.pool_master}: is mooncake_master running there?"
             )
+        # Mooncake advertises its transfer-engine address from this variable, else from the
+        # machine's first LAN interface, whatever the local hostname says: make it say ours.
+        os.environ[TRANSFER_ADDRESS_VARIABLE] = config.pool_local_hostname
         client = MooncakeDistributedStore()
         rc = client.setup(
             config.pool_local_hostname,

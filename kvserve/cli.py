@@ -11,13 +11,14 @@ Heavy modules are imported inside each verb so ``kvserve --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
-from kvserve.settings import add_config_args, config_from_args
+from kvserve.settings import add_config_args, add_verb, config_from_args, env_name
 from proto.registry import ClusterConfig
 from workers.config import EngineConfig, WorkerConfig
 
@@ -115,29 +116,39 @@ def _logging() -> None:
     )
 
 
+def _confine(pool: PoolConfig, joins: bool) -> None:
+    """Before anything else, confine this process's Mooncake listeners to its pool address
+    (:mod:`kvpool.confine`; may re-execute the process) when it joins the pool."""
+    if joins and pool.pool_confine:
+        from kvpool.confine import confine
+        from workers.model.prepare import cache_dir
+
+        confine(pool.pool_local_hostname, cache_dir())
+
+
 def _worker(args: argparse.Namespace) -> int:
+    _logging()
+    worker, pool = config_from_args(WorkerConfig, args), config_from_args(PoolConfig, args)
+    _confine(pool, worker.use_pool)
     from workers.server import serve
 
-    _logging()
     return serve(
-        config_from_args(WorkerConfig, args),
+        worker,
         config_from_args(EngineConfig, args),
-        config_from_args(PoolConfig, args),
+        pool,
         config_from_args(ClusterConfig, args),
     )
 
 
 def _router(args: argparse.Namespace) -> int:
-    from router.main import serve
-
-    _logging()
     from router.config import RouterConfig
 
-    serve(
-        config_from_args(RouterConfig, args),
-        config_from_args(ClusterConfig, args),
-        config_from_args(PoolConfig, args),
-    )
+    _logging()
+    router, pool = config_from_args(RouterConfig, args), config_from_args(PoolConfig, args)
+    _confine(pool, router.pool_lookup)
+    from router.main import serve
+
+    serve(router, config_from_args(ClusterConfig, args), pool)
     return 0
 
 
@@ -147,87 +158,22 @@ def _up(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def _bench_overlap(args: argparse.Namespace) -> int:
-    from kvserve.bench.overlap import run_bench
-
-    run_bench(args, config_from_args(EngineConfig, args))
-    return 0
-
-
-def _bench_prefix(args: argparse.Namespace) -> int:
-    from kvserve.bench.prefix import run_bench
-
-    run_bench(args, config_from_args(EngineConfig, args))
-    return 0
-
-
-def _bench_serve(args: argparse.Namespace) -> int:
-    from kvserve.bench.serve import run
-
-    return run(args)
-
-
-def _bench_compare(args: argparse.Namespace) -> int:
-    from kvserve.bench.compare import run
-
-    return run(args)
-
-
-def _bench_peer(args: argparse.Namespace) -> int:
-    from kvserve.bench.peer import run
-
-    return run(args)
-
-
-def _bench_trace(args: argparse.Namespace) -> int:
-    from kvserve.bench.trace import run
-
-    return run(args)
-
-
-def _bench_shift(args: argparse.Namespace) -> int:
-    from kvserve.bench.shift import run
-
-    return run(args)
-
-
-def _bench_pressure(args: argparse.Namespace) -> int:
-    from kvserve.bench.pressure import run
-
-    return run(args)
-
-
-def _bench_hashing(args: argparse.Namespace) -> int:
-    from kvserve.bench.hashing import run
-
-    return run(args)
-
-
-def _bench_pool(args: argparse.Namespace) -> int:
-    from kvserve.bench.pool import run_bench
-
-    run_bench(args)
-    return 0
-
-
-def _bench_engine(args: argparse.Namespace) -> int:
-    from kvserve.bench.engine import run_bench
-
-    run_bench(args, config_from_args(EngineConfig, args))
-    return 0
-
-
-def _bench_profile(args: argparse.Namespace) -> int:
-    from kvserve.bench.profile import run_profile
-
-    run_profile(args, config_from_args(EngineConfig, args))
-    return 0
-
-
 def _chaos(args: argparse.Namespace) -> int:
     from kvserve.chaos import run
 
     return run(args)
+
+
+def _grant(args: argparse.Namespace) -> int:
+    """Print ``args.holder``'s grant cut from ``KVSERVE_CLUSTER_SECRET`` (never a flag: a
+    secret on a command line is visible to every user of the machine)."""
+    from proto.grants import grant
+
+    secret = os.environ.get(env_name("cluster_secret"), "")
+    if not secret:
+        raise ValueError(f"set {env_name('cluster_secret')} to the cluster secret first")
+    print(grant(secret, args.holder))
+    return 0
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -236,19 +182,43 @@ def _probe(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+GROUPS: dict[str, str] = {
+    "chaos": "load on a loopback cluster while killing and restarting its parts",
+    "bench": "benchmarks (one JSON object on stdout)",
+    "sim": "simulated cluster and P:D analyses (JSON)",
+}
+"""Verbs whose arguments come from heavy modules (torch, openai): :func:`build_parser` adds
+their arguments only when asked for the whole parser or for that verb."""
+
+
+def _add_group(parser: argparse.ArgumentParser, name: str) -> None:
+    """The arguments (and sub-verbs) of the :data:`GROUPS` verb ``name``."""
+    if name == "chaos":
+        from kvserve.chaos import add_arguments
+
+        parser.set_defaults(func=_chaos)
+        add_arguments(parser)
+    elif name == "bench":
+        from kvserve.bench.cli import add_parsers
+
+        add_parsers(parser)
+    else:
+        from kvserve.sim.cli import add_parsers as add_sim_parsers
+
+        add_sim_parsers(parser)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only`` (the verb about to be parsed, or ``""`` for
+    none), the :data:`GROUPS` verbs other than ``only`` are listed without their arguments,
+    so that a worker, the router or ``--help`` do not import what only benchmarks need."""
     parser = argparse.ArgumentParser(prog="kvserve", description=__doc__.splitlines()[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     def verb(
-        name: str,
-        fn: Callable[[argparse.Namespace], int],
-        text: str,
-        sub: argparse._SubParsersAction[argparse.ArgumentParser] | None = None,
+        name: str, fn: Callable[[argparse.Namespace], int], text: str
     ) -> argparse.ArgumentParser:
-        p = (sub or verbs).add_parser(name, help=text, description=text)
-        p.set_defaults(func=fn)
-        return p
+        return add_verb(verbs, name, fn, text)
 
     from kvserve.up import add_arguments as add_up_arguments
     from router.config import RouterConfig
@@ -302,158 +272,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     pool = verb("pool", _pool, "run a mooncake_master (the KV pool) for this machine")
-    from kvserve.chaos import add_arguments as add_chaos_arguments
-
-    add_chaos_arguments(
-        verb("chaos", _chaos, "load on a loopback cluster while killing and restarting its parts")
-    )
-
     add_config_args(pool, MasterConfig)
+    for name, text in GROUPS.items():
+        group = verbs.add_parser(name, help=text, description=text)
+        if only is None or only == name:
+            _add_group(group, name)
     from kvserve.probe import add_arguments as add_probe_arguments
 
     add_probe_arguments(
         verb("probe", _probe, "health check of a worker, router or pool service (0: healthy)")
     )
 
-    bench = verbs.add_parser("bench", help="benchmarks (one JSON object on stdout)")
-    bench_verbs = bench.add_subparsers(dest="what", required=True)
-    b = verb("engine", _bench_engine, "engine throughput against transformers", bench_verbs)
-    b.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
-    b.add_argument("--prompt-len", type=int, default=128)
-    b.add_argument("--output-len", type=int, default=64)
-    b.add_argument("--repeat", type=int, default=3)
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument(
-        "--serve-factor",
-        type=int,
-        default=4,
-        help="serving workload: this many requests per unit of concurrency",
-    )
-    add_config_args(b, EngineConfig)
-    pr = verb("profile", _bench_profile, "where a decode step's time goes", bench_verbs)
-    pr.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    pr.add_argument("--prompt-len", type=int, default=512)
-    pr.add_argument("--steps", type=int, default=20, help="decode steps timed and profiled")
-    pr.add_argument("--seed", type=int, default=0)
-    add_config_args(pr, EngineConfig)
+    from proto.grants import SCOPES
 
-    bo = verb(
-        "overlap",
-        _bench_overlap,
-        "share of KV transfer hidden by layer-wise streaming (vs transfer after prefill)",
-        bench_verbs,
-    )
-    bo.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-    bo.add_argument("--repeat", type=int, default=3)
-    bo.add_argument("--seed", type=int, default=0)
-    bo.add_argument("--segment-mib", type=int, default=1024, help="pool memory per engine")
-    add_config_args(bo, EngineConfig)
+    verb(
+        "grant",
+        _grant,
+        "print the KVSERVE_CLUSTER_SECRET value to give a worker, router or monitor instead "
+        "of the whole secret (read from KVSERVE_CLUSTER_SECRET; see docs/security.md)",
+    ).add_argument("holder", choices=sorted(SCOPES))
 
-    bx = verb(
-        "prefix",
-        _bench_prefix,
-        "TTFT of a prompt whose prefix is in the pool, on another prefill worker, vs cold",
-        bench_verbs,
-    )
-    bx.add_argument("--prefix", type=int, default=2048, help="shared prefix tokens")
-    bx.add_argument("--tail", type=int, default=32, help="tokens after the prefix")
-    bx.add_argument("--repeat", type=int, default=4)
-    bx.add_argument("--seed", type=int, default=0)
-    bx.add_argument("--segment-mib", type=int, default=512, help="pool memory per worker")
-    add_config_args(bx, EngineConfig)
-
-    from kvserve.bench.compare import add_arguments as add_compare_arguments
-    from kvserve.bench.loadgen.options import add_arguments as add_serve_arguments
-    from kvserve.bench.peer import add_arguments as add_peer_arguments
-    from kvserve.bench.trace import add_arguments as add_trace_arguments
-
-    add_serve_arguments(
-        verb(
-            "serve",
-            _bench_serve,
-            "serving load (any OpenAI-compatible server): latency, SLO attainment, goodput",
-            bench_verbs,
-        )
-    )
-    add_compare_arguments(
-        verb(
-            "compare",
-            _bench_compare,
-            "one workload on deployments it starts itself (1p1d vs 2m): goodput ratio",
-            bench_verbs,
-        )
-    )
-    add_peer_arguments(
-        verb(
-            "peer",
-            _bench_peer,
-            "kvserve side by side with vLLM's CPU build (installed on first use), same cores",
-            bench_verbs,
-        )
-    )
-    add_trace_arguments(
-        verb(
-            "trace",
-            _bench_trace,
-            "prefix hit rate of a Mooncake trace: real pool vs LRU, local caches vs shared",
-            bench_verbs,
-        )
-    )
-
-    from kvserve.sim.cli import add_parsers as add_sim_parsers
-
-    add_sim_parsers(verbs.add_parser("sim", help="simulated cluster and P:D analyses (JSON)"))
-
-    from kvserve.bench.shift import add_arguments as add_shift_arguments
-
-    add_shift_arguments(
-        verb(
-            "shift",
-            _bench_shift,
-            "the P:D ratio controller live: a load that turns from prefill- to decode-heavy",
-            bench_verbs,
-        )
-    )
-
-    from kvserve.bench.pressure import add_arguments as add_pressure_arguments
-
-    add_pressure_arguments(
-        verb(
-            "pressure",
-            _bench_pressure,
-            "hand-offs through a pool too small for the load: first-to-second-token gap, "
-            "landing stall detection against the old fixed wait",
-            bench_verbs,
-        )
-    )
-
-    from kvserve.bench.hashing import add_arguments as add_hashing_arguments
-
-    add_hashing_arguments(
-        verb(
-            "hashing",
-            _bench_hashing,
-            "cost of the keyed prefix chain and the block digests per 1,000 tokens vs prefill",
-            bench_verbs,
-        )
-    )
-
-    bp = verb("pool", _bench_pool, "KV pool put/get GB/s against memcpy", bench_verbs)
-    bp.add_argument("--sizes-kib", type=int, nargs="+", default=[16, 64, 256, 1024, 4096])
-    bp.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 256])
-    bp.add_argument(
-        "--max-batch-mib",
-        type=int,
-        default=256,
-        help="skip size x batch combinations above this many MiB",
-    )
-    bp.add_argument("--repeat", type=int, default=3)
-    bp.add_argument("--seed", type=int, default=0)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(next((w for w in words if not w.startswith("-")), "")).parse_args(words)
     try:
         return int(args.func(args))
     except (ValueError, FileNotFoundError) as exc:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvserve.settings import env_name
+from proto.grants import grant
 
 if TYPE_CHECKING:
     from kvserve.cluster_spec import ClusterSpec
@@ -95,8 +96,9 @@ def plan_cluster(spec: ClusterSpec, cores: Sequence[int]) -> ClusterPlan:
     """Exact argv, port, cores and own environment of every worker and of the router:
     each worker gets a disjoint slice of ``cores`` when there are at least as many cores
     as workers (else all share all, and a note says so). Every setting is a flag; the
-    secrets go in the environment (:func:`secret_env`): the cluster's to every worker and
-    the router, the API keys to the router alone."""
+    secrets go in the environment (:func:`secret_env`): each worker and the router a grant
+    of its role cut from the cluster secret (:mod:`proto.grants`), never the secret itself;
+    the API keys to the router alone."""
     ordered = list(cores)
     slices, shared = split_cores(ordered, spec.num_workers)
     auto_threads = max(1, len(ordered) // spec.num_workers)
@@ -117,10 +119,12 @@ def plan_cluster(spec: ClusterSpec, cores: Sequence[int]) -> ClusterPlan:
     return ClusterPlan(tuple(workers), _router_plan(spec), shared, tuple(notes))
 
 
-def _own_env(spec: ClusterSpec, *own: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+def _own_env(spec: ClusterSpec, holder: str, *own: tuple[str, str]) -> tuple[tuple[str, str], ...]:
     """A worker's or the router's own environment: unbuffered output, the cluster's
-    secrets, then ``own``."""
-    return (("PYTHONUNBUFFERED", "1"), *secret_env(spec.cluster_config), *own)
+    secrets with the secret cut down to ``holder``'s grant, then ``own``."""
+    granted = grant(spec.cluster_secret, holder)
+    cluster = dataclasses.replace(spec.cluster_config, cluster_secret=granted)
+    return (("PYTHONUNBUFFERED", "1"), *secret_env(cluster), *own)
 
 
 def _worker_plan(
@@ -132,7 +136,7 @@ def _worker_plan(
     argv = [spec.python, "-m", "kvserve", "worker", "--role", role]
     argv += ["--worker-host", host, "--worker-port", str(port), "--worker-id", name]
     argv += [*config_argv(engine), *pool, *config_argv(spec.cluster_config), *spec.worker_args]
-    env = _own_env(spec, ("OMP_NUM_THREADS", str(threads)))
+    env = _own_env(spec, "worker", ("OMP_NUM_THREADS", str(threads)))
     return ProcessPlan(name, role, tuple(argv), host, port, cores, env, spec.prefix_of(name))
 
 
@@ -150,7 +154,7 @@ def _router_plan(spec: ClusterSpec) -> ProcessPlan:
     if spec.disagg_threshold_tokens is not None:
         argv += ["--disagg-threshold-tokens", str(spec.disagg_threshold_tokens)]
     argv += ["--tokenizer-dir", spec.model_dir]  # its own setting, never the registry's
-    env = _own_env(spec, (env_name("api_key"), spec.api_key))
+    env = _own_env(spec, "router", (env_name("api_key"), spec.api_key))
     argv += spec.router_args
     prefix = spec.prefix_of("router")
     return ProcessPlan("router", "router", tuple(argv), host, spec.router_port, (), env, prefix)

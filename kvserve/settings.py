@@ -66,3 +66,15 @@ def config_from_args(cls: type[T], ns: argparse.Namespace) -> T:
     """Build ``cls`` from the parsed flags added by :func:`add_config_args`."""
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     return cls(**{f.name: getattr(ns, f.name) for f in fields})
+
+
+def add_verb(
+    verbs: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    run: typing.Callable[[argparse.Namespace], int],
+    text: str,
+) -> argparse.ArgumentParser:
+    """A verb's parser under ``verbs``, described by ``text``, that runs ``run``."""
+    parser = verbs.add_parser(name, help=text, description=text)
+    parser.set_defaults(func=run)
+    return parser

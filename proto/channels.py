@@ -140,7 +140,7 @@ def channel(address: str, cluster: ClusterConfig, identity: str = ROUTER) -> grp
     secret). ValueError for an identity :mod:`proto.grpc_auth` does not know."""
     creds = channel_credentials(cluster)
     options = channel_options(cluster)
-    interceptors = aio_interceptors(cluster.cluster_secret, identity)
+    interceptors = aio_interceptors(cluster.credentials, identity)
     if creds is None:
         return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     return grpc.aio.secure_channel(address, creds, options=options, interceptors=interceptors)
@@ -152,7 +152,7 @@ def sync_channel(address: str, cluster: ClusterConfig, identity: str = MONITOR) 
     reserves or aborts asks for ``router``)."""
     creds = channel_credentials(cluster)
     options = channel_options(cluster)
-    interceptors = sync_interceptors(cluster.cluster_secret, identity)
+    interceptors = sync_interceptors(cluster.credentials, identity)
     if creds is None:
         base = grpc.insecure_channel(address, options=options)
     else:
@@ -165,7 +165,7 @@ def server(cluster: ClusterConfig) -> grpc.aio.Server:
     secret, the token checks of :mod:`proto.grpc_auth` on every method (add a port with
     :func:`add_port`). Without a secret it logs, once per server, that anyone who reaches
     the port may call every verb."""
-    interceptors = server_interceptors(cluster.cluster_secret)
+    interceptors = server_interceptors(cluster.credentials)
     if not interceptors:
         log.warning(
             "no cluster secret (KVSERVE_CLUSTER_SECRET): this worker's gRPC is "

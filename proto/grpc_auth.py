@@ -1,7 +1,8 @@
 """Who may call which method of a worker's gRPC server: bearer tokens from the cluster secret.
 
 Identities (:data:`PERMISSIONS`), each with the token :func:`proto.trust.grpc_token` derives
-for it from :attr:`~proto.registry.ClusterConfig.cluster_secret`:
+for it from the cluster secret (a process holding a grant instead presents and accepts only
+the tokens its grant holds: :mod:`proto.credentials`, :mod:`proto.grants`):
 
 - ``router`` (:data:`ROUTER`): every ``Worker`` verb (Reserve, Prefill, Generate, Abort,
   GetLoad, SetRole; a verb added to ``worker.proto`` later is the router's alone until
@@ -13,14 +14,15 @@ Nothing is open: with a secret, the standard ``grpc.health.v1.Health`` service (
 Watch, List) needs a token too (``monitor`` or ``router``), so an outsider learns not even
 whether a worker is serving and cannot hold Watch streams open. Probes that cannot send
 metadata (a bare ``grpc_health_probe``, Kubernetes' built-in gRPC probe) must therefore
-run ``kvserve probe worker``, which reads the secret from ``KVSERVE_CLUSTER_SECRET``.
+run ``kvserve probe worker``, which reads the secret (or a grant) from
+``KVSERVE_CLUSTER_SECRET``.
 
 On the wire, every call carries one metadata entry ``authorization: Bearer <token>``, the
 token being ``<identity>.<hex>``. A worker with a secret (:class:`ServerAuth`) answers:
 
 - ``UNAUTHENTICATED`` when the entry is missing, repeated, malformed, names no identity, or
-  its token is not that identity's (compared with :func:`hmac.compare_digest`, in constant
-  time, against the one token the named identity has);
+  its token is not that identity's (its SHA-256 compared with :func:`hmac.compare_digest`,
+  in constant time, against the verifier the worker holds for the named identity);
 - ``PERMISSION_DENIED`` when a valid identity calls a method it is not granted (unknown
   methods included: deny by default);
 
@@ -37,7 +39,6 @@ verb; it is no transport security: across an untrusted network run TLS as well
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -48,8 +49,8 @@ from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health_pb2
 
 from proto import worker_pb2
+from proto.credentials import Credentials
 from proto.refusals import Rejection, RejectLog
-from proto.trust import grpc_token
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,10 @@ def check_identity(identity: str) -> str:
     return identity
 
 
-def header(secret: str, identity: str) -> tuple[str, str]:
-    """The metadata entry ``identity`` sends under ``secret``."""
-    return AUTHORIZATION, f"{SCHEME} {grpc_token(secret, check_identity(identity))}"
+def header(credentials: Credentials, identity: str) -> tuple[str, str]:
+    """The metadata entry ``identity`` sends (:class:`~proto.credentials.NotGrantedError` when
+    ``credentials`` hold no token of it)."""
+    return AUTHORIZATION, f"{SCHEME} {credentials.token(check_identity(identity))}"
 
 
 def parse(value: str | bytes) -> tuple[str, str] | None:
@@ -119,12 +121,12 @@ class Refusal:
 
 class Authenticator:
     """Decides, from a call's method and metadata, whether a worker runs it (see the module
-    docstring); holds each identity's expected token, derived once from the secret."""
+    docstring) with the verifiers ``credentials`` hold (an identity without one is refused)."""
 
-    def __init__(self, secret: str) -> None:
-        if not secret:
-            raise ValueError("an Authenticator needs a non-empty cluster secret")
-        self._tokens = {i: grpc_token(secret, i).encode() for i in PERMISSIONS}
+    def __init__(self, credentials: Credentials) -> None:
+        if not credentials.secured:
+            raise ValueError("an Authenticator needs a cluster secret or a grant")
+        self._credentials = credentials
 
     def identity(self, metadata: Metadata | None) -> str | None:
         """The identity whose valid token ``metadata`` carries, or None (no, several, or a
@@ -133,10 +135,9 @@ class Authenticator:
         if len(values) != 1 or (parsed := parse(values[0])) is None:
             return None
         identity, token = parsed
-        expected = self._tokens.get(identity)
-        if expected is None:
+        if identity not in PERMISSIONS:
             return None
-        return identity if hmac.compare_digest(token.encode(), expected) else None
+        return identity if self._credentials.accepts(identity, token) else None
 
     def refusal(self, method: str, metadata: Metadata | None) -> Refusal | None:
         """None when the call may run, else how it is answered."""
@@ -185,8 +186,8 @@ class ServerAuth(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """The server interceptor of a worker with a secret: runs a call only when
     :meth:`Authenticator.refusal` finds nothing against it."""
 
-    def __init__(self, secret: str) -> None:
-        self.authenticator = Authenticator(secret)
+    def __init__(self, credentials: Credentials) -> None:
+        self.authenticator = Authenticator(credentials)
 
     async def intercept_service(
         self,
@@ -201,9 +202,11 @@ class ServerAuth(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         return handler if refusal is None else _refusing(handler, method, refusal)
 
 
-def server_interceptors(secret: str) -> list[grpc.aio.ServerInterceptor]:  # type: ignore[type-arg]
+def server_interceptors(
+    credentials: Credentials,
+) -> list[grpc.aio.ServerInterceptor]:  # type: ignore[type-arg]
     """The interceptors of a worker's server: :class:`ServerAuth`, or none without a secret."""
-    return [ServerAuth(secret)] if secret else []
+    return [ServerAuth(credentials)] if credentials.secured else []
 
 
 # -- clients ---------------------------------------------------------------------------------
@@ -293,17 +296,18 @@ class _SyncToken(
         return continuation(self._details(details), requests)
 
 
-def aio_interceptors(secret: str, identity: str) -> list[Any]:
+def aio_interceptors(credentials: Credentials, identity: str) -> list[Any]:
     """Client interceptors of an asyncio channel calling as ``identity`` (none without a
-    secret: the worker checks nothing then). ValueError for an unknown identity."""
+    secret: the worker checks nothing then). ValueError for an unknown identity,
+    :class:`~proto.credentials.NotGrantedError` for one whose token ``credentials`` lack."""
     check_identity(identity)
-    if not secret:
+    if not credentials.secured:
         return []
-    entry = header(secret, identity)
+    entry = header(credentials, identity)
     return [kind(entry) for kind in _AIO_KINDS]
 
 
-def sync_interceptors(secret: str, identity: str) -> list[Any]:
+def sync_interceptors(credentials: Credentials, identity: str) -> list[Any]:
     """The same for a blocking channel (for :func:`grpc.intercept_channel`)."""
     check_identity(identity)
-    return [_SyncToken(header(secret, identity))] if secret else []
+    return [_SyncToken(header(credentials, identity))] if credentials.secured else []

@@ -19,6 +19,7 @@ the other's package.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -26,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 
 from kvpool.keyring import Keyring
+from proto.credentials import Credentials, NotGrantedError
 from proto.record_store import (
     ContractMismatchError,
     Keys,
@@ -40,7 +42,10 @@ from proto.record_store import (
 )
 from proto.records import ROLES, RecordError, WorkerRecord
 from proto.refusals import Rejection, RejectLog
-from proto.trust import POOL_BLOCK, PREFIX_ROOT, REGISTRY_RECORD, check_secret, derive
+from proto.trust import POOL_BLOCK, PREFIX_ROOT, REGISTRY_RECORD
+
+UNSHARED_KEY = secrets.token_bytes(32)
+"""This process's own stand-in for a key it was not granted (see ``ClusterConfig.keyring``)."""
 
 __all__ = [
     "HASH_ALGORITHMS",
@@ -102,11 +107,13 @@ class ClusterConfig:
 
     Trust (:mod:`proto.trust`; the threat model is ``docs/security.md``):
 
-    - ``cluster_secret``: the secret every process of one cluster shares (give it as
-      ``KVSERVE_CLUSTER_SECRET``; left out of ``repr`` and logs). Worker gRPC calls carry a
-      token derived from it, pool blocks and registry records a MAC, and prefix hash chains
-      start from a root keyed with it. Empty: none of that protects anything (a process
-      started by hand for a test); ``kvserve up`` and the compose files always set one;
+    - ``cluster_secret``: the secret every process of one cluster shares, or a grant cut
+      from it for this process's role (:mod:`proto.credentials`, :mod:`proto.grants`; give
+      it as ``KVSERVE_CLUSTER_SECRET``; left out of ``repr`` and logs). Worker gRPC calls
+      carry a token derived from it, pool blocks and registry records a MAC, and prefix
+      hash chains start from a root keyed with it. Empty: none of that protects anything
+      (a process started by hand for a test); ``kvserve up`` and the compose files always
+      set one, and hand each worker and the router a grant rather than the secret;
     - ``hash_algorithm``: ``sha256`` (the default: SHA-256 prefix chains and SHA-256 layer
       digests in pool blocks, collision resistant) or ``xxh3`` (xxh3-128 chains and xxh3-64
       layer checksums: faster, for a single-tenant cluster whose pool members are all
@@ -141,7 +148,7 @@ class ClusterConfig:
         if not self.peer_timeout_s > 0:
             raise ValueError(f"peer_timeout_s must be positive, got {self.peer_timeout_s}")
         _check_tls_files(self.grpc_tls_cert, self.grpc_tls_key, self.grpc_tls_ca)
-        check_secret(self.cluster_secret)
+        Credentials.of(self.cluster_secret)  # raises, naming the setting, when malformed
         if self.hash_algorithm not in HASH_ALGORITHMS:
             raise ValueError(
                 f"hash_algorithm must be one of {', '.join(HASH_ALGORITHMS)}, "
@@ -149,20 +156,31 @@ class ClusterConfig:
             )
 
     @property
+    def credentials(self) -> Credentials:
+        """What ``cluster_secret`` holds (the secret, a grant, or nothing)."""
+        return Credentials.of(self.cluster_secret)
+
+    @property
     def keys(self) -> Keys:
-        """This cluster's key names, with the key that MACs its records (derived from
-        ``cluster_secret``)."""
-        return Keys(self.cluster, derive(self.cluster_secret, REGISTRY_RECORD))
+        """This cluster's key names, with the key that MACs its records
+        (:class:`~proto.credentials.NotGrantedError` for a grant without it)."""
+        return Keys(self.cluster, self.credentials.key(REGISTRY_RECORD))
 
     @property
     def keyring(self) -> Keyring:
-        """The pool member's keys: the hash algorithm and the prefix-root and pool-block
-        keys derived from ``cluster_secret`` (workers and the router alike)."""
-        secret = self.cluster_secret
+        """The pool member's keys: the hash algorithm, the prefix-root key and the
+        pool-block key. A process granted no pool-block key (the router: it never writes
+        or reads a block) gets :data:`UNSHARED_KEY`, which no other process holds: any
+        block it wrote would be refused as forged, any request key it named unused."""
+        credentials = self.credentials
+        try:
+            block = credentials.key(POOL_BLOCK)
+        except NotGrantedError:
+            block = UNSHARED_KEY
         return Keyring(
             self.hash_algorithm,
-            prefix_root=derive(secret, PREFIX_ROOT),
-            pool_block=derive(secret, POOL_BLOCK),
+            prefix_root=credentials.key(PREFIX_ROOT),
+            pool_block=block,
         )
 
     @property

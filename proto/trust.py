@@ -31,6 +31,8 @@ import secrets
 PREFIX_ROOT = "prefix-root"
 POOL_BLOCK = "pool-block"
 REGISTRY_RECORD = "registry-record"
+PURPOSES = (PREFIX_ROOT, POOL_BLOCK, REGISTRY_RECORD)
+"""Every plane key's purpose (what a grant may hold: :mod:`proto.credentials`)."""
 _GRPC_TOKEN = "grpc-token/"
 
 MIN_SECRET_CHARS = 32

@@ -8,6 +8,8 @@ real network interface between distinct addresses; elsewhere everything runs on 
 and the two tests that need separate hosts are skipped, saying why.
 
 - every process lives on its own host and advertises its own address (root only);
+- no worker and not the router listens on any address but its own (Mooncake's
+  transfer-engine ports included: :mod:`kvpool.confine`);
 - greedy outputs, streaming and not, equal the colocated in-process engine's and
   transformers' for prompts with and without a partial last block;
 - a request sharing a long prefix with an earlier one, prefilled on the other prefill
@@ -49,6 +51,7 @@ from proto import worker_pb2_grpc
 from proto.channels import sync_channel
 from proto.grpc_auth import ROUTER
 from proto.registry import Keys, connect, list_workers, seal_record
+from tests.integration.pool_member import listening
 from tests.integration.reference import hf_greedy
 from tests.midstream import LONG, complete, fault_mid_stream
 from tests.tiny_cluster import BLOCK, MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
@@ -115,6 +118,16 @@ def test_every_process_has_its_own_host(net_cluster: tuple[NetHosts | None, Clus
     assert advertised == {n: f"{net.addresses[n]}:{cluster.plan_of(n).port}" for n in advertised}
     assert sorted(advertised) == sorted(cluster.worker_names)
     assert cluster.router_url.startswith(f"http://{net.addresses['router']}:")
+
+
+def test_workers_and_the_router_listen_on_their_own_address_only(cluster: Cluster) -> None:
+    """Every listening socket of every pool member (gRPC, metrics, HTTP and the transfer
+    engine's) is bound to the member's own address, none to every interface."""
+    for name in (*cluster.worker_names, "router"):
+        own = cluster.plan_of(name).host
+        found = listening(int(cluster.process(name).pid or 0))
+        assert len(found) >= 3, (name, found)  # its own service and the transfer engine's
+        assert set(found) <= {own, f"::ffff:{own}"}, (name, found)
 
 
 def test_an_outsider_without_the_secret_is_refused_and_changes_nothing(

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from proto.credentials import GRANT_PREFIX
+from proto.grants import grant
 from workers.model.prepare import make_tiny_model
 
 KVSERVE = [sys.executable, "-m", "kvserve"]
@@ -121,8 +123,8 @@ def test_up_with_api_keys_asks_with_one_and_hands_secrets_out_by_need(
 ) -> None:
     """``kvserve up --ask`` with ``KVSERVE_API_KEY`` set answers (it presents a key the
     router accepts); the router alone has the keys, every worker and the router have the
-    made-up cluster secret and Redis password in their environment, and no command line
-    holds a secret."""
+    made-up Redis password and a grant of their role cut from the made-up cluster secret
+    in their environment (never the secret), and no command line holds a secret."""
     argv = [*KVSERVE, "up", "--free-ports", "--prefill", "0", "--decode", "0", "--mixed", "1"]
     argv += ["--no-use-pool", "--no-pin-cores", "--model", str(tiny_model_dir)]
     argv += ["--kv-cache-mib", "16", "--block-tokens", "16", "--log-dir", str(tmp_path)]
@@ -140,10 +142,10 @@ def test_up_with_api_keys_asks_with_one_and_hands_secrets_out_by_need(
             (router,), (worker,) = roles["router"], roles["worker"]
             assert router["KVSERVE_API_KEY"] == env["KVSERVE_API_KEY"]
             assert "KVSERVE_API_KEY" not in worker
-            secrets = [worker["KVSERVE_CLUSTER_SECRET"], worker["KVSERVE_REDIS_PASSWORD"]]
-            assert all(secrets) and secrets == [
-                router["KVSERVE_CLUSTER_SECRET"], router["KVSERVE_REDIS_PASSWORD"]
-            ]  # fmt: skip
+            grants = [worker["KVSERVE_CLUSTER_SECRET"], router["KVSERVE_CLUSTER_SECRET"]]
+            assert all(g.startswith(GRANT_PREFIX) for g in grants) and len(set(grants)) == 2
+            assert worker["KVSERVE_REDIS_PASSWORD"] == router["KVSERVE_REDIS_PASSWORD"]
+            secrets = [*grants, worker["KVSERVE_REDIS_PASSWORD"]]
             assert not any(s in c for c, _ in children for s in [*secrets, "k-test-1"])
             assert not any("KVSERVE_API_KEY" in e for c, e in children if "redis-server" in c)
         finally:
@@ -151,3 +153,14 @@ def test_up_with_api_keys_asks_with_one_and_hands_secrets_out_by_need(
             _, err = up.communicate(timeout=120)
     assert up.returncode == 0, err.decode()[-3000:]
     assert "Traceback" not in err.decode()
+
+
+def test_grant_prints_a_roles_grant_from_the_environment_only() -> None:
+    """``kvserve grant worker`` cuts a worker's grant from ``KVSERVE_CLUSTER_SECRET``; without
+    the variable it fails naming it (the secret is never a flag)."""
+    secret = "q" * 64
+    done = run("grant", "worker", env={"KVSERVE_CLUSTER_SECRET": secret})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == grant(secret, "worker")
+    refused = run("grant", "router", env={"KVSERVE_CLUSTER_SECRET": ""})
+    assert refused.returncode == 2 and "KVSERVE_CLUSTER_SECRET" in refused.stderr

@@ -1,13 +1,16 @@
 """Worker gRPC against callers without the cluster's token (:mod:`proto.grpc_auth`): one real
-``kvserve worker`` (mixed role, tiny model, real Redis and mooncake_master) started with
-``KVSERVE_CLUSTER_SECRET`` in its environment, for the whole module.
+``kvserve worker`` (mixed role, tiny model, real Redis and mooncake_master) started, as the
+launcher starts it, with a worker's grant in ``KVSERVE_CLUSTER_SECRET`` (never the secret),
+for the whole module.
 
 - a caller with no token, or with a token from another secret, gets UNAUTHENTICATED on
   every verb and on the health service, and changes nothing: the role, the pages, the
   reservation another caller holds, the counters all stay as they were;
 - the ``monitor`` identity may GetLoad and check health but gets PERMISSION_DENIED on every
   verb that acts;
-- the ``router`` identity may call every verb.
+- the ``router`` identity may call every verb;
+- whoever holds a worker's grant (a worker that was broken into) cannot make the router's
+  token, so it too may only observe.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proto import channels
 from proto import worker_pb2 as pb
+from proto.credentials import NotGrantedError
+from proto.grants import grant
 from proto.grpc_auth import MONITOR, ROUTER
 from proto.registry import ClusterConfig
 from proto.trust import new_secret
@@ -79,7 +84,7 @@ class Served:
 def worker(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Served]:
     log_dir = tmp_path_factory.mktemp("grpc-auth")
     with worker_services(log_dir) as services:
-        env = {"KVSERVE_CLUSTER_SECRET": SECRET}
+        env = {"KVSERVE_CLUSTER_SECRET": grant(SECRET, "worker")}
         proc, address = start_worker(
             "w-auth", tiny_model_dir, services, log_dir, "--role", "mixed", env=env
         )
@@ -159,6 +164,18 @@ def test_monitor_observes_but_may_not_act(worker: Served) -> None:
         assert codes(channel, OBSERVES) == dict.fromkeys(OBSERVES, grpc.StatusCode.OK)
         assert codes(channel, ACTS) == dict.fromkeys(ACTS, grpc.StatusCode.PERMISSION_DENIED)
         assert OBSERVES["Health"](channel).status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.timeout(300)
+def test_a_workers_grant_may_only_observe(worker: Served) -> None:
+    """What a peer worker holds cannot steer this one: no router token can be made from it,
+    and its monitor token is refused every verb that acts."""
+    peer = ClusterConfig(cluster_secret=grant(SECRET, "worker"))
+    with pytest.raises(NotGrantedError, match="router"), worker.dial(peer, ROUTER):
+        pass
+    with held_reservation(worker), unchanged(worker), worker.dial(peer, MONITOR) as channel:
+        assert codes(channel, OBSERVES) == dict.fromkeys(OBSERVES, grpc.StatusCode.OK)
+        assert codes(channel, ACTS) == dict.fromkeys(ACTS, grpc.StatusCode.PERMISSION_DENIED)
 
 
 @pytest.mark.timeout(300)

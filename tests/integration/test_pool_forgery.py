@@ -22,7 +22,7 @@ import pytest
 from kvpool.hashing import PrefixHasher
 from kvpool.landing import Lander, Landing
 from kvpool.master import MasterConfig
-from kvpool.pool import KVPool
+from kvpool.pool import KVPool, PoolStats
 from kvpool.store import MooncakeStore
 from proto.trust import POOL_BLOCK, PREFIX_ROOT, derive
 from tests.integration.pool_fixtures import LAYOUT, NAMESPACE, make_slab, pool_config
@@ -69,17 +69,31 @@ class Members:
         self.attacker.store.remove([meta_key, *self.attacker.keys.layer_keys(meta_key)])
         assert self.attacker.begin_write([(meta_key, page, extra or {})]).write_all() == 1
 
+    def fresh(self) -> Members:
+        """These members as a test starts: the reader's slab zeroed, every counter at 0
+        (the tests of one module share them: joining and leaving the pool costs seconds)."""
+        self.target[:] = 0
+        for pool in self.pools:
+            pool.stats = PoolStats()
+        return self
+
     def close(self) -> None:
         for pool in self.pools:
             pool.close()
             pool.store.close()
 
 
-@pytest.fixture(params=sorted(ATTACKERS))
-def members(request: pytest.FixtureRequest, master: MasterConfig) -> Iterator[Members]:
+@pytest.fixture(scope="module", params=sorted(ATTACKERS))
+def joined(request: pytest.FixtureRequest, master: MasterConfig) -> Iterator[Members]:
     m = Members(master, ATTACKERS[request.param], sorted(ATTACKERS).index(request.param))
     yield m
     m.close()
+
+
+@pytest.fixture
+def members(joined: Members) -> Members:
+    """The module's members for one attacker, fresh (each test uses its own prompts)."""
+    return joined.fresh()
 
 
 def untouched(m: Members, pages: list[int]) -> bool:

@@ -37,8 +37,8 @@ RDMA_ENV = {
 }
 INTERPOLATED = re.compile(r"(?<!\$)\$\{([A-Z_]+)(?::([-?])([^}]*))?\}")
 SECRETS_DIR = "/run/kvserve"
-LOADED = dict(re.findall(r"^load (KVSERVE_[A-Z_]+) (\S+)$", WRAPPER.read_text(), re.M))
-"""What deploy/with-secrets.sh exports: variable -> file under :data:`SECRETS_DIR`."""
+LOADED = re.findall(r"^load (KVSERVE_[A-Z_]+) (\S+)$", WRAPPER.read_text(), re.M)
+"""What deploy/with-secrets.sh exports, in order: (variable, file under :data:`SECRETS_DIR`)."""
 
 
 def interpolate(text: str, env: Mapping[str, str]) -> str:
@@ -105,7 +105,7 @@ def secret_env(service: dict[str, Any], root: Path) -> dict[str, str]:
     mounted = set(mounts(service))
     return {
         var: (root / name).read_text()
-        for var, name in LOADED.items()
+        for var, name in LOADED
         if f"{SECRETS_DIR}/{name.split('/')[0]}" in mounted
     }
 

@@ -15,6 +15,7 @@ from kvserve.cluster_spec import ClusterSpec
 from kvserve.process_plan import Host, ProcessPlan, config_argv, split_cores
 from kvserve.redis_service import RedisConfig, redis_auth_conf, redis_command
 from kvserve.settings import config_from_args
+from proto.grants import grant
 from proto.registry import ClusterConfig
 from workers.config import EngineConfig
 
@@ -71,7 +72,8 @@ def test_two_cores_one_prefill_one_decode_pins_one_core_each() -> None:
     assert (prefill.cores, decode.cores) == ((0,), (1,))
     assert dict(decode.env) == {
         **{"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
-        **{"KVSERVE_REDIS_PASSWORD": s.redis_password, "KVSERVE_CLUSTER_SECRET": s.cluster_secret},
+        "KVSERVE_REDIS_PASSWORD": s.redis_password,
+        "KVSERVE_CLUSTER_SECRET": grant(s.cluster_secret, "worker"),
     }
     assert decode.address == "127.0.0.1:50062"
     assert not plan.shared_cores and plan.notes == ()
@@ -270,24 +272,30 @@ def _parse(p: ProcessPlan, monkeypatch: pytest.MonkeyPatch) -> argparse.Namespac
 
 def test_argv_round_trips_through_the_real_cli(monkeypatch: pytest.MonkeyPatch) -> None:
     """Once ``worker`` and ``router`` are verbs of kvserve.cli, the argv and the environment
-    mean the spec (its secrets included)."""
+    mean the spec (its secrets included, the cluster secret as each role's grant)."""
     s = spec(disagg_threshold_tokens=64, policy="cache_aware")
     plan = s.plan([0, 1])
     ns = _parse(plan.workers[1], monkeypatch)
     assert (ns.role, ns.worker_port, ns.worker_id) == ("decode", 50062, "decode-0")
     assert config_from_args(EngineConfig, ns) == dataclasses.replace(s.engine, threads=1)
     assert config_from_args(PoolConfig, ns) == s.pool_config("decode-0")
-    assert config_from_args(ClusterConfig, ns) == s.cluster_config
+    assert config_from_args(ClusterConfig, ns) == granted(s, "worker")
     ns = _parse(plan.router, monkeypatch)
     assert (ns.router_port, ns.policy, ns.disagg_threshold_tokens) == (8000, "cache_aware", 64)
-    assert config_from_args(ClusterConfig, ns) == s.cluster_config
+    assert config_from_args(ClusterConfig, ns) == granted(s, "router")
     assert (ns.master_metrics_url, ns.tokenizer_dir) == (s.master.metrics_url, s.model_dir)
+
+
+def granted(s: ClusterSpec, holder: str) -> ClusterConfig:
+    """``s``'s cluster settings as ``holder`` is given them."""
+    return dataclasses.replace(s.cluster_config, cluster_secret=grant(s.cluster_secret, holder))
 
 
 def test_secrets_are_made_up_per_spec_and_travel_only_in_the_environment() -> None:
     """Each spec has its own cluster secret and Redis password unless given; every worker
-    and the router get both, through the environment only; the router alone gets the API
-    keys (set to '' when there are none, so nothing else can stand in)."""
+    and the router get the password and a grant of their role (never the secret), through
+    the environment only; the router alone gets the API keys (set to '' when there are
+    none, so nothing else can stand in)."""
     a, b = spec(api_key="t1=k1,k2"), spec()
     assert a.cluster_secret != b.cluster_secret and a.redis_password != b.redis_password
     assert len(a.cluster_secret) == 64 and len(a.redis_password) >= 32
@@ -296,7 +304,8 @@ def test_secrets_are_made_up_per_spec_and_travel_only_in_the_environment() -> No
     plan = a.plan([0, 1])
     for p in (*plan.workers, plan.router):
         env = dict(p.env)
-        assert env["KVSERVE_CLUSTER_SECRET"] == a.cluster_secret
+        holder = "router" if p is plan.router else "worker"
+        assert env["KVSERVE_CLUSTER_SECRET"] == grant(a.cluster_secret, holder)
         assert env["KVSERVE_REDIS_PASSWORD"] == a.redis_password
         text = " ".join(p.argv) + repr(p) + repr(a) + repr(a.cluster_config)
         assert not any(secret in text for secret in secrets)

@@ -1,7 +1,8 @@
 """The compose files are safe: the one-shot ``secrets`` service (deploy/init_secrets.py, run
 here for real) makes up the cluster secret and the Redis password once, keeps them, and
 lets given ones win; each secret is mounted, read-only, only into the services that read
-it (through deploy/with-secrets.sh or their own file settings); Redis requires its
+it (through deploy/with-secrets.sh or their own file settings), the cluster secret into no
+service at all (workers and the router get their role's grant); Redis requires its
 password; the RDMA machines must be given the shared secrets; nothing but the router and
 Prometheus is published, and those on loopback only (tests/unit/compose_files.py reads the
 files as compose does; no container runs)."""
@@ -9,6 +10,7 @@ files as compose does; no container runs)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvserve.settings import config_from_args
+from proto.grants import grant
 from proto.registry import ClusterConfig
 from router.auth import parse_api_keys
 from tests.unit.compose_files import (
@@ -48,7 +51,8 @@ def test_rdma_machines_must_be_given_the_shared_secrets(
     missing: str, monkeypatch: pytest.MonkeyPatch, secrets_roots: dict[str, Path]
 ) -> None:
     """Each machine's own ``secrets`` service would make up different ones: compose refuses
-    to start without them, and every worker and the router get the given ones."""
+    to start without them, and every worker and the router get the given password and a
+    grant cut from the given secret."""
     env = {k: v for k, v in RDMA_ENV.items() if k != missing}
     with pytest.raises(ValueError, match=missing):
         compose(RDMA, env)
@@ -56,7 +60,8 @@ def test_rdma_machines_must_be_given_the_shared_secrets(
         ns = parse(RDMA_SERVICES[name], monkeypatch, secrets_roots["rdma"])
         cluster = config_from_args(ClusterConfig, ns)
         assert cluster.redis_password == RDMA_ENV["KVSERVE_REDIS_PASSWORD"]
-        assert cluster.cluster_secret == RDMA_ENV["KVSERVE_CLUSTER_SECRET"]
+        holder = "router" if name == "router" else "worker"
+        assert cluster.cluster_secret == grant(RDMA_ENV["KVSERVE_CLUSTER_SECRET"], holder)
 
 
 def test_only_the_router_and_prometheus_are_published_and_on_loopback_only() -> None:
@@ -76,6 +81,12 @@ def test_secrets_are_made_up_once_kept_and_given_ones_win(tmp_path: Path) -> Non
     assert {name: (tmp_path / name).read_text() for name in module.FILES} == first
     module.write(tmp_path, {"KVSERVE_CLUSTER_SECRET": "g" * 40, "KVSERVE_REDIS_PASSWORD": "pw"})
     assert (tmp_path / "cluster/cluster_secret").read_text() == "g" * 40
+    for holder in ("worker", "router"):
+        given = (tmp_path / f"{holder}/cluster_secret").read_text()
+        assert (
+            given == grant("g" * 40, holder)
+            and (tmp_path / f"{holder}/redis_password").read_text() == "pw"
+        )
     assert (tmp_path / "redis/redis.conf").read_text() == 'requirepass "pw"\n'
     assert json.loads((tmp_path / "exporter/passwords.json").read_text()) == {
         environment(SERVICES["redis-exporter"])["REDIS_ADDR"]: "pw"
@@ -90,9 +101,10 @@ def test_secrets_are_made_up_once_kept_and_given_ones_win(tmp_path: Path) -> Non
 
 def test_each_secret_is_mounted_only_where_it_is_read(secrets_roots: dict[str, Path]) -> None:
     """Redis starts with its requirepass file and checks health with the password;
-    redis_exporter and Prometheus read theirs by their own file settings; workers get the
-    cluster secret and the Redis password, the router those and the API keys, through
-    deploy/with-secrets.sh; no other service mounts any secrets volume."""
+    redis_exporter and Prometheus read theirs by their own file settings; workers get a
+    worker's grant and the Redis password, the router a router's grant, the password and
+    the API keys, through deploy/with-secrets.sh; no service mounts the volume that holds
+    the secret itself, and no other service mounts any secrets volume."""
     root = secrets_roots["base"]
     redis = SERVICES["redis"]
     conf = secret_file(redis, redis["command"][1], root)
@@ -108,7 +120,7 @@ def test_each_secret_is_mounted_only_where_it_is_read(secrets_roots: dict[str, P
             if target.startswith(SECRETS_DIR) and name not in ONE_SHOT:
                 readers.setdefault(volume, set()).add(name)
     assert readers == {
-        "secrets-cluster": {"prefill", "decode", "router"},
+        "secrets-worker": {"prefill", "decode"},
         "secrets-router": {"router"},
         "secrets-redis": {"redis"},
         "secrets-exporter": {"redis-exporter"},
@@ -117,6 +129,30 @@ def test_each_secret_is_mounted_only_where_it_is_read(secrets_roots: dict[str, P
     for name in ("prefill", "decode", "router"):
         exported = secret_env(SERVICES[name], root)
         assert exported["KVSERVE_REDIS_PASSWORD"] == password
-        assert exported["KVSERVE_CLUSTER_SECRET"] == (root / "cluster/cluster_secret").read_text()
+        holder = "router" if name == "router" else "worker"
+        secret = (root / "cluster/cluster_secret").read_text()
+        assert exported["KVSERVE_CLUSTER_SECRET"] == grant(secret, holder)
         assert ("KVSERVE_API_KEY" in exported) == (name == "router")
     assert parse_api_keys(secret_env(SERVICES["router"], root)["KVSERVE_API_KEY"]).enabled
+
+
+@pytest.mark.parametrize("name", ["prefill", "router"])
+def test_the_real_wrapper_exports_what_the_service_mounts(
+    name: str, secrets_roots: dict[str, Path], tmp_path: Path
+) -> None:
+    """deploy/with-secrets.sh run by sh over only the directories ``name`` mounts exports
+    exactly what :func:`secret_env` says (the simulation the other tests rely on)."""
+    root, service = secrets_roots["base"], SERVICES[name]
+    for target in mounts(service):
+        if target.startswith(SECRETS_DIR + "/"):
+            own = target.removeprefix(SECRETS_DIR + "/")
+            shutil.copytree(root / own, tmp_path / own)
+    script = [sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"]
+    done = subprocess.run(
+        ["sh", str(ROOT / "deploy/with-secrets.sh"), *script],
+        env={"KVSERVE_SECRETS_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    exported = {k: v for k, v in json.loads(done.stdout).items() if k.startswith("KVSERVE_")}
+    exported.pop("KVSERVE_SECRETS_DIR")
+    assert exported == secret_env(service, root) and exported["KVSERVE_CLUSTER_SECRET"]

@@ -17,11 +17,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proto import channels, grpc_auth, worker_pb2_grpc
 from proto import worker_pb2 as pb
+from proto.credentials import Credentials, NotGrantedError, token_digest
+from proto.grants import grant
 from proto.grpc_auth import MONITOR, ROUTER, Authenticator, parse
 from proto.registry import ClusterConfig
 from proto.trust import grpc_token, new_secret
 
 SECRET = new_secret()
+FULL = Credentials.of(SECRET)
+WORKER_GRANT = Credentials.of(grant(SECRET, "worker"))
 WORKER = "/kvserve.worker.v1.Worker/"
 HEALTH = {f"/grpc.health.v1.Health/{v}" for v in ("Check", "Watch", "List")}
 VERBS = ("Reserve", "Prefill", "Generate", "Abort", "GetLoad", "SetRole")
@@ -45,10 +49,10 @@ def test_parse_takes_bearer_identity_dot_digest_only() -> None:
 
 
 def test_header_round_trips_and_unknown_identities_are_refused() -> None:
-    key, value = grpc_auth.header(SECRET, MONITOR)
+    key, value = grpc_auth.header(FULL, MONITOR)
     assert key == "authorization" and parse(value) == (MONITOR, grpc_token(SECRET, MONITOR))
     with pytest.raises(ValueError, match="unknown gRPC identity"):
-        grpc_auth.header(SECRET, "prefill")
+        grpc_auth.header(FULL, "prefill")
     with pytest.raises(ValueError, match="unknown gRPC identity"):
         channels.sync_channel("127.0.0.1:1", ClusterConfig(), identity="admin")
 
@@ -81,8 +85,27 @@ def test_router_may_call_every_verb_and_monitor_only_observes() -> None:
 def test_refusals(
     metadata: list[tuple[str, str]], method: str, code: grpc.StatusCode | None
 ) -> None:
-    refusal = Authenticator(SECRET).refusal(method, metadata)
-    assert (refusal.code if refusal else None) == code
+    for credentials in (FULL, WORKER_GRANT):  # a worker's grant verifies exactly the same
+        refusal = Authenticator(credentials).refusal(method, metadata)
+        assert (refusal.code if refusal else None) == code
+
+
+def test_a_worker_grant_cannot_make_the_routers_token() -> None:
+    """What a broken-into worker holds: the monitor token and verifiers, never a token that
+    SetRole / Abort / Reserve would accept."""
+    assert WORKER_GRANT.token(MONITOR) == grpc_token(SECRET, MONITOR)
+    with pytest.raises(NotGrantedError, match="router"):
+        WORKER_GRANT.token(ROUTER)
+    with pytest.raises(NotGrantedError, match="router"):
+        grpc_auth.aio_interceptors(WORKER_GRANT, ROUTER)
+    assert WORKER_GRANT.verifier(ROUTER) == token_digest(grpc_token(SECRET, ROUTER))
+    router = Credentials.of(grant(SECRET, "router"))
+    assert router.token(ROUTER) == grpc_token(SECRET, ROUTER)
+    with pytest.raises(ValueError, match="a cluster secret or a grant"):
+        Authenticator(Credentials.of(""))
+    # the router's grant accepts no caller (it serves no gRPC): every token is refused
+    refusal = Authenticator(router).refusal(WORKER + "GetLoad", bearer(SECRET, ROUTER))
+    assert refusal is not None and refusal.code == UNAUTHENTICATED
 
 
 def test_the_verdict_is_a_constant_time_compare_against_the_named_identity(
@@ -96,24 +119,23 @@ def test_the_verdict_is_a_constant_time_compare_against_the_named_identity(
         return verdict[0]
 
     monkeypatch.setattr(hmac, "compare_digest", spy)
-    auth = Authenticator(SECRET)
+    auth = Authenticator(WORKER_GRANT)
     forged = f"monitor.{'f' * 64}"
     assert auth.identity([("authorization", f"Bearer {forged}")]) == MONITOR  # spy says yes
-    assert seen == [(forged.encode(), grpc_token(SECRET, MONITOR).encode())]
+    assert seen == [(token_digest(forged), token_digest(grpc_token(SECRET, MONITOR)))]
     verdict[0] = False
     assert auth.identity(bearer(SECRET, ROUTER)) is None  # the spy says no to a real token
 
 
 def test_without_a_secret_nothing_is_installed() -> None:
-    assert grpc_auth.server_interceptors("") == []
-    assert grpc_auth.aio_interceptors("", ROUTER) == []
-    assert grpc_auth.sync_interceptors("", MONITOR) == []
-    with pytest.raises(ValueError, match="non-empty"):
-        Authenticator("")
+    none = Credentials.of("")
+    assert grpc_auth.server_interceptors(none) == []
+    assert grpc_auth.aio_interceptors(none, ROUTER) == []
+    assert grpc_auth.sync_interceptors(none, MONITOR) == []
 
 
 def test_a_callers_own_authorization_is_replaced() -> None:
-    entry = grpc_auth.header(SECRET, ROUTER)
+    entry = grpc_auth.header(FULL, ROUTER)
     merged = grpc_auth.with_header([("authorization", "Bearer x.y"), ("x-trace", "1")], entry)
     assert merged == [("x-trace", "1"), entry]
 

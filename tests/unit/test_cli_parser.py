@@ -1,0 +1,42 @@
+"""The command line parses a worker's or the router's arguments without importing what only
+benchmarks and chaos need (each pool member parses twice: before and after
+:func:`kvpool.confine.confine` re-executes it), and the whole parser still has every verb."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvserve.cli import GROUPS, build_parser
+
+HEAVY = ("torch", "openai", "matplotlib", "transformers")
+PROBE = """
+import json, sys
+from kvserve.cli import build_parser
+build_parser(sys.argv[1]).parse_args(sys.argv[1:])
+print(json.dumps(sorted(m for m in {heavy} if m in sys.modules)))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv", [["router", "--router-port", "8001"], ["worker"], ["grant", "worker"]]
+)
+def test_parsing_a_service_verb_imports_nothing_heavy(argv: list[str]) -> None:
+    code = PROBE.format(heavy=HEAVY)
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True
+    )
+    assert json.loads(done.stdout) == []
+
+
+def test_the_whole_parser_and_a_group_parser_know_every_group() -> None:
+    whole = build_parser()
+    assert whole.parse_args(["bench", "hashing"]).what == "hashing"
+    assert whole.parse_args(["sim", "ratio"]).what == "ratio"
+    assert build_parser("chaos").parse_args(["chaos", "--requests", "3"]).requests == 3
+    with pytest.raises(SystemExit):  # listed, but without its arguments
+        build_parser("worker").parse_args(["bench", "hashing"])
+    assert set(GROUPS) == {"chaos", "bench", "sim"}
