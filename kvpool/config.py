@@ -18,8 +18,8 @@ class PoolConfig:
     - ``pool_master``: ``host:port`` of ``mooncake_master``'s RPC service.
     - ``pool_metadata_server``: transfer-engine metadata service; empty means the master's
       HTTP metadata server (run next to it) at ``http://<master host>:8080/metadata``.
-    - ``pool_protocol``: ``tcp`` (works everywhere) or ``rdma`` (``pool_rdma_devices``
-      names the NICs, e.g. ``mlx5_0,mlx5_1``).
+    - ``pool_protocol``: ``tcp`` (works everywhere) or ``rdma``.
+    - ``pool_rdma_devices``: the RDMA NICs for ``rdma``, e.g. ``mlx5_0,mlx5_1``.
     - ``pool_local_hostname``: the address other pool members reach this process at; it
       must not be a loopback address when members run on different hosts.
     - ``pool_confine``: bind Mooncake's own listeners (the transfer engine's ports) to

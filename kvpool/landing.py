@@ -212,10 +212,6 @@ class Landing:
             if self.done.wait(left):
                 return True
 
-    @property
-    def progressing(self) -> bool:
-        return bool(self.pending)
-
 
 class Lander:
     """The thread that steps every pending landing. Lifecycle: construct (starts the thread)

@@ -172,9 +172,6 @@ class MooncakeStore:
             return [FAILED] * len(keys)
         return list(self._client.batch_remove(keys, True))
 
-    def remove_matching(self, regex: str) -> int:
-        return int(self._client.remove_by_regex(regex, True))
-
     def healthy(self) -> bool:
         return int(self._client.health_check()) == 0
 

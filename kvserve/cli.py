@@ -18,7 +18,13 @@ from pathlib import Path
 
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
-from kvserve.settings import add_config_args, add_verb, config_from_args, env_name
+from kvserve.settings import (
+    SettingError,
+    add_config_args,
+    add_verb,
+    config_from_args,
+    env_name,
+)
 from proto.registry import ClusterConfig
 from workers.config import EngineConfig, WorkerConfig
 
@@ -297,7 +303,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(next((w for w in words if not w.startswith("-")), "")).parse_args(words)
+    try:
+        parser = build_parser(next((w for w in words if not w.startswith("-")), ""))
+    except SettingError as exc:  # a malformed KVSERVE_* variable: one line naming it
+        print(f"kvserve: error: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(words)
     try:
         return int(args.func(args))
     except (ValueError, FileNotFoundError) as exc:

@@ -2,7 +2,10 @@
 
 A field ``kv_cache_mib`` of a config dataclass becomes the flag ``--kv-cache-mib`` whose
 default is ``$KVSERVE_KV_CACHE_MIB`` if set, else the field's default. The dataclass's own
-``__post_init__`` validates the result, so the rules live in one place.
+``__post_init__`` validates the result, so the rules live in one place. A flag's help is
+the field's entry in its class docstring (a bullet ``- ``name``: what it is``), then its
+variable and default. A variable that does not parse as its field's type is a
+:class:`SettingError` naming the variable.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import typing
 from collections.abc import Collection
 from typing import Any, TypeVar
@@ -25,6 +29,44 @@ def flag_name(field_name: str) -> str:
 
 def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
+
+
+class SettingError(ValueError):
+    """A ``KVSERVE_*`` variable that does not parse as its setting's type."""
+
+
+_BULLET = re.compile(r"^\s*- ((?:``\w+``(?:\s*(?:/|,|and)\s*)?)+):\s*(.*)$")
+
+
+def field_docs(cls: type[Any]) -> dict[str, str]:
+    """Each field's description from ``cls``'s docstring bullets (``- ``a`` / ``b``: text``,
+    continued on indented lines; the text of a bullet naming several fields goes to each)."""
+    docs: dict[str, str] = {}
+    names: list[str] = []
+    for line in (cls.__doc__ or "").splitlines():
+        found = _BULLET.match(line)
+        if found:
+            names = re.findall(r"``(\w+)``", found.group(1))
+            for name in names:
+                docs[name] = found.group(2).strip()
+        elif names and line.strip() and not line.lstrip().startswith("- "):
+            for name in names:
+                docs[name] += " " + line.strip()
+        else:
+            names = []
+    return {name: text.replace("``", "") for name, text in docs.items()}
+
+
+def _from_env(env: str, kind: Any, default: Any) -> Any:
+    """The value of variable ``env`` as ``kind`` (``default`` when unset)."""
+    if env not in os.environ:
+        return default
+    text = os.environ[env]
+    try:
+        return _parse_bool(text) if kind is bool else kind(text)
+    except ValueError:
+        what = {bool: "a boolean", int: "an integer", float: "a number"}.get(kind, "valid")
+        raise SettingError(f"{env}={text!r} is not {what}") from None
 
 
 def _parse_bool(text: str) -> bool:
@@ -44,21 +86,21 @@ def add_config_args(
     """Add one flag per field of dataclass ``cls`` (defaults from the environment), or
     per field named in ``only``."""
     hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         if only is not None and f.name not in only:
             continue
         kind = hints[f.name]
         env = env_name(f.name)
-        default = f.default
         flag = flag_name(f.name)
-        help_text = f"(env {env}; default {default!r})"
+        shown = "(secret)" if not f.repr else repr(f.default)
+        help_text = f"{docs.get(f.name, '')} (env {env}; default {shown})".lstrip()
+        value = _from_env(env, kind, f.default)
         if kind is bool:
-            value = _parse_bool(os.environ[env]) if env in os.environ else default
             parser.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=value, help=help_text
             )
         else:
-            value = kind(os.environ[env]) if env in os.environ else default
             parser.add_argument(flag, type=kind, default=value, help=help_text)
 
 

@@ -27,13 +27,13 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from proto import worker_pb2
+from proto.records import ROLES
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 600.0,
 )  # fmt: skip
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 5.0)
 
-ROLES = ("prefill", "decode", "mixed")
 WORKER_GAUGES = (
     "queued_prefill_tokens",
     "running",

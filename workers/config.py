@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proto.records import ROLES
+
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("auto", "native", "torch")
 
@@ -70,9 +72,6 @@ class EngineConfig:
             raise ValueError(
                 "max_model_len, num_kv_blocks and threads must be >= 0 (0 means automatic)"
             )
-
-
-ROLES = ("prefill", "decode", "mixed")
 
 
 @dataclass(frozen=True)

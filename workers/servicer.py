@@ -35,7 +35,7 @@ from kvpool.landing import STALL_S
 from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
 from proto.limits import MAX_CACHE_SALT_CHARS, MAX_LEASE_S, request_id_error
-from workers.config import ROLES
+from proto.records import ROLES
 from workers.engine import Engine
 from workers.engine_loop import EngineLoop
 from workers.kv_transfer import Transfer
