@@ -1,0 +1,90 @@
+"""The import rules of docs/architecture.md, enforced over every module (an AST walk, so a
+lazy import inside a function counts the same as one at the top).
+
+- ``kvpool`` imports no project package; ``proto`` only ``kvpool.keyring``;
+- ``workers`` and ``router`` import ``proto`` and ``kvpool``, never each other or ``kvserve``;
+- nothing outside ``kvserve`` imports ``kvserve``;
+- the pure bookkeeping modules import nothing that computes on tensors or does I/O.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("kvpool", "proto", "workers", "router", "kvserve")
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "kvpool": ("kvpool",),
+    "proto": ("proto", "kvpool.keyring"),
+    "workers": ("workers", "proto", "kvpool"),
+    "router": ("router", "proto", "kvpool"),
+    "kvserve": PACKAGES,
+}
+"""Package -> the project modules (and their submodules) it may import."""
+PURE = (
+    "workers/scheduler.py",
+    "workers/block_manager.py",
+    "workers/block_pool.py",
+    "router/conductor.py",
+    "router/admission.py",
+    "router/pending.py",
+    "router/kv_wait.py",
+    "router/ratio.py",
+)
+IMPURE = ("torch", "numpy", "grpc", "redis", "socket", "subprocess", "urllib", "mooncake")
+
+
+def imports(path: Path, root: Path = ROOT) -> set[str]:
+    """Every module ``path`` (under ``root``) imports, absolute (relative imports resolved)."""
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            found.add(base)
+    return found
+
+
+def project(module: str) -> bool:
+    return module.split(".")[0] in PACKAGES
+
+
+def within(module: str, allowed: tuple[str, ...]) -> bool:
+    return any(module == a or module.startswith(a + ".") for a in allowed)
+
+
+def sources(package: str) -> list[Path]:
+    return sorted(p for p in (ROOT / package).rglob("*.py") if "_pb2" not in p.name)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_imports_only_what_its_rule_allows(package: str) -> None:
+    broken = {
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sources(package)
+        for module in imports(path)
+        if project(module) and not within(module, ALLOWED[package])
+    }
+    assert not broken, sorted(broken)
+
+
+@pytest.mark.parametrize("path", PURE)
+def test_pure_bookkeeping_imports_no_tensors_and_no_io(path: str) -> None:
+    found = {m for m in imports(ROOT / path) if within(m, IMPURE)}
+    assert not found, found
+
+
+def test_the_walk_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
+    """The checker itself: an import inside a function and a relative import both count."""
+    module = tmp_path / "workers" / "model" / "probe.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("def f():\n    import router.app\nfrom .. import engine\nfrom . import x\n")
+    assert imports(module, tmp_path) == {"router.app", "workers", "workers.model"}
