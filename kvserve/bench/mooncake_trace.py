@@ -1,19 +1,25 @@
 """The Mooncake trace format, read once for every tool that replays it.
 
 A trace is JSON lines ``{"timestamp": ms, "input_length": n, "output_length": m,
-"hash_ids": [...]}`` (see ``../shared/traces/README.md``): one hash id per block of the
-prompt, equal ids at the same position meaning the whole prefix up to there is identical.
+"hash_ids": [...]}`` (``kvserve/bench/data/README.md``): one hash id per block of the
+prompt, equal ids at the same position meaning the whole prefix up to there is identical;
+gzip-compressed when the name ends in ``.gz``. The project ships the trace published with
+the Mooncake paper (:data:`SHIPPED`), the default of every tool that replays a trace.
 ``kvserve bench serve`` turns the ids into token blocks; ``kvserve bench trace`` into pool
 keys. Pure: no I/O beyond :func:`load_trace`.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+SHIPPED = Path(__file__).parent / "data" / "mooncake_synthetic_trace.jsonl.gz"
+"""Mooncake's FAST'25 synthetic trace (3,993 requests, 512-token blocks; Apache-2.0)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,11 @@ def parse_trace(
     return out
 
 
-def load_trace(path: Path, max_requests: int | None = None) -> list[TraceEntry]:
-    with path.open() as f:
-        return parse_trace(f, max_requests)
+def load_trace(
+    path: Path,
+    max_requests: int | None = None,
+    entry: Callable[[float, int, int, tuple[int, ...]], E] = TraceEntry,  # type: ignore[assignment]
+) -> list[E]:
+    """The entries of the trace file at ``path`` (plain or ``.gz``), as :func:`parse_trace`."""
+    with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
+        return parse_trace(f, max_requests, entry)

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kvserve.bench.mooncake_trace import SHIPPED
 from kvserve.bench.report import emit, log
 from kvserve.bench.tracecluster import HINT_SUFFIX, cluster_replay
 from kvserve.bench.tracesim import BLOCK_TOKENS, block_chain, load_trace, lru_replay
@@ -32,7 +33,12 @@ UNBOUNDED = 1 << 62
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``kvserve bench trace``."""
-    parser.add_argument("--trace", type=Path, required=True, help="Mooncake-format JSONL")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=SHIPPED,
+        help="Mooncake-format JSON lines, plain or .gz (default: the shipped Mooncake trace)",
+    )
     parser.add_argument("--max-requests", type=int, default=0, help="0: the whole trace")
     parser.add_argument(
         "--capacities", type=int, nargs="+", default=[1000, 4000, 16000], help="in blocks"

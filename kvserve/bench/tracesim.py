@@ -64,8 +64,8 @@ def parse_trace(lines: Iterable[str], max_requests: int | None = None) -> list[T
 
 
 def load_trace(path: Path, max_requests: int | None = None) -> list[TraceRequest]:
-    with path.open() as f:
-        return parse_trace(f, max_requests)
+    """The trace at ``path`` as 512-token-block requests (:func:`mooncake_trace.load_trace`)."""
+    return mooncake_trace.load_trace(path, max_requests, TraceRequest)
 
 
 def block_chain(hash_ids: Sequence[int], hasher: PrefixHasher = TRACE_HASHER) -> list[int]:

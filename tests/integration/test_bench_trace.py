@@ -1,6 +1,6 @@
 """``kvserve bench trace`` against a real mooncake_master (a fresh one per replay, loopback).
 
-Uses the first 200 requests of the shared Mooncake trace (read only)."""
+Uses the first 200 requests of the Mooncake trace the project ships."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from kvserve.bench import trace
+from kvserve.bench.mooncake_trace import SHIPPED
 from kvserve.bench.tracepool import PoolReplaySettings, pool_replay
 from kvserve.bench.tracesim import TraceRequest, block_chain, load_trace, lru_replay
 
-TRACE = Path("/work/shared/traces/synthetic_trace.jsonl")
+TRACE = SHIPPED
 REQUESTS = 200
 
 

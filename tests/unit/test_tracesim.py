@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+from pathlib import Path
 
 import pytest
 
 from kvpool.keys import KeySpace
+from kvserve.bench.mooncake_trace import SHIPPED
 from kvserve.bench.tracecluster import cluster_replay
 from kvserve.bench.tracesim import (
     TRACE_HASHER,
@@ -15,6 +18,7 @@ from kvserve.bench.tracesim import (
     LRUCache,
     TraceRequest,
     block_chain,
+    load_trace,
     lru_replay,
     parse_trace,
 )
@@ -174,3 +178,17 @@ def test_pages_of_a_running_request_are_held() -> None:
     result = cluster_replay(trace, chains, 1, 4, "round_robin", False, 1000.0)
     assert result.hits.hit_blocks == 0
     assert result.ttft_s[1] == pytest.approx(2.048 - 0.001 + 0.512)
+
+
+def test_the_shipped_trace_loads_plain_or_gzipped_alike(tmp_path: Path) -> None:
+    """The project ships Mooncake's trace (nothing read from outside the repository); a
+    plain copy of it reads the same as the .gz."""
+    shipped = load_trace(SHIPPED)
+    assert len(shipped) == 3993
+    first = shipped[0]
+    assert (first.timestamp_ms, first.input_length, first.output_length) == (0, 40160, 6)
+    assert first.hash_ids == tuple(range(79))
+    plain = tmp_path / "trace.jsonl"
+    with gzip.open(SHIPPED, "rt") as f:
+        plain.write_text(f.read())
+    assert load_trace(plain, 50) == shipped[:50]

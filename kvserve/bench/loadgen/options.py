@@ -25,7 +25,7 @@ from kvserve.bench.loadgen.workloads import (
     synthetic_requests,
     trace_requests,
 )
-from kvserve.bench.mooncake_trace import load_trace
+from kvserve.bench.mooncake_trace import SHIPPED, load_trace
 
 WORKLOADS = (*SYNTHETIC_KINDS, "shared-prefix", "trace")
 DEFAULT_REQUESTS = 48
@@ -52,7 +52,12 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-len", type=int, default=256, help="shared-prefix: prefix tokens P")
     p.add_argument("--suffix-len", type=int, default=32, help="shared-prefix: unique suffix")
     p.add_argument("--prefix-output-len", type=int, default=16, help="shared-prefix: output")
-    p.add_argument("--trace", type=Path, default=None, help="Mooncake trace (JSON lines)")
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=SHIPPED,
+        help="Mooncake trace, JSON lines, plain or .gz (default: the shipped Mooncake trace)",
+    )
     p.add_argument("--trace-block-size", type=int, default=512, help="tokens per hash id")
     p.add_argument("--length-scale", type=float, default=1.0, help="trace: prompt lengths x")
     p.add_argument("--output-scale", type=float, default=1.0, help="trace: output lengths x")
@@ -147,8 +152,6 @@ def build_workload(args: argparse.Namespace) -> Workload:
                 "output": asdict(output),
             },
         )
-    if args.trace is None:
-        raise ValueError("--workload trace needs --trace PATH")
     opts = TraceOptions(
         args.trace_block_size,
         args.length_scale,
