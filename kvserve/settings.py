@@ -6,6 +6,12 @@ default is ``$KVSERVE_KV_CACHE_MIB`` if set, else the field's default. The datac
 the field's entry in its class docstring (a bullet ``- ``name``: what it is``), then its
 variable and default. A variable that does not parse as its field's type is a
 :class:`SettingError` naming the variable.
+
+A field whose type is itself a settings dataclass contributes that class's fields, each
+named with the field's ``metadata["flag_prefix"]`` (default: the field's name and ``_``)
+before it: ``ratio: RatioConfig`` with prefix ``controller_`` gives ``--controller-target``
+/ ``KVSERVE_CONTROLLER_TARGET`` for ``RatioConfig.target``. The nested class is defined
+once, with its defaults and docs, and nothing restates it.
 """
 
 from __future__ import annotations
@@ -78,21 +84,37 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
+FLAG_PREFIX = "flag_prefix"
+"""The field metadata key naming a nested settings dataclass's flags (module docstring)."""
+
+
+def _nested_prefix(f: dataclasses.Field[Any], kind: Any) -> str | None:
+    """The name prefix of a nested settings field's flags, or None for a plain field."""
+    if not dataclasses.is_dataclass(kind):
+        return None
+    return str(f.metadata.get(FLAG_PREFIX, f.name + "_"))
+
+
 def add_config_args(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     cls: type[Any],
     only: Collection[str] | None = None,
+    prefix: str = "",
 ) -> None:
     """Add one flag per field of dataclass ``cls`` (defaults from the environment), or
-    per field named in ``only``."""
+    per field named in ``only``; nested settings fields add their class's flags."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         if only is not None and f.name not in only:
             continue
         kind = hints[f.name]
-        env = env_name(f.name)
-        flag = flag_name(f.name)
+        nested = _nested_prefix(f, kind)
+        if nested is not None:
+            add_config_args(parser, kind, prefix=prefix + nested)
+            continue
+        env = env_name(prefix + f.name)
+        flag = flag_name(prefix + f.name)
         shown = "(secret)" if not f.repr else repr(f.default)
         help_text = f"{docs.get(f.name, '')} (env {env}; default {shown})".lstrip()
         value = _from_env(env, kind, f.default)
@@ -104,10 +126,17 @@ def add_config_args(
             parser.add_argument(flag, type=kind, default=value, help=help_text)
 
 
-def config_from_args(cls: type[T], ns: argparse.Namespace) -> T:
+def config_from_args(cls: type[T], ns: argparse.Namespace, prefix: str = "") -> T:
     """Build ``cls`` from the parsed flags added by :func:`add_config_args`."""
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    return cls(**{f.name: getattr(ns, f.name) for f in fields})
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        nested = _nested_prefix(f, hints[f.name])
+        if nested is None:
+            values[f.name] = getattr(ns, prefix + f.name)
+        else:
+            values[f.name] = config_from_args(hints[f.name], ns, prefix + nested)
+    return cls(**values)
 
 
 def add_verb(

@@ -8,7 +8,7 @@ joins the pool as a pure client, with no segment of its own, for prefix lookups)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -17,6 +17,9 @@ from router.auth import ApiKeys, parse_api_keys
 from router.ratio import RatioConfig
 
 POLICIES = ("random", "round_robin", "least_loaded", "cache_aware")
+CONTROLLER_PREFIX = "controller_"
+"""The flags and variables of :attr:`RouterConfig.ratio` start with this
+(``--controller-target``, ``KVSERVE_CONTROLLER_TARGET``; see :mod:`kvserve.settings`)."""
 
 
 @dataclass(frozen=True)
@@ -59,15 +62,11 @@ class RouterConfig:
     - ``master_metrics_url``: ``http://host:port/metrics`` of ``mooncake_master`` for the
       pool figures of ``/v1/cache/stats``; empty = omit them.
     - ``controller``: run the P:D ratio controller (:mod:`router.controller`), which moves
-      workers between the prefill and decode pools; ``controller_interval_s``: how often it
-      evaluates. ``controller_<name>`` is field ``<name>`` of
-      :class:`router.ratio.RatioConfig` (SLOs, target, window, hysteresis, bounds; see
-      :mod:`router.ratio`). Defaults: a 2 s TTFT and a 100 ms TPOT (10 tokens/s, faster
-      than anyone reads) are common interactive-chat targets and leave a CPU cluster room
-      to queue a request or two; 5 s evaluations x patience 2 act within about 10 s of a
-      sustained miss, the 30 s window holds enough requests at a few per second for a
-      stable attainment, and the 60 s cool-down (twice the window) lets the window refill
-      with the new ratio before the next move.
+      workers between the prefill and decode pools.
+    - ``controller_interval_s``: how often the controller evaluates (5 s evaluations x
+      patience 2 act within about 10 s of a sustained miss).
+    - ``ratio``: the controller's policy, :class:`router.ratio.RatioConfig` (SLOs, target,
+      window, hysteresis, bounds), whose fields are the flags ``--controller-<field>``.
     - ``api_key``: empty = no authentication; else comma-separated keys, each optionally
       ``tenant=key``, and every route but ``/health`` needs ``Authorization: Bearer <key>``
       (:mod:`router.auth`). Prefer the environment (``KVSERVE_API_KEY``) to the flag, which
@@ -103,17 +102,9 @@ class RouterConfig:
     master_metrics_url: str = ""
     controller: bool = False
     controller_interval_s: float = 5.0
-    controller_ttft_slo_s: float = 2.0
-    controller_tpot_slo_s: float = 0.1
-    controller_target: float = 0.9
-    controller_window_s: float = 30.0
-    controller_min_samples: int = 5
-    controller_patience: int = 2
-    controller_cooldown_s: float = 60.0
-    controller_min_prefill: int = 0
-    controller_max_prefill: int = 64
-    controller_min_decode: int = 1
-    controller_max_decode: int = 64
+    ratio: RatioConfig = field(
+        default_factory=RatioConfig, metadata={"flag_prefix": CONTROLLER_PREFIX}
+    )
     api_key: str = field(default="", repr=False)
     isolate_tenants: bool = True
     admission_ttft_s: float = 0.0
@@ -150,10 +141,6 @@ class RouterConfig:
             master_metrics_address(self.master_metrics_url)  # raises when malformed
         if not self.controller_interval_s > 0:
             raise ValueError("controller_interval_s must be positive (seconds)")
-        try:
-            _ = self.ratio
-        except ValueError as exc:
-            raise ValueError(f"controller setting (--controller-<name>): {exc}") from None
         _ = self.api_keys  # raises, without the key, when malformed
         if not self.admission_ttft_s >= 0:
             raise ValueError("admission_ttft_s must be >= 0 seconds (0 = no admission control)")
@@ -166,16 +153,6 @@ class RouterConfig:
     @property
     def reserve_lease_ms(self) -> int:
         return max(1, round(self.reserve_lease_s * 1000))
-
-    @property
-    def ratio(self) -> RatioConfig:
-        """The P:D controller's policy settings (the ``controller_*`` fields)."""
-        return RatioConfig(
-            **{f.name: getattr(self, CONTROLLER_PREFIX + f.name) for f in fields(RatioConfig)}
-        )
-
-
-CONTROLLER_PREFIX = "controller_"
 
 
 def master_metrics_address(url: str) -> tuple[str, int]:

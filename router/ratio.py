@@ -74,10 +74,27 @@ VERDICTS = ("ok", "ttft", "tpot", "both")
 
 @dataclass(frozen=True)
 class RatioConfig:
-    """SLOs, hysteresis and bounds of the ratio controller (see the module docstring)."""
+    """SLOs, hysteresis and bounds of the ratio controller (the decision rules are in the
+    module docstring). The router's flags are ``--controller-<field>``.
 
-    ttft_slo_s: float
-    tpot_slo_s: float
+    - ``ttft_slo_s``: the time-to-first-token SLO; 2 s, a common interactive-chat target
+      that leaves a CPU cluster room to queue a request or two.
+    - ``tpot_slo_s``: the time-per-output-token SLO; 0.1 s (10 tokens/s, faster than
+      anyone reads).
+    - ``target``: the attainment (share of requests within an SLO) below which that SLO
+      counts as missed.
+    - ``window_s``: the requests judged are those finished in the last this many seconds
+      (30 s holds enough requests at a few per second for a stable attainment).
+    - ``min_samples``: fewer samples than this in the window give no verdict.
+    - ``patience``: consecutive evaluations with the same verdict before a move.
+    - ``cooldown_s``: nothing moves for this long after a completed change (60 s, twice
+      the window, lets the window refill with the new ratio).
+    - ``min_prefill`` / ``max_prefill``: bounds on the prefill pool's size.
+    - ``min_decode`` / ``max_decode``: bounds on the decode pool's size (at least 1).
+    """
+
+    ttft_slo_s: float = 2.0
+    tpot_slo_s: float = 0.1
     target: float = 0.9
     window_s: float = 30.0
     min_samples: int = 5

@@ -32,13 +32,16 @@ from kvserve.bench.loadgen.metrics import RequestRecord, summarize
 from kvserve.bench.loadgen.shift import Phase, attainment_over_time, parse_phase, phase_starts
 from kvserve.bench.loadgen.slo import AbsoluteSlo, SloTargets
 from kvserve.bench.report import emit, log
-from kvserve.settings import flag_name
+from kvserve.settings import add_config_args, config_from_args, flag_name
 from router.config import CONTROLLER_PREFIX, RouterConfig
 from router.ratio import RatioConfig
 
 DEFAULT_PHASES = ["512:16@0.25x150", "64:128@0.2x150"]
 MODES = ("off", "on")
-CONTROLLER_FIELDS = [f for f in fields(RouterConfig) if f.name.startswith(CONTROLLER_PREFIX)]
+CONTROLLER_NAMES = (
+    "controller_interval_s",
+    *(CONTROLLER_PREFIX + f.name for f in fields(RatioConfig)),
+)
 """The router's ``controller_*`` settings: flags here, passed on to the live router."""
 
 
@@ -56,8 +59,7 @@ def add_shift_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window-s", type=float, default=30.0, help="attainment-over-time window")
     p.add_argument("--tick-s", type=float, default=5.0)
     p.add_argument("--out", type=Path, default=None, help="folder for the plot")
-    for f in CONTROLLER_FIELDS:
-        p.add_argument(flag_name(f.name), type=type(f.default), default=f.default)
+    add_config_args(p, RouterConfig, only=("controller_interval_s", "ratio"))
     p.set_defaults(controller_ttft_slo_s=8.0, controller_tpot_slo_s=0.3, controller_cooldown_s=30.0)
 
 
@@ -66,8 +68,8 @@ def phases_of(args: argparse.Namespace) -> list[Phase]:
 
 
 def ratio_config(args: argparse.Namespace) -> RatioConfig:
-    """The controller settings of the flags (the router's ``controller_*`` fields)."""
-    return RouterConfig(**{f.name: getattr(args, f.name) for f in CONTROLLER_FIELDS}).ratio
+    """The controller settings of the flags (the router's ``--controller-*`` flags)."""
+    return config_from_args(RatioConfig, args, CONTROLLER_PREFIX)
 
 
 def slo_of(args: argparse.Namespace) -> AbsoluteSlo:
@@ -170,7 +172,6 @@ def headline(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 # -- the live run ------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from kvserve.settings import add_config_args
     from workers.config import EngineConfig
 
     add_shift_arguments(p)
@@ -182,8 +183,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def router_args(args: argparse.Namespace, mode: str) -> tuple[str, ...]:
     flags = ["--controller" if mode == "on" else "--no-controller"]
-    for f in CONTROLLER_FIELDS:
-        flags += [flag_name(f.name), str(getattr(args, f.name))]
+    for name in CONTROLLER_NAMES:
+        flags += [flag_name(name), str(getattr(args, name))]
     return tuple(flags)
 
 

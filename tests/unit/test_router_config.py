@@ -25,8 +25,6 @@ from router.ratio import RatioConfig
         ({"master_metrics_url": "127.0.0.1:9003"}, "master_metrics_url"),
         ({"master_metrics_url": "http://127.0.0.1/metrics"}, "explicit port"),
         ({"controller_interval_s": 0.0}, "controller_interval_s"),
-        ({"controller_target": 2.0}, "controller setting.*target"),
-        ({"controller_min_decode": 0}, "controller setting.*min_decode"),
         ({"admission_ttft_s": -1.0}, "admission_ttft_s"),
         ({"admission_ttft_s": float("nan")}, "admission_ttft_s"),
         ({"api_key": "alice="}, "api_key entry 1"),
@@ -60,14 +58,24 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def test_controller_settings_make_the_ratio_config() -> None:
-    cfg = RouterConfig(controller_ttft_slo_s=0.5, controller_max_decode=3)
+def test_controller_settings_are_the_ratio_config_with_a_prefix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RatioConfig is defined once: its fields become --controller-<field> flags and
+    KVSERVE_CONTROLLER_<FIELD> variables with its own defaults, docs and checks."""
+    cfg = RouterConfig()
     assert not cfg.controller and cfg.controller_interval_s == 5.0
-    assert cfg.ratio == RatioConfig(ttft_slo_s=0.5, tpot_slo_s=0.1, max_decode=3)
+    assert cfg.ratio == RatioConfig() == RatioConfig(ttft_slo_s=2.0, tpot_slo_s=0.1)
+    monkeypatch.setenv("KVSERVE_CONTROLLER_MAX_DECODE", "3")
     parser = argparse.ArgumentParser()
     add_config_args(parser, RouterConfig)
     ns = parser.parse_args(["--controller", "--controller-patience", "1"])
-    assert config_from_args(RouterConfig, ns).ratio.patience == 1
+    parsed = config_from_args(RouterConfig, ns)
+    assert parsed.controller and parsed.ratio == RatioConfig(patience=1, max_decode=3)
+    assert "consecutive evaluations" in parser.format_help()  # RatioConfig's own docs
+    bad = parser.parse_args(["--controller-target", "2"])
+    with pytest.raises(ValueError, match="target must be an attainment"):
+        config_from_args(RouterConfig, bad)
 
 
 def test_api_key_from_the_environment_and_never_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:

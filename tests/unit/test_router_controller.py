@@ -9,6 +9,7 @@ from router.config import RouterConfig
 from router.controller import RoleController
 from router.flow_types import FlowResult
 from router.metrics import RouterMetrics
+from router.ratio import RatioConfig
 from router.workers import WorkerView
 
 
@@ -19,7 +20,7 @@ def test_tpot_is_time_per_token_after_the_first() -> None:
 
 
 def test_flow_results_feed_the_window_and_the_report() -> None:
-    config = RouterConfig(controller_min_samples=1, controller_tpot_slo_s=0.1)
+    config = RouterConfig(ratio=RatioConfig(min_samples=1, tpot_slo_s=0.1))
     view = WorkerView(ClusterConfig())  # never started: no Redis needed
     controller = RoleController(config, view, RouterMetrics(), clock=lambda: 10.0)
     controller.record(FlowResult("disagg", "d", "ok", 2.5, 0.5, 5))  # TTFT met, TPOT 0.5
