@@ -114,12 +114,13 @@ def _pool(args: argparse.Namespace) -> int:
         master.stop()
 
 
-def _logging() -> None:
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _logging(level: str) -> None:
     import logging
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def _confine(pool: PoolConfig, joins: bool) -> None:
@@ -133,7 +134,7 @@ def _confine(pool: PoolConfig, joins: bool) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    _logging()
+    _logging(args.log_level)
     worker, pool = config_from_args(WorkerConfig, args), config_from_args(PoolConfig, args)
     _confine(pool, worker.use_pool)
     from workers.server import serve
@@ -149,7 +150,7 @@ def _worker(args: argparse.Namespace) -> int:
 def _router(args: argparse.Namespace) -> int:
     from router.config import RouterConfig
 
-    _logging()
+    _logging(args.log_level)
     router, pool = config_from_args(RouterConfig, args), config_from_args(PoolConfig, args)
     _confine(pool, router.pool_lookup)
     from router.main import serve
@@ -214,11 +215,30 @@ def _add_group(parser: argparse.ArgumentParser, name: str) -> None:
         add_sim_parsers(parser)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvserve")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``only`` (the verb about to be parsed, or ``""`` for
     none), the :data:`GROUPS` verbs other than ``only`` are listed without their arguments,
     so that a worker, the router or ``--help`` do not import what only benchmarks need."""
     parser = argparse.ArgumentParser(prog="kvserve", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"kvserve {_version()}")
+    level = os.environ.get(env_name("log_level"), "INFO").upper()
+    if level not in LOG_LEVELS:
+        raise SettingError(f"{env_name('log_level')}={level!r} is not one of {LOG_LEVELS}")
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=level,
+        help=f"what a worker or the router logs (env {env_name('log_level')}; default INFO)",
+    )
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     def verb(
@@ -304,7 +324,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser(next((w for w in words if not w.startswith("-")), ""))
+        parser = build_parser(next((w for w in words if w in GROUPS), ""))
     except SettingError as exc:  # a malformed KVSERVE_* variable: one line naming it
         print(f"kvserve: error: {exc}", file=sys.stderr)
         return 2

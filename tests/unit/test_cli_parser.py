@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from kvserve.cli import GROUPS, build_parser
+from kvserve.settings import SettingError
 
 HEAVY = ("torch", "openai", "matplotlib", "transformers")
 PROBE = """
@@ -40,3 +41,16 @@ def test_the_whole_parser_and_a_group_parser_know_every_group() -> None:
     with pytest.raises(SystemExit):  # listed, but without its arguments
         build_parser("worker").parse_args(["bench", "hashing"])
     assert set(GROUPS) == {"chaos", "bench", "sim"}
+
+
+def test_version_and_log_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvserve", "--version"], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.startswith("kvserve ")
+    assert build_parser("").parse_args(["--log-level", "DEBUG", "worker"]).log_level == "DEBUG"
+    monkeypatch.setenv("KVSERVE_LOG_LEVEL", "warning")
+    assert build_parser("").parse_args(["worker"]).log_level == "WARNING"
+    monkeypatch.setenv("KVSERVE_LOG_LEVEL", "loud")
+    with pytest.raises(SettingError, match="KVSERVE_LOG_LEVEL='LOUD'"):
+        build_parser("")
