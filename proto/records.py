@@ -36,7 +36,6 @@ MAX_LOAD_NUMBER = (1 << 64) - 1
 TEXT_BOUNDS = {"model": 256, "model_dir": 4096, "contract": 2048}
 """Longest value (in characters) of each free-text field; every one is printable."""
 INT_BOUNDS = {
-    "hash_seed": (0, (1 << 64) - 1),
     "block_tokens": (1, 4096),
     "num_layers": (1, 1024),
     "max_model_len": (1, MAX_MODEL_LEN),
@@ -134,7 +133,7 @@ class WorkerRecord:
     ``model_dir``: where the worker loaded it from, on its own machine (informative only:
     the router reads its tokenizer from its own ``tokenizer_dir``, never from a path it
     read here); ``contract``: the KV contract text (namespace key and KV wire layout);
-    ``hash_seed`` and ``block_tokens`` let the router compute pool keys for lookups;
+    ``block_tokens`` and ``num_layers`` let the router compute pool keys for lookups;
     ``load``: the latest load report (the fields of ``LoadReport`` in ``worker.proto``, as
     protobuf's JSON form writes them, :func:`check_load`). Texts are bounded by
     :data:`TEXT_BOUNDS`, integers by :data:`INT_BOUNDS`, times by :data:`MAX_TIMESTAMP`.
@@ -147,7 +146,6 @@ class WorkerRecord:
     model: str
     model_dir: str
     contract: str
-    hash_seed: int
     block_tokens: int
     num_layers: int
     max_model_len: int

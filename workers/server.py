@@ -77,7 +77,6 @@ def make_record(worker: WorkerConfig, engine: Engine, address: str) -> WorkerRec
         model=engine.model_dir.name,
         model_dir=str(engine.model_dir),
         contract=f"{engine.namespace.key}|{layout.wire}",
-        hash_seed=engine.namespace.seed,
         block_tokens=engine.config.block_tokens,
         num_layers=engine.model_config.num_layers,
         max_model_len=engine.max_model_len,

@@ -229,7 +229,7 @@ class Harness:
         now = time.time()
         return WorkerRecord(
             worker_id=stub.worker_id, address=f"127.0.0.1:{port}", role=stub.role, model=MODEL,
-            model_dir=str(self.model_dir), contract=STUB_CONTRACT, hash_seed=1, block_tokens=16,
+            model_dir=str(self.model_dir), contract=STUB_CONTRACT, block_tokens=16,
             num_layers=2, max_model_len=self.max_model_len, started_at=now, heartbeat_at=now,
             load={"role": stub.role, "free_pages": stub.free_pages, "total_pages": 200,
                   "queued_prefill_tokens": str(stub.free_pages // 10), **stub.load},  # uint64: text

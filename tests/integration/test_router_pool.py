@@ -36,7 +36,7 @@ KEYS = CLUSTER.keyring
 HASHER = PrefixHasher(NAMESPACE, KEYS.prefix_root)
 RECORD = WorkerRecord(
     worker_id="w", address="127.0.0.1:1", role="decode", model="m", model_dir="/nowhere",
-    contract=f"{NAMESPACE.key}|{LAYOUT.wire}", hash_seed=NAMESPACE.seed,
+    contract=f"{NAMESPACE.key}|{LAYOUT.wire}",
     block_tokens=LAYOUT.block_tokens, num_layers=LAYOUT.num_layers, max_model_len=4096,
     started_at=time.time(), heartbeat_at=time.time(),
 )  # fmt: skip

@@ -39,7 +39,7 @@ PASSWORD = 'pw with "quotes", spaces and \\ ' + uuid.uuid4().hex
 
 
 def record(worker_id: str) -> WorkerRecord:
-    return WorkerRecord(worker_id, "127.0.0.1:1", "decode", "m", "/m", "c", 0, 16, 2, 64, 0.0, 0.0)
+    return WorkerRecord(worker_id, "127.0.0.1:1", "decode", "m", "/m", "c", 16, 2, 64, 0.0, 0.0)
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from router.tokenizer import TOKENIZE_THREADS, TokenizerSlot
 NAMESPACE = Namespace(model="m@0", dtype="float32", block_tokens=4)
 RECORD = WorkerRecord(
     worker_id="w", address="127.0.0.1:1", role="decode", model="m", model_dir="/nowhere",
-    contract=f"{NAMESPACE.key}|L2", hash_seed=NAMESPACE.seed, block_tokens=4, num_layers=2,
+    contract=f"{NAMESPACE.key}|L2", block_tokens=4, num_layers=2,
     max_model_len=4096, started_at=0.0, heartbeat_at=0.0,
 )  # fmt: skip
 PROMPT = list(range(16))  # 4 blocks of RECORD's 4 tokens
