@@ -21,7 +21,7 @@ a named volume that only those services mount, read-only (:data:`FILES`):
 The cluster secret and the Redis password are the ones given in this service's environment
 (``KVSERVE_CLUSTER_SECRET``, ``KVSERVE_REDIS_PASSWORD``), else the ones written by an
 earlier run (so a service recreated later still agrees with the others), else new ones
-(:func:`proto.trust.new_secret`, :func:`kvserve.redis_service.new_password`); the
+(:func:`proto.trust.new_secret`, :func:`kvserve.cluster.redis.new_password`); the
 Prometheus key likewise, never given. Every file is replaced atomically, mode 0444 (the
 readers run as different users; each volume is mounted only where it is read). Invalid
 input (a short secret, a malformed key list) exits non-zero, naming the setting, and then
@@ -36,7 +36,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from kvserve.redis_service import RedisConfig, new_password, redis_auth_conf
+from kvserve.cluster.redis import RedisConfig, new_password, redis_auth_conf
 from proto.grants import grant
 from proto.trust import check_secret, new_secret
 from router.auth import parse_api_keys

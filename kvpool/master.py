@@ -13,7 +13,7 @@ them to a public interface is an explicit operator choice.
 
 :func:`pool_services` is the one place that says how the pool's processes are run: their
 names, argv, readiness ports and start order (metadata server, then master; stop in reverse).
-:class:`MasterProcess` and :class:`kvserve.services.PoolProcesses` both start from it.
+:class:`MasterProcess` and :class:`kvserve.cluster.processes.PoolProcesses` both start from it.
 
 Lifecycle of :class:`MasterProcess`: ``start()`` spawns the metadata server and waits until
 its port accepts connections, then the master and waits for its RPC and metrics ports (or

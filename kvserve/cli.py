@@ -160,13 +160,13 @@ def _router(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from kvserve.up import run
+    from kvserve.cluster.up import run
 
     return run(args)
 
 
 def _chaos(args: argparse.Namespace) -> int:
-    from kvserve.chaos import run
+    from kvserve.chaos.run import run
 
     return run(args)
 
@@ -184,7 +184,7 @@ def _grant(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from kvserve.probe import run
+    from kvserve.cluster.probe import run
 
     return run(args)
 
@@ -201,7 +201,7 @@ their arguments only when asked for the whole parser or for that verb."""
 def _add_group(parser: argparse.ArgumentParser, name: str) -> None:
     """The arguments (and sub-verbs) of the :data:`GROUPS` verb ``name``."""
     if name == "chaos":
-        from kvserve.chaos import add_arguments
+        from kvserve.chaos.run import add_arguments
 
         parser.set_defaults(func=_chaos)
         add_arguments(parser)
@@ -246,7 +246,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     ) -> argparse.ArgumentParser:
         return add_verb(verbs, name, fn, text)
 
-    from kvserve.up import add_arguments as add_up_arguments
+    from kvserve.cluster.up import add_arguments as add_up_arguments
     from router.config import RouterConfig
 
     add_up_arguments(
@@ -303,7 +303,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         group = verbs.add_parser(name, help=text, description=text)
         if only is None or only == name:
             _add_group(group, name)
-    from kvserve.probe import add_arguments as add_probe_arguments
+    from kvserve.cluster.probe import add_arguments as add_probe_arguments
 
     add_probe_arguments(
         verb("probe", _probe, "health check of a worker, router or pool service (0: healthy)")

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import openai
 
-from kvserve import faults
-from kvserve.cluster import Cluster
+from kvserve.cluster import faults
+from kvserve.cluster.launch import Cluster
 from tests.tiny_cluster import MODEL_NAME
 
 LONG = 300  # output tokens: long enough that a fault lands mid-stream on the tiny model

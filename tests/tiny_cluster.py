@@ -12,7 +12,7 @@ from typing import Any
 import openai
 
 from kvpool.config import PoolConfig
-from kvserve.cluster import Cluster, ClusterSpec
+from kvserve.cluster.launch import Cluster, ClusterSpec
 from workers.config import EngineConfig
 
 BLOCK = 16

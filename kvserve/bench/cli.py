@@ -136,9 +136,9 @@ def add_parsers(bench: argparse.ArgumentParser) -> None:
     add_config_args(bx, EngineConfig)
 
     from kvserve.bench.compare import add_arguments as add_compare_arguments
-    from kvserve.bench.loadgen.options import add_arguments as add_serve_arguments
     from kvserve.bench.peer import add_arguments as add_peer_arguments
     from kvserve.bench.trace import add_arguments as add_trace_arguments
+    from kvserve.loadgen.options import add_arguments as add_serve_arguments
 
     add_serve_arguments(
         add_verb(

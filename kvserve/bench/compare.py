@@ -2,7 +2,7 @@
 
 1. Each deployment of ``--deployments`` (default ``1p1d 2m``: 1 prefill + 1 decode worker
    against 2 mixed workers with chunked prefill; any ``<n>p<m>d<k>m`` split) is started as a
-   cluster on this machine (:mod:`kvserve.cluster`: free loopback ports, each worker pinned
+   cluster on this machine (:mod:`kvserve.cluster.launch`: free loopback ports, each worker pinned
    to its own cores where there are enough, the same engine settings for every worker);
 2. the serving benchmark's sweep (:func:`kvserve.bench.serve.serve_bench`) runs against its
    router with the same seed, requests, arrival process, rates and absolute SLOs;
@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvpool.config import PoolConfig
-from kvserve.bench.loadgen import options as opt
-from kvserve.bench.report import emit, log
+from kvserve.loadgen import options as opt
+from kvserve.report import emit, log
 from kvserve.settings import add_config_args, config_from_args
 from workers.config import EngineConfig
 
 if TYPE_CHECKING:
-    from kvserve.cluster import Cluster
+    from kvserve.cluster.launch import Cluster
 
 SPLIT = re.compile(r"^(?:(\d+)p)?(?:(\d+)d)?(?:(\d+)m)?$")
 
@@ -71,8 +71,8 @@ def _serve_args(args: argparse.Namespace, url: str, name: str) -> argparse.Names
 def started(name: str, engine: EngineConfig, segment_mib: int, **options: Any) -> Iterator[Cluster]:
     """Deployment ``name`` (e.g. ``1p1d``) running on this machine, on free loopback ports,
     its logs in a temporary folder; stopped on exit. ``options``: further
-    :class:`~kvserve.cluster_spec.ClusterSpec` fields (router policy, router flags)."""
-    from kvserve.cluster import Cluster, ClusterSpec
+    :class:`~kvserve.cluster.spec.ClusterSpec` fields (router policy, router flags)."""
+    from kvserve.cluster.launch import Cluster, ClusterSpec
 
     prefill, decode, mixed = parse_deployment(name)
     with tempfile.TemporaryDirectory() as tmp:
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_plots(out: Path, results: dict[str, dict[str, Any]]) -> None:
-    from kvserve.bench.loadgen import plots
+    from kvserve.loadgen import plots
 
     out.mkdir(parents=True, exist_ok=True)
     series = [(name, r["points"]) for name, r in results.items()]

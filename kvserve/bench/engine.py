@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kvserve.bench.report import emit, log, median
+from kvserve.report import emit, log, median
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.sequence import SamplingParams

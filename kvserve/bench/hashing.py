@@ -39,7 +39,7 @@ import xxhash
 from kvpool.hashing import ALGORITHMS, Namespace, PrefixHasher
 from kvpool.layout import ELEMENT_BYTES
 from kvpool.meta import LayerDigest, layer_digest
-from kvserve.bench.report import emit, log, median
+from kvserve.report import emit, log, median
 from workers.config import EngineConfig
 
 PER = 1000

@@ -30,7 +30,7 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvserve.bench.handoff import Handoff, handoff, scratch_pool
-from kvserve.bench.report import emit, log, median
+from kvserve.report import emit, log, median
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.sequence import SamplingParams

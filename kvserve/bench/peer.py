@@ -15,7 +15,7 @@ Lifecycle of one invocation:
 4. the server is stopped (SIGTERM, then SIGKILL after a grace period), also on errors,
    SIGTERM and Ctrl-C: nothing this command started outlives it;
 5. every kvserve row gets its ratios to the vLLM row of the same model, workload and rate,
-   and one JSON object goes to stdout (:func:`kvserve.bench.report.emit`); ``--out
+   and one JSON object goes to stdout (:func:`kvserve.report.emit`); ``--out
    FILE.png`` plots throughput per server and workload. Logs and the client's result files
    stay in ``--log-dir`` (default: a new temporary folder, named on stderr).
 
@@ -43,12 +43,12 @@ from typing import Any
 from kvserve.bench import peer_client as pc
 from kvserve.bench import peer_results as pr
 from kvserve.bench import peer_vllm as pv
-from kvserve.bench.loadgen.options import json_rate
-from kvserve.bench.report import emit, log
+from kvserve.loadgen.options import json_rate
+from kvserve.report import emit, log
 from kvserve.settings import add_config_args
 from workers.config import EngineConfig
 
-UP_POOL_SEGMENT_MIB = 256  # what ``kvserve up`` gives each worker (kvserve.up)
+UP_POOL_SEGMENT_MIB = 256  # what ``kvserve up`` gives each worker (kvserve.cluster.up)
 ENGINE_FIELDS = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "model"]
 
 
@@ -135,7 +135,7 @@ def server_up(
 
 
 def cluster_options(server: pr.Server, startup_timeout_s: float) -> dict[str, Any]:
-    """The :class:`~kvserve.cluster_spec.ClusterSpec` fields of a kvserve server besides its
+    """The :class:`~kvserve.cluster.spec.ClusterSpec` fields of a kvserve server besides its
     shape: a server with ``threads`` gets that many threads per worker and only the first
     core of this process's affinity (the core vLLM pins its engine to)."""
     options: dict[str, Any] = {"startup_timeout_s": startup_timeout_s}
@@ -256,7 +256,7 @@ def conditions(
     plan: list[pr.Run],
     log_dir: Path,
 ) -> dict[str, Any]:
-    """What the JSON's ``conditions`` add to :func:`kvserve.bench.report.base_conditions`."""
+    """What the JSON's ``conditions`` add to :func:`kvserve.report.base_conditions`."""
     from kvserve.bench.peer_models import model_shape
 
     engine = {f: getattr(args, f) for f in ENGINE_FIELDS}

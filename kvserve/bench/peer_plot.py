@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.loadgen.plots import pyplot, save
 from kvserve.bench.peer_results import BASELINE
+from kvserve.loadgen.plots import pyplot, save
 
 
 def _panels(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:

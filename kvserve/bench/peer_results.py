@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvserve.bench.loadgen.options import json_rate
+from kvserve.loadgen.options import json_rate
 
 BASELINE = "vllm"
 

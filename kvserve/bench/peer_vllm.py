@@ -18,7 +18,7 @@ Lifecycle of the virtualenv (:func:`ensure_vllm`), under a file lock next to it:
    versions installed) is written last, so only a finished install is ever trusted.
 
 Lifecycle of a server (:func:`vllm_server`): started on a free loopback port in its own
-process group (:class:`kvserve.services.ManagedProcess`: it also gets SIGTERM if this
+process group (:class:`kvserve.cluster.processes.ManagedProcess`: it also gets SIGTERM if this
 process dies), ``/health`` polled until it answers 200 (50-150 s on 2 cores) or the
 timeout, then yielded; on exit (also on errors and Ctrl-C) SIGTERM to the group, SIGKILL
 after the grace period. The client runs are in :mod:`kvserve.bench.peer_client`.
@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpool.master import free_local_ports
-from kvserve.bench.report import log
-from kvserve.cluster import http_ok
-from kvserve.services import ManagedProcess, tail
+from kvserve.cluster.launch import http_ok
+from kvserve.cluster.processes import ManagedProcess, tail
+from kvserve.report import log
 from workers.model.prepare import cache_dir
 
 VLLM_VERSION = "0.32.0"

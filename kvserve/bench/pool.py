@@ -25,7 +25,7 @@ import numpy as np
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig, MasterProcess, free_local_ports
 from kvpool.store import MooncakeStore
-from kvserve.bench.report import emit, log, median
+from kvserve.report import emit, log, median
 
 KIB = 1024
 

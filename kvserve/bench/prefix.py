@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.config import PoolConfig
-from kvserve.bench.report import emit, log, median
-from kvserve.cluster import Cluster, ClusterSpec
+from kvserve.cluster.launch import Cluster, ClusterSpec
+from kvserve.report import emit, log, median
 from workers.config import EngineConfig
 
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from kvpool.landing import STALL_S, Lander, Landing
 from kvpool.master import master_stats
 from kvserve.bench.handoff import scratch_pool
-from kvserve.bench.report import emit, log, median
+from kvserve.report import emit, log, median
 from kvserve.settings import add_config_args, config_from_args
 from workers.config import EngineConfig
 

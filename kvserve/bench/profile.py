@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.autograd.profiler_util import FunctionEvent
 
-from kvserve.bench.report import emit, log
+from kvserve.report import emit, log
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.sequence import SamplingParams

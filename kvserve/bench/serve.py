@@ -1,13 +1,13 @@
 """``kvserve bench serve``: a serving benchmark against any OpenAI-compatible server.
 
 1. The model is ``--model`` or the first of ``GET /v1/models``.
-2. The workload (:func:`~kvserve.bench.loadgen.options.build_workload`) is built once from
+2. The workload (:func:`~kvserve.loadgen.options.build_workload`) is built once from
    the seed. Warm-up requests are its first ``--warmup`` requests, salted (token ids shifted,
-   :func:`~kvserve.bench.loadgen.workloads.salted`) so they warm the server, not the cache.
+   :func:`~kvserve.loadgen.workloads.salted`) so they warm the server, not the cache.
 3. With ``--slo-relative``, ``--calibration-requests`` requests spread evenly over the
    workload, salted apart, are sent one at a time (concurrency 1); the SLO targets are the
    factors times the median unloaded TTFT and TBT per input-length bucket
-   (:func:`~kvserve.bench.loadgen.slo.relative_slo`). Otherwise ``--slo-*-s`` give absolute
+   (:func:`~kvserve.loadgen.slo.relative_slo`). Otherwise ``--slo-*-s`` give absolute
    targets, or there is no SLO.
 4. For each rate, the workload is salted with the rate's position (same lengths and prefix
    sharing, fresh tokens: no run hits another's cache), given arrival times, and sent with
@@ -31,19 +31,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.loadgen import options as opt
-from kvserve.bench.loadgen.arrivals import arrival_times
-from kvserve.bench.loadgen.client import (
+from kvserve.loadgen import options as opt
+from kvserve.loadgen.arrivals import arrival_times
+from kvserve.loadgen.client import (
     ClientOptions,
     counters_delta,
     fetch_models,
     run_load,
     scrape_counters,
 )
-from kvserve.bench.loadgen.metrics import RequestRecord, bucketed, span_s, summarize
-from kvserve.bench.loadgen.slo import Slo, relative_slo, sweep_goodput
-from kvserve.bench.loadgen.workloads import RequestSpec, salted, with_arrivals
-from kvserve.bench.report import base_conditions, emit, log
+from kvserve.loadgen.metrics import RequestRecord, bucketed, span_s, summarize
+from kvserve.loadgen.slo import Slo, relative_slo, sweep_goodput
+from kvserve.loadgen.workloads import RequestSpec, salted, with_arrivals
+from kvserve.report import base_conditions, emit, log
 
 __all__ = ["add_arguments", "run", "run_load"]
 
@@ -253,7 +253,7 @@ def headline(rows: list[dict[str, Any]], sweep: Any) -> dict[str, Any]:
 
 def write_out(out: Path, payload: dict[str, Any], result: dict[str, Any]) -> list[str]:
     """``serve.json`` and the plots into ``out``; the files written."""
-    from kvserve.bench.loadgen import plots
+    from kvserve.loadgen import plots
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve.json").write_text(json.dumps(payload, indent=2) + "\n")

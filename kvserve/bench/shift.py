@@ -1,9 +1,9 @@
 """``kvserve bench shift``: the P:D ratio controller, live, on a load that changes shape.
 
-1. The shift workload (:mod:`kvserve.bench.loadgen.shift`: e.g. prefill-heavy, then
+1. The shift workload (:mod:`kvserve.loadgen.shift`: e.g. prefill-heavy, then
    decode-heavy) is built from ``--phases``;
 2. for ``--controller off`` then ``on`` (both by default), the deployment ``--workers`` is
-   started on this machine (:class:`kvserve.cluster.Cluster`) with the router's ratio
+   started on this machine (:class:`kvserve.cluster.launch.Cluster`) with the router's ratio
    controller disabled or enabled with the ``--controller-*`` settings (the router's own
    flags, :class:`router.config.RouterConfig`), the workload is sent, and the router's
    ``GET /v1/controller`` is polled every second for its moves;
@@ -28,10 +28,10 @@ from typing import Any
 
 import aiohttp
 
-from kvserve.bench.loadgen.metrics import RequestRecord, summarize
-from kvserve.bench.loadgen.shift import Phase, attainment_over_time, parse_phase, phase_starts
-from kvserve.bench.loadgen.slo import AbsoluteSlo, SloTargets
-from kvserve.bench.report import emit, log
+from kvserve.loadgen.metrics import RequestRecord, summarize
+from kvserve.loadgen.shift import Phase, attainment_over_time, parse_phase, phase_starts
+from kvserve.loadgen.slo import AbsoluteSlo, SloTargets
+from kvserve.report import emit, log
 from kvserve.settings import add_config_args, config_from_args, flag_name
 from router.config import CONTROLLER_PREFIX, RouterConfig
 from router.ratio import RatioConfig
@@ -114,7 +114,7 @@ def shift_row(
 
 
 def plot(rows: Sequence[dict[str, Any]], phases: Sequence[Phase], path: Path, title: str) -> Path:
-    from kvserve.bench.loadgen.plots import pyplot, save
+    from kvserve.loadgen.plots import pyplot, save
 
     fig, ax = pyplot().subplots(figsize=(8, 4))
     for row in rows:
@@ -206,8 +206,8 @@ async def watch_moves(url: str, t0: float, moves: dict[int, dict[str, Any]]) -> 
 
 
 async def live_run(args: argparse.Namespace, url: str, mode: str) -> dict[str, Any]:
-    from kvserve.bench.loadgen.client import ClientOptions, fetch_models, run_load
-    from kvserve.bench.loadgen.shift import shift_requests
+    from kvserve.loadgen.client import ClientOptions, fetch_models, run_load
+    from kvserve.loadgen.shift import shift_requests
 
     model = (await fetch_models(url))[0]
     specs = shift_requests(phases_of(args), args.seed, args.vocab)

@@ -22,10 +22,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.mooncake_trace import SHIPPED
-from kvserve.bench.report import emit, log
 from kvserve.bench.tracecluster import HINT_SUFFIX, cluster_replay
 from kvserve.bench.tracesim import BLOCK_TOKENS, block_chain, load_trace, lru_replay
+from kvserve.loadgen.mooncake_trace import SHIPPED
+from kvserve.report import emit, log
 
 POLICIES = ("random", "round_robin", "least_loaded", "cache_aware", "cache_aware" + HINT_SUFFIX)
 UNBOUNDED = 1 << 62

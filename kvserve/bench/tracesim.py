@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.hashing import Namespace, PrefixHasher
-from kvserve.bench import mooncake_trace
-from kvserve.bench.mooncake_trace import TraceEntry
+from kvserve.loadgen import mooncake_trace
+from kvserve.loadgen.mooncake_trace import TraceEntry
 
 BLOCK_TOKENS = 512
 """Tokens per trace block (the Mooncake trace's fixed block size)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.report import base_conditions, emit, log
+from kvserve.report import base_conditions, emit, log
 from kvserve.settings import add_config_args, config_from_args
 from kvserve.sim.costs import LinearCost, StepShape
 from kvserve.sim.engine import shape_of

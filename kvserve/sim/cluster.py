@@ -11,7 +11,7 @@ One request's life, as :mod:`router.flow` lives it (each message costs ``hop_s``
    adopts the request and decodes it;
 3. local: the first decode (or mixed) candidate prefills and decodes by itself;
 4. every token reaches the client one hop after the step that made it; the finished
-   request becomes a :class:`~kvserve.bench.loadgen.metrics.RequestRecord` and, with a ratio
+   request becomes a :class:`~kvserve.loadgen.metrics.RequestRecord` and, with a ratio
    controller, a sample of its window.
 
 With a controller (:class:`router.ratio.RatioController`, the real one) every
@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 
-from kvserve.bench.loadgen.metrics import RequestRecord
-from kvserve.bench.loadgen.workloads import RequestSpec
+from kvserve.loadgen.metrics import RequestRecord
+from kvserve.loadgen.workloads import RequestSpec
 from kvserve.sim.engine import SimEngine
 from kvserve.sim.events import EventLoop
 from kvserve.sim.request import RoleEvent, SimRequest, Timing

@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from kvserve.bench.report import emit, log
+from kvserve.report import emit, log
 from kvserve.sim.analysis_common import (
     GB,
     CostSetup,
@@ -134,7 +134,7 @@ def headline(rows: list[dict[str, Any]], setup: CostSetup) -> dict[str, Any]:
 
 
 def plot(rows: list[dict[str, Any]], path: Any) -> None:
-    from kvserve.bench.loadgen.plots import pyplot, save
+    from kvserve.loadgen.plots import pyplot, save
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))

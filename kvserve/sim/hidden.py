@@ -27,7 +27,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.report import emit, log
+from kvserve.report import emit, log
 from kvserve.sim.analysis_common import GB, CostSetup, add_cost_arguments, cost_setup
 from kvserve.sim.costs import RooflineCost, StepShape
 from kvserve.sim.link import Link, exposed_transfer_s, hidden_share
@@ -75,7 +75,7 @@ def point(setup: CostSetup, layers: int, gbps: float, args: argparse.Namespace) 
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    from kvserve.bench.loadgen.plots import pyplot, save
+    from kvserve.loadgen.plots import pyplot, save
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -15,7 +15,7 @@ and how it moves.
    as the rate rises, so the first rate below ``--goodput-threshold`` is found by bisection
    over the sorted rates (:func:`first_failing`, at most ``ceil(log2(rates + 1))`` runs):
    rates below it pass, the rest fail (``passing_by_rate`` is read that way).
-3. Goodput of a split (:func:`kvserve.bench.loadgen.slo.sweep_goodput` on the points run):
+3. Goodput of a split (:func:`kvserve.loadgen.slo.sweep_goodput` on the points run):
    the rate, interpolated between the last passing and the first failing rate, where
    attainment falls to the threshold; 0 when the lowest rate fails; the highest rate (a
    lower bound, ``goodput_lower_bound``) when every rate passes.
@@ -65,17 +65,17 @@ from pathlib import Path
 from typing import Any
 
 from kvserve.bench.compare import parse_deployment
-from kvserve.bench.loadgen.arrivals import poisson_arrivals
-from kvserve.bench.loadgen.metrics import span_s, summarize
-from kvserve.bench.loadgen.slo import AbsoluteSlo, SloTargets, sweep_goodput
-from kvserve.bench.loadgen.workloads import (
+from kvserve.loadgen.arrivals import poisson_arrivals
+from kvserve.loadgen.metrics import span_s, summarize
+from kvserve.loadgen.slo import AbsoluteSlo, SloTargets, sweep_goodput
+from kvserve.loadgen.workloads import (
     Lengths,
     RequestSpec,
     SyntheticShape,
     synthetic_requests,
     with_arrivals,
 )
-from kvserve.bench.report import emit, log
+from kvserve.report import emit, log
 from kvserve.sim import deploy
 
 DEFAULT_RATES = [float(2**i) for i in range(1, 8)]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.loadgen.plots import pyplot, save
+from kvserve.loadgen.plots import pyplot, save
 
 
 def column(row: dict[str, Any], instances: int) -> int:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvserve.bench.loadgen.metrics import RequestRecord
-from kvserve.bench.loadgen.workloads import RequestSpec
+from kvserve.loadgen.metrics import RequestRecord
+from kvserve.loadgen.workloads import RequestSpec
 from router.ratio import RoleChange
 
 

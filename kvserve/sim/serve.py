@@ -13,11 +13,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvserve.bench.loadgen import options as opt
-from kvserve.bench.loadgen.metrics import RequestRecord
-from kvserve.bench.loadgen.slo import sweep_goodput
-from kvserve.bench.loadgen.workloads import salted, with_arrivals
-from kvserve.bench.report import base_conditions, emit, log
 from kvserve.bench.serve import (
     WARMUP_SALT,
     load_conditions,
@@ -27,6 +22,11 @@ from kvserve.bench.serve import (
     timed,
     write_out,
 )
+from kvserve.loadgen import options as opt
+from kvserve.loadgen.metrics import RequestRecord
+from kvserve.loadgen.slo import sweep_goodput
+from kvserve.loadgen.workloads import salted, with_arrivals
+from kvserve.report import base_conditions, emit, log
 from kvserve.sim import deploy
 from kvserve.sim.cluster import SimCluster
 

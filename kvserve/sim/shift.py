@@ -12,8 +12,8 @@ import argparse
 from typing import Any
 
 from kvserve.bench import shift
-from kvserve.bench.loadgen.shift import shift_requests
-from kvserve.bench.report import emit, log
+from kvserve.loadgen.shift import shift_requests
+from kvserve.report import emit, log
 from kvserve.sim import deploy
 from kvserve.sim.request import RoleEvent
 from router.ratio import RatioController

@@ -16,8 +16,8 @@ import argparse
 from typing import Any
 
 from kvserve.bench.compare import run_deployment
-from kvserve.bench.loadgen import options as opt
-from kvserve.bench.report import emit, log
+from kvserve.loadgen import options as opt
+from kvserve.report import emit, log
 from kvserve.settings import add_config_args, config_from_args
 from kvserve.sim import deploy
 from kvserve.sim.serve import simulate

@@ -2,7 +2,7 @@
 (2 prefill + 2 decode on the tiny model), talked to with the official ``openai`` client.
 
 As root with CAP_NET_ADMIN (CI), every process runs on its own network host, a network
-namespace with its own address on a private bridge (:mod:`kvserve.netns`, as ``kvserve up
+namespace with its own address on a private bridge (:mod:`kvserve.cluster.netns`, as ``kvserve up
 --hosts``), so that every connection, KV transfers through the pool included, crosses a
 real network interface between distinct addresses; elsewhere everything runs on loopback
 and the two tests that need separate hosts are skipped, saying why.
@@ -41,11 +41,11 @@ import openai
 import pytest
 import redis
 
-from kvserve import faults
-from kvserve.chaos_load import ChaosRequest
-from kvserve.chaos_verify import TieChecker
-from kvserve.cluster import Cluster
-from kvserve.netns import NetHosts, unavailable
+from kvserve.chaos.load import ChaosRequest
+from kvserve.chaos.verify import TieChecker
+from kvserve.cluster import faults
+from kvserve.cluster.launch import Cluster
+from kvserve.cluster.netns import NetHosts, unavailable
 from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
 from proto.channels import sync_channel
@@ -298,7 +298,7 @@ def not_greedy(
     got: dict[int, str], expected: dict[int, str], prompts: list[list[int]], model_dir: Path
 ) -> dict[int, str]:
     """The answers that differ from the fault-free run and are not exact greedy answers up
-    to floating-point ties either (:mod:`kvserve.chaos_verify`: requests batched
+    to floating-point ties either (:mod:`kvserve.chaos.verify`: requests batched
     differently may break a tie the other way), with the checker's verdict."""
     differ = [i for i in expected if got.get(i) != expected[i]]
     if not differ:

@@ -33,7 +33,7 @@ from typing_extensions import override
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace
 from kvpool.master import free_local_ports
-from kvserve.redis_service import RedisConfig, RedisProcess
+from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto import worker_pb2 as pb
 from proto.registry import ClusterConfig, WorkerRecord, publish
 from proto.worker_pb2_grpc import WorkerServicer, add_WorkerServicer_to_server

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kvserve.bench import serve
-from kvserve.cluster import Cluster
+from kvserve.cluster.launch import Cluster
 from tests.tiny_cluster import tiny_cluster_spec
 
 REQUESTS = 12

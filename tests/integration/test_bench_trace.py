@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvserve.bench import trace
-from kvserve.bench.mooncake_trace import SHIPPED
 from kvserve.bench.tracepool import PoolReplaySettings, pool_replay
 from kvserve.bench.tracesim import TraceRequest, block_chain, load_trace, lru_replay
+from kvserve.loadgen.mooncake_trace import SHIPPED
 
 TRACE = SHIPPED
 REQUESTS = 200

@@ -36,8 +36,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from kvserve.cluster import Cluster
-from kvserve.faults import is_idle
+from kvserve.cluster.faults import is_idle
+from kvserve.cluster.launch import Cluster
 from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
 from proto.channels import sync_channel

@@ -15,8 +15,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from kvserve import faults
-from kvserve.cluster import Cluster
+from kvserve.cluster import faults
+from kvserve.cluster.launch import Cluster
 from proto.registry import connect, list_workers
 from tests.midstream import LONG, complete, fault_mid_stream
 from tests.tiny_cluster import cluster_client, prompt_of, tiny_cluster_spec

@@ -21,8 +21,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from kvserve import faults
-from kvserve.cluster import Cluster
+from kvserve.cluster import faults
+from kvserve.cluster.launch import Cluster
 from proto import worker_pb2 as pb
 from proto.channels import sync_channel
 from proto.grpc_auth import ROUTER

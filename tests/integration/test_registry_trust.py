@@ -33,7 +33,7 @@ import openai
 import pytest
 import redis
 
-from kvserve.cluster import Cluster
+from kvserve.cluster.launch import Cluster
 from proto.record_store import open_contract, seal_contract, seal_fields
 from proto.registry import (
     ContractMismatchError,

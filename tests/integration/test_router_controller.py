@@ -18,8 +18,8 @@ from typing import Any
 
 import openai
 
-from kvserve.cluster import Cluster
-from kvserve.faults import load_of, router_metric
+from kvserve.cluster.faults import load_of, router_metric
+from kvserve.cluster.launch import Cluster
 from proto.registry import connect, list_workers
 from tests.integration.router_harness import wait_for
 from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec

@@ -21,7 +21,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from kvpool.master import free_local_ports
-from kvserve.redis_service import RedisConfig, RedisProcess
+from kvserve.cluster.redis import RedisConfig, RedisProcess
 from router import tokenizer as tokenizer_module
 from tests.integration.router_harness import (
     MODEL,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kvpool.master import free_local_ports
-from kvserve.redis_service import RedisConfig, RedisProcess
+from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto.registry import (
     ClusterConfig,
     RegistryAccessError,

@@ -27,9 +27,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvpool.master import MASTER, METADATA, MasterConfig, MasterProcess, free_local_ports
-from kvserve.cluster import grpc_serving
-from kvserve.redis_service import RedisConfig, RedisProcess
-from kvserve.services import ManagedProcess, PoolProcesses
+from kvserve.cluster.launch import grpc_serving
+from kvserve.cluster.processes import ManagedProcess, PoolProcesses
+from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto import channels
 from proto import worker_pb2 as pb
 from proto.registry import ClusterConfig

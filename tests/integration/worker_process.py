@@ -12,9 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kvpool.master import MasterConfig, free_local_ports
-from kvserve.cluster import grpc_serving
-from kvserve.redis_service import RedisConfig, RedisProcess
-from kvserve.services import ManagedProcess
+from kvserve.cluster.launch import grpc_serving
+from kvserve.cluster.processes import ManagedProcess
+from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto.registry import ClusterConfig
 from tests.integration.pool_fixtures import running_master
 

@@ -69,7 +69,7 @@ def test_servers_are_the_deployments_of_kvserve_up() -> None:
 
 
 def test_the_single_core_server_is_one_worker_on_one_core_with_one_thread() -> None:
-    from kvserve.cluster_spec import ClusterSpec
+    from kvserve.cluster.spec import ClusterSpec
 
     prefill, decode, mixed = parse_deployment(pr.SERVERS["mixed1-1t"].deployment)
     options = cluster_options(pr.SERVERS["mixed1-1t"], 60.0)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvserve.chaos_load import OUTPUT_LENGTHS, Outcome, workload
-from kvserve.chaos_report import FaultRecord, summarize
+from kvserve.chaos.load import OUTPUT_LENGTHS, Outcome, workload
+from kvserve.chaos.report import FaultRecord, summarize
 
 
 def test_workload_is_seeded_shares_prefixes_and_alternates_streaming() -> None:

@@ -11,9 +11,9 @@ import pytest
 import kvserve.cli as cli
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
-from kvserve.cluster_spec import ClusterSpec
-from kvserve.process_plan import Host, ProcessPlan, config_argv, split_cores
-from kvserve.redis_service import RedisConfig, redis_auth_conf, redis_command
+from kvserve.cluster.plan import Host, ProcessPlan, config_argv, split_cores
+from kvserve.cluster.redis import RedisConfig, redis_auth_conf, redis_command
+from kvserve.cluster.spec import ClusterSpec
 from kvserve.settings import config_from_args
 from proto.grants import grant
 from proto.registry import ClusterConfig

@@ -21,7 +21,7 @@ import yaml  # type: ignore[import-untyped, unused-ignore]
 import kvserve.cli as cli
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
-from kvserve import probe
+from kvserve.cluster import probe
 from kvserve.settings import config_from_args
 from proto.registry import ClusterConfig
 from router.config import RouterConfig

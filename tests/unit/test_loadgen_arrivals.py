@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from kvserve.bench.loadgen.arrivals import (
+from kvserve.loadgen.arrivals import (
     arrival_times,
     gamma_arrivals,
     poisson_arrivals,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.bench.loadgen.metrics import (
+from kvserve.loadgen.metrics import (
     RequestRecord,
     bucket_label,
     bucketed,
@@ -14,7 +14,7 @@ from kvserve.bench.loadgen.metrics import (
     span_s,
     summarize,
 )
-from kvserve.bench.loadgen.slo import (
+from kvserve.loadgen.slo import (
     AbsoluteSlo,
     SloTargets,
     meets,
@@ -170,7 +170,7 @@ def test_buckets_and_span() -> None:
 
 
 def test_server_counters_count_from_zero_when_absent_before() -> None:
-    from kvserve.bench.loadgen.client import counters_delta, parse_counters
+    from kvserve.loadgen.client import counters_delta, parse_counters
 
     empty = parse_counters(
         "# HELP kvserve_kv_bytes_total bytes\n# TYPE kvserve_kv_bytes_total counter\n"

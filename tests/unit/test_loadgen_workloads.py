@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.bench.loadgen.workloads import (
+from kvserve.loadgen.mooncake_trace import TraceEntry, parse_trace
+from kvserve.loadgen.workloads import (
     MIN_TOKEN,
     Lengths,
     TraceOptions,
@@ -17,7 +18,6 @@ from kvserve.bench.loadgen.workloads import (
     trace_requests,
     with_arrivals,
 )
-from kvserve.bench.mooncake_trace import TraceEntry, parse_trace
 
 VOCAB = 1000
 

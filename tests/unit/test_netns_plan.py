@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import kvserve.cli as cli
-from kvserve.netns import PREFLIGHT, NetHosts, RunAs
-from kvserve.services import ManagedProcess, child_environment
-from kvserve.up import client_key, net_hosts, spec_from_args
+from kvserve.cluster.netns import PREFLIGHT, NetHosts, RunAs
+from kvserve.cluster.processes import ManagedProcess, child_environment
+from kvserve.cluster.up import client_key, net_hosts, spec_from_args
 
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="switching accounts needs root")
 

@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvpool.master import free_local_ports
-from kvserve.probe import check, targets
+from kvserve.cluster.probe import check, targets
 
 
 def test_targets_follow_the_services_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.bench.loadgen.workloads import RequestSpec
+from kvserve.loadgen.workloads import RequestSpec
 from kvserve.sim.cluster import SimCluster
 from kvserve.sim.costs import StepShape
 from kvserve.sim.engine import SIM_HASHER, KVCosts, SimEngine, SimPool, shape_of

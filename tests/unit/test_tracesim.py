@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from kvpool.keys import KeySpace
-from kvserve.bench.mooncake_trace import SHIPPED
 from kvserve.bench.tracecluster import cluster_replay
 from kvserve.bench.tracesim import (
     TRACE_HASHER,
@@ -22,6 +21,7 @@ from kvserve.bench.tracesim import (
     lru_replay,
     parse_trace,
 )
+from kvserve.loadgen.mooncake_trace import SHIPPED
 
 
 def req(ids: list[int], tokens: int | None = None, t_ms: int = 0) -> TraceRequest:

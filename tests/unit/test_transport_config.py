@@ -12,8 +12,8 @@ import redis
 import kvserve.cli as cli
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig, master_command
-from kvserve.cluster_spec import ClusterSpec
-from kvserve.redis_service import RedisConfig, redis_command
+from kvserve.cluster.redis import RedisConfig, redis_command
+from kvserve.cluster.spec import ClusterSpec
 from kvserve.settings import config_from_args
 from proto import channels
 from proto.registry import ClusterConfig, explain
@@ -116,7 +116,7 @@ def test_the_launcher_forwards_transport_settings(tmp_path: Path) -> None:
     ns = cli.build_parser().parse_args(
         ["up", "--peer-timeout-s", "3", "--grpc-tls-ca", str(pem), "--redis-username", "kv"]
     )
-    from kvserve.up import spec_from_args
+    from kvserve.cluster.up import spec_from_args
 
     ns.redis_password = "pw"
     spec = spec_from_args(ns)

@@ -1,6 +1,6 @@
 """What one process of a cluster is: where it runs (:class:`Host`), its exact command
 (:class:`ProcessPlan`), the pure helpers that build commands from settings dataclasses,
-and :func:`plan_cluster`, which turns a :class:`~kvserve.cluster_spec.ClusterSpec` into
+and :func:`plan_cluster`, which turns a :class:`~kvserve.cluster.spec.ClusterSpec` into
 every worker's and the router's :class:`ProcessPlan`.
 """
 
@@ -15,7 +15,7 @@ from kvserve.settings import env_name
 from proto.grants import grant
 
 if TYPE_CHECKING:
-    from kvserve.cluster_spec import ClusterSpec
+    from kvserve.cluster.spec import ClusterSpec
 
 
 @dataclass(frozen=True)

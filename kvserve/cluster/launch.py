@@ -31,14 +31,14 @@ from pathlib import Path
 from types import TracebackType
 
 from kvpool.master import MASTER, METADATA, MasterConfig, port_open
-from kvserve.cluster_spec import ClusterSpec
-from kvserve.process_plan import ClusterPlan, ProcessPlan
-from kvserve.redis_service import RedisProcess
-from kvserve.services import ManagedProcess, PoolProcesses
+from kvserve.cluster.plan import ClusterPlan, ProcessPlan
+from kvserve.cluster.processes import ManagedProcess, PoolProcesses
+from kvserve.cluster.redis import RedisProcess
+from kvserve.cluster.spec import ClusterSpec
 from proto.registry import ClusterConfig
 
 __all__ = ["Cluster", "ClusterPlan", "ClusterSpec", "ProcessPlan"]
-log = logging.getLogger("kvserve.cluster")
+log = logging.getLogger("kvserve.cluster.launch")
 POOL = (METADATA, MASTER)
 """Names of the pool's processes (see :func:`kvpool.master.pool_services`)."""
 

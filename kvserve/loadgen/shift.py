@@ -17,9 +17,9 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvserve.bench.loadgen.arrivals import poisson_arrivals
-from kvserve.bench.loadgen.metrics import RequestRecord
-from kvserve.bench.loadgen.workloads import (
+from kvserve.loadgen.arrivals import poisson_arrivals
+from kvserve.loadgen.metrics import RequestRecord
+from kvserve.loadgen.workloads import (
     Lengths,
     RequestSpec,
     SyntheticShape,

@@ -30,7 +30,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvserve.bench.mooncake_trace import TraceEntry
+from kvserve.loadgen.mooncake_trace import TraceEntry
 
 MIN_TOKEN = 100
 DEFAULT_VOCAB = 49152

@@ -5,9 +5,9 @@ I/O library and no torch, so a simulator can reuse the requests and the JSON sch
 :mod:`.client` talks HTTP (aiohttp) and :mod:`.plots` draws (matplotlib, lazily).
 """
 
-from kvserve.bench.loadgen.metrics import RequestRecord, RunSummary, summarize
-from kvserve.bench.loadgen.slo import AbsoluteSlo, RelativeSlo, SloTargets, sweep_goodput
-from kvserve.bench.loadgen.workloads import RequestSpec
+from kvserve.loadgen.metrics import RequestRecord, RunSummary, summarize
+from kvserve.loadgen.slo import AbsoluteSlo, RelativeSlo, SloTargets, sweep_goodput
+from kvserve.loadgen.workloads import RequestSpec
 
 __all__ = [
     "AbsoluteSlo",

@@ -1,7 +1,7 @@
 """The Mooncake trace format, read once for every tool that replays it.
 
 A trace is JSON lines ``{"timestamp": ms, "input_length": n, "output_length": m,
-"hash_ids": [...]}`` (``kvserve/bench/data/README.md``): one hash id per block of the
+"hash_ids": [...]}`` (``kvserve/loadgen/data/README.md``): one hash id per block of the
 prompt, equal ids at the same position meaning the whole prefix up to there is identical;
 gzip-compressed when the name ends in ``.gz``. The project ships the trace published with
 the Mooncake paper (:data:`SHIPPED`), the default of every tool that replays a trace.

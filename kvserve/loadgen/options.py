@@ -12,9 +12,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.loadgen.arrivals import PROCESSES
-from kvserve.bench.loadgen.slo import AbsoluteSlo, SloTargets
-from kvserve.bench.loadgen.workloads import (
+from kvserve.loadgen.arrivals import PROCESSES
+from kvserve.loadgen.mooncake_trace import SHIPPED, load_trace
+from kvserve.loadgen.slo import AbsoluteSlo, SloTargets
+from kvserve.loadgen.workloads import (
     DEFAULT_VOCAB,
     SYNTHETIC_KINDS,
     Lengths,
@@ -25,7 +26,6 @@ from kvserve.bench.loadgen.workloads import (
     synthetic_requests,
     trace_requests,
 )
-from kvserve.bench.mooncake_trace import SHIPPED, load_trace
 
 WORKLOADS = (*SYNTHETIC_KINDS, "shared-prefix", "trace")
 DEFAULT_REQUESTS = 48

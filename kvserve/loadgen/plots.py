@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.loadgen.metrics import RequestRecord, present
+from kvserve.loadgen.metrics import RequestRecord, present
 
 Runs = Sequence[tuple[str, Sequence[RequestRecord]]]
 Series = Sequence[tuple[str, Sequence[tuple[float, float | None]]]]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvserve.chaos_load import ChaosRequest
+from kvserve.chaos.load import ChaosRequest
 from workers.config import EngineConfig
 from workers.sequence import SamplingParams
 

@@ -13,10 +13,10 @@ Lifecycle of :class:`NetHosts`:
 2. ``create()`` first removes leftovers of an earlier run with the same tag, then makes
    the bridge, the namespaces (loopback up) and the links, and brings all up; on any
    failure it removes what it made;
-3. :meth:`hosts` gives each name its :class:`~kvserve.process_plan.Host` (address, and the
+3. :meth:`hosts` gives each name its :class:`~kvserve.cluster.plan.Host` (address, and the
    ``ip netns exec`` prefix that runs a command there, as the :class:`RunAs` account when
    one is given: ``kvserve up --hosts`` always gives one, so no process runs as root) for
-   a :class:`~kvserve.cluster_spec.ClusterSpec`;
+   a :class:`~kvserve.cluster.spec.ClusterSpec`;
 4. :meth:`link_down` / :meth:`link_up` pull and replug one host's cable (its bridge-side
    veth): packets to and from it are dropped, its sockets stay open;
 5. ``destroy()`` (also on leaving ``with hosts.made():``) deletes the namespaces (their
@@ -42,10 +42,10 @@ import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from kvserve.cluster_spec import ClusterSpec
-from kvserve.process_plan import Host
-from kvserve.redis_service import new_password
-from kvserve.services import child_environment
+from kvserve.cluster.plan import Host
+from kvserve.cluster.processes import child_environment
+from kvserve.cluster.redis import new_password
+from kvserve.cluster.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from kvserve.chaos_load import Outcome
+from kvserve.chaos.load import Outcome
 
 MUST_BE_ZERO = ("hung", "wrong_tokens", "pages_leaked")
 
@@ -36,7 +36,7 @@ def summarize(
 ) -> dict[str, object]:
     """The results table's figures (see the module docstring). ``ties``: indices of the
     answers that differ from the reference only through floating-point ties (checked
-    by :mod:`kvserve.chaos_verify`): exact, so not wrong."""
+    by :mod:`kvserve.chaos.verify`): exact, so not wrong."""
     sent = [(o, ref) for o, ref in zip(outcomes, references, strict=True) if o is not None]
     mismatched = mismatches(outcomes, references)
     ok = [(o, ref) for o, ref in sent if o.status == "ok"]

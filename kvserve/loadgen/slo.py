@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvserve.bench.loadgen.metrics import RequestRecord, bucket_label, present
+from kvserve.loadgen.metrics import RequestRecord, bucket_label, present
 
 
 @dataclass(frozen=True)

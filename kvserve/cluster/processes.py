@@ -1,5 +1,5 @@
 """Child processes of a one-machine cluster: a generic wrapper and the KV pool (Redis:
-:mod:`kvserve.redis_service`).
+:mod:`kvserve.cluster.redis`).
 
 Lifecycle of a :class:`ManagedProcess`:
 
@@ -15,7 +15,7 @@ Lifecycle of a :class:`ManagedProcess`:
 3. ``stop()`` sends SIGTERM to the process group, waits ``grace`` seconds, then SIGKILLs
    the group; it is idempotent and also sweeps any leftover member of the group.
 
-:class:`~kvserve.redis_service.RedisProcess` and :class:`PoolProcesses` follow the same
+:class:`~kvserve.cluster.redis.RedisProcess` and :class:`PoolProcesses` follow the same
 steps for ``redis-server`` and the pool's services (``mooncake_metadata`` then
 ``mooncake_master``, as :func:`kvpool.master.pool_services` says); all bind to loopback
 unless told otherwise (Redis optionally with a password or an ACL user). The pool is run

@@ -1,6 +1,6 @@
 """The cluster's Redis (the worker registry): :class:`RedisConfig` says where it listens and
 who may use it, :class:`RedisProcess` runs ``redis-server`` as a
-:class:`~kvserve.services.ManagedProcess` (``start()`` returns once it answers PING with
+:class:`~kvserve.cluster.processes.ManagedProcess` (``start()`` returns once it answers PING with
 those credentials; ``stop()`` as for any managed process).
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from kvserve.services import ManagedProcess
+from kvserve.cluster.processes import ManagedProcess
 from proto.registry import ClusterConfig, connect
 
 _REDIS_USER = re.compile(r"[A-Za-z0-9_.@-]+")

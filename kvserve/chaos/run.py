@@ -4,7 +4,7 @@ restarted at random; prints what became of every request.
 1. start a cluster on 127.0.0.1 only (``--prefill`` + ``--decode`` workers, Redis,
    mooncake_master, router; the tiny random model unless ``--model``), and compute the
    fault-free greedy reference of the workload on an in-process engine;
-2. run the load (:mod:`kvserve.chaos_load`) while a fault thread, one fault at a time
+2. run the load (:mod:`kvserve.chaos.load`) while a fault thread, one fault at a time
    after a random pause (mean ``--fault-every-s``), picks from ``--faults``: SIGKILL a
    decode or prefill worker, SIGSTOP a decode worker (a hung peer), SIGKILL the master or
    Redis; after ``--down-s`` it restarts (or SIGCONTs) it and waits until the cluster is
@@ -31,10 +31,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kvpool.config import PoolConfig
-from kvserve import faults
-from kvserve.chaos_load import ChaosRequest, Outcome, reference_texts, run_load, workload
-from kvserve.chaos_report import MUST_BE_ZERO, FaultRecord, mismatches, print_table, summarize
-from kvserve.cluster import Cluster, ClusterSpec
+from kvserve.chaos.load import ChaosRequest, Outcome, reference_texts, run_load, workload
+from kvserve.chaos.report import MUST_BE_ZERO, FaultRecord, mismatches, print_table, summarize
+from kvserve.cluster import faults
+from kvserve.cluster.launch import Cluster, ClusterSpec
 from workers.config import EngineConfig
 
 FAULTS = ("kill-decode", "kill-prefill", "freeze-decode", "kill-master", "kill-redis")
@@ -109,7 +109,7 @@ class FaultInjector:
 
     It runs on the main thread, because it restarts processes: a child started from a
     helper thread would get its death signal when that thread ends
-    (:func:`kvserve.services._die_with_parent`)."""
+    (:func:`kvserve.cluster.processes._die_with_parent`)."""
 
     def __init__(self, cluster: Cluster, args: argparse.Namespace, t0: float) -> None:
         self.cluster, self.args, self.t0 = cluster, args, t0
@@ -199,7 +199,7 @@ def _fp_ties(
     todo = mismatches(outcomes, references)
     if not todo:
         return frozenset()
-    from kvserve.chaos_verify import TieChecker
+    from kvserve.chaos.verify import TieChecker
 
     checker = TieChecker(model, EngineConfig(model=str(model), block_tokens=block_tokens))
     exact: set[int] = set()

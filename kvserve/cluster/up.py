@@ -5,15 +5,15 @@
    (``KVSERVE_CLUSTER_SECRET``, ``KVSERVE_REDIS_PASSWORD``), the router's API keys are
    ``KVSERVE_API_KEY``'s; with ``--free-ports`` every port is a free loopback port
    instead; with ``--hosts`` every process gets its own network host first
-   (:class:`kvserve.netns.NetHosts`: a namespace with its own address on a private
-   bridge), where it runs as an unprivileged user (:class:`kvserve.netns.RunAs`: the one
+   (:class:`kvserve.cluster.netns.NetHosts`: a namespace with its own address on a private
+   bridge), where it runs as an unprivileged user (:class:`kvserve.cluster.netns.RunAs`: the one
    who ran sudo, else ``nobody``; checked before anything starts), and the hosts are
    removed again after step 5;
 2. the :class:`Cluster` starts mooncake_master, Redis (always with a password, or an ACL
    user with ``--redis-username``), the workers (each pinned to its own cores when there
    are enough) and the router, and waits until all are healthy; every secret reaches a
    process through its environment, and only the processes that use it
-   (:mod:`kvserve.cluster_spec`);
+   (:mod:`kvserve.cluster.spec`);
 3. the URLs and a sample ``curl`` line go to stderr (no secret: the line names the
    ``KVSERVE_API_KEY`` variable, not its value);
 4. it blocks until Ctrl-C or SIGTERM (exit 0), or until the router, Redis or the master
@@ -42,8 +42,8 @@ from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
-from kvserve.cluster import Cluster, ClusterSpec
-from kvserve.netns import DEFAULT_SUBNET, DEFAULT_TAG, NetHosts, NetnsError, RunAs
+from kvserve.cluster.launch import Cluster, ClusterSpec
+from kvserve.cluster.netns import DEFAULT_SUBNET, DEFAULT_TAG, NetHosts, NetnsError, RunAs
 from kvserve.settings import add_config_args, config_from_args, env_name
 from proto.registry import ClusterConfig
 from router.config import RouterConfig
@@ -98,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hosts",
         action="store_true",
         help="run every process on its own network host: a network namespace with its own "
-        "address on a private bridge (Linux, as root; see kvserve/netns.py)",
+        "address on a private bridge (Linux, as root; see kvserve/cluster/netns.py)",
     )
     g.add_argument(
         "--hosts-subnet", default=DEFAULT_SUBNET, help="addresses for --hosts (an IPv4 subnet)"

@@ -32,8 +32,8 @@ from typing import Any
 
 import aiohttp
 
-from kvserve.bench.loadgen.metrics import RequestRecord
-from kvserve.bench.loadgen.workloads import RequestSpec
+from kvserve.loadgen.metrics import RequestRecord
+from kvserve.loadgen.workloads import RequestSpec
 
 COUNTERS = {
     "kvserve_kv_bytes_total": ("kv_bytes", "direction"),

@@ -1,4 +1,4 @@
-"""Faults on a running one-machine :class:`~kvserve.cluster.Cluster`, and the checks that
+"""Faults on a running one-machine :class:`~kvserve.cluster.launch.Cluster`, and the checks that
 follow them: used by the fault tests and by ``kvserve chaos``.
 
 - :func:`kill` (SIGKILL), :func:`freeze` / :func:`thaw` (SIGSTOP / SIGCONT) any process by
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvserve.cluster import Cluster
+from kvserve.cluster.launch import Cluster
 from proto import worker_pb2 as pb
 from proto.channels import sync_channel
 from proto.grpc_auth import MONITOR

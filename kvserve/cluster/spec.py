@@ -4,16 +4,16 @@
 2. ``spec.with_free_ports()`` optionally swaps every port for a free loopback port;
 3. ``spec.plan(cores)`` gives each worker a disjoint slice of the CPU cores when there are
    at least as many cores as workers (otherwise all share all cores) and builds the exact
-   argv of every worker and of the router; :mod:`kvserve.cluster` runs the plan.
+   argv of every worker and of the router; :mod:`kvserve.cluster.launch` runs the plan.
 
 Workers are named ``<role>-<i>`` (``prefill-0``, ``decode-0``, ...), in the order prefill,
 decode, mixed, and take ports ``worker_base_port + i`` in that order unless
 ``worker_ports`` lists them. Every engine, pool and registry setting is passed as an
 explicit flag; secrets (the Redis password, the cluster secret; the router's API keys to
 the router alone) go as their ``KVSERVE_*`` variable in the child's own environment,
-always set, so they stay out of process lists (:func:`kvserve.process_plan.plan_cluster`).
+always set, so they stay out of process lists (:func:`kvserve.cluster.plan.plan_cluster`).
 Of the launcher's environment a child gets only an allow-list
-(:func:`kvserve.services.child_environment`).
+(:func:`kvserve.cluster.processes.child_environment`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig, free_local_ports
-from kvserve.process_plan import ClusterPlan, Host, plan_cluster
-from kvserve.redis_service import RedisConfig, is_loopback, new_password
+from kvserve.cluster.plan import ClusterPlan, Host, plan_cluster
+from kvserve.cluster.redis import RedisConfig, is_loopback, new_password
 from proto.registry import ClusterConfig
 from proto.trust import new_secret
 from router.auth import parse_api_keys
@@ -53,9 +53,9 @@ class ClusterSpec:
     - ``hosts``: processes that run elsewhere, by name (``router``, ``redis``,
       ``mooncake_master`` for the pool's services, or a worker's name): each binds to and
       advertises its :class:`Host`'s address and starts under its prefix (e.g. in its own
-      network namespace: :mod:`kvserve.netns`); the others run on ``host``.
+      network namespace: :mod:`kvserve.cluster.netns`); the others run on ``host``.
     - ``redis_username`` / ``redis_password``: Redis is started with these credentials
-      (:class:`kvserve.redis_service.RedisConfig`) and every process gets them; by default
+      (:class:`kvserve.cluster.redis.RedisConfig`) and every process gets them; by default
       a password made up for this spec (``""``: none, allowed on loopback only).
     - ``cluster_secret`` / ``hash_algorithm``: every worker's and the router's
       (:class:`proto.registry.ClusterConfig`); by default a secret made up for this spec
@@ -274,7 +274,7 @@ class ClusterSpec:
     def plan(self, available_cores: Sequence[int] | None = None) -> ClusterPlan:
         """Exact argv, port and cores of every worker and the router (pure given the cores;
         ``available_cores`` defaults to ``cores``, then to this process's affinity;
-        :func:`kvserve.process_plan.plan_cluster`)."""
+        :func:`kvserve.cluster.plan.plan_cluster`)."""
         return plan_cluster(
             self, list(available_cores or self.cores or sorted(os.sched_getaffinity(0)))
         )
