@@ -14,7 +14,6 @@ follow them: used by the fault tests and by ``kvserve chaos``.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import time
@@ -25,7 +24,7 @@ from collections.abc import Iterable
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvserve.cluster.launch import Cluster
+from kvserve.cluster.launch import Cluster, router_workers
 from proto import worker_pb2 as pb
 from proto.channels import sync_channel
 from proto.grpc_auth import MONITOR
@@ -123,11 +122,7 @@ def serving_worker(cluster: Cluster, role: str) -> str | None:
 
 def routable(cluster: Cluster) -> int:
     """How many workers the router's ``/health`` counts as live (0 if it does not answer)."""
-    try:
-        with urllib.request.urlopen(cluster.router_url + "/health", timeout=2) as reply:
-            return int(json.load(reply).get("workers", 0))
-    except (OSError, ValueError, urllib.error.URLError):
-        return 0
+    return router_workers(cluster.router_url)
 
 
 def wait_routable(cluster: Cluster, timeout: float = 30.0) -> bool:

@@ -9,8 +9,10 @@ Lifecycle of a :class:`Cluster`:
    redis-server and waits for PING, then every worker, then the router, each with its own
    log file in ``log_dir``;
 3. it waits until every worker's gRPC health check says SERVING and the router's
-   ``/health`` answers 200, or raises an error naming the process that failed, with the
-   tail of its log; any failure during start stops whatever was started;
+   ``/health`` answers 200 counting every worker of the cluster (the router is healthy
+   with one decode-capable worker; a cluster is ready only once its router can place on
+   all of them), or raises an error naming the process that failed, with the tail of its
+   log; any failure during start stops whatever was started;
 4. the cluster serves; tests may kill or restart single workers (:meth:`Cluster.worker`,
    :meth:`Cluster.restart_worker`);
 5. ``stop()`` terminates in reverse order (router, workers, redis, master, metadata
@@ -21,6 +23,7 @@ Lifecycle of a :class:`Cluster`:
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import tempfile
 import time
@@ -60,6 +63,16 @@ def grpc_serving(address: str, cluster: ClusterConfig, timeout: float = 1.0) -> 
         except grpc.RpcError:
             return False
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def router_workers(router_url: str, timeout: float = 2.0) -> int:
+    """How many workers the router's ``/health`` counts as live (0 when it is not healthy
+    or does not answer)."""
+    try:
+        with urllib.request.urlopen(router_url + "/health", timeout=timeout) as reply:
+            return int(json.load(reply).get("workers", 0))
+    except (OSError, ValueError, urllib.error.URLError):
+        return 0
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:
@@ -199,7 +212,7 @@ class Cluster:
                     raise proc.failure("exited before it was healthy")
                 plan = self.plan_of(name)
                 if plan.role == "router":
-                    healthy = http_ok(f"{self.router_url}/health")
+                    healthy = router_workers(self.router_url) >= len(self._workers)
                 else:
                     healthy = grpc_serving(plan.address, self.spec.cluster_config)
                 if healthy:
