@@ -47,6 +47,11 @@ def token_digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+def token_matches(verifier: bytes | None, token: str) -> bool:
+    """Whether ``token`` has ``verifier`` (None: no token does), compared in constant time."""
+    return verifier is not None and hmac.compare_digest(token_digest(token), verifier)
+
+
 @dataclass(frozen=True)
 class Credentials:
     """``secret``: the cluster secret when this process holds it (else empty); ``keys``,
@@ -93,8 +98,7 @@ class Credentials:
 
     def accepts(self, identity: str, token: str) -> bool:
         """Whether ``token`` is ``identity``'s (constant-time comparison)."""
-        expected = self.verifier(identity)
-        return expected is not None and hmac.compare_digest(token_digest(token), expected)
+        return token_matches(self.verifier(identity), token)
 
     def grant(self, keys: Iterable[str], tokens: Iterable[str], verifiers: Iterable[str]) -> str:
         """A grant of the named keys, tokens and verifiers, cut from these credentials
