@@ -6,8 +6,9 @@ Disaggregated (the plan names a prefill worker):
    every candidate answers "no free pages now", the request waits its turn in the router's
    queue for KV memory (:mod:`router.kv_wait`), holding nothing, until its deadline (504).
    A candidate whose call fails (unreachable, draining) or that can never fit the request
-   (INVALID_ARGUMENT) is left out; none left is a 400 when none could ever fit it (the
-   worker's reason), else a 503;
+   (INVALID_ARGUMENT) is left out (one that failed UNAVAILABLE is first looked up again: a
+   restarted worker is asked at once, :mod:`router.candidates`); none left is a 400 when
+   none could ever fit it (the worker's reason), else a 503;
 2. ``Prefill`` on the prefill worker; its first token is yielded at once (the TTFT);
 3. if the first token already finished the request, ``Abort`` frees the reservation on the
    decode worker and the flow ends; else
@@ -47,6 +48,7 @@ import anyio
 import grpc
 
 from proto import worker_pb2 as pb
+from router.candidates import Candidates, Renew
 from router.errors import APIError, unavailable
 from router.flow_types import (
     FINISH_REASONS,
@@ -96,18 +98,22 @@ class RequestFlow:
     """Lifecycle: built from a plan -> :meth:`chunks` iterated once -> done.
 
     ``kv_wait``: the router's queue for KV memory, shared by its flows (default: one of its
-    own, i.e. nobody to wait behind); a flow wakes it when it ends (its pages came back)."""
+    own, i.e. nobody to wait behind); a flow wakes it when it ends (its pages came back).
+    ``renew``: a restarted decode worker's new channel (:mod:`router.candidates`)."""
 
     def __init__(
-        self, plan: FlowPlan, observer: FlowObserver, kv_wait: KVWaitQueue | None = None
+        self,
+        plan: FlowPlan,
+        observer: FlowObserver,
+        kv_wait: KVWaitQueue | None = None,
+        renew: Renew | None = None,
     ) -> None:
         self.plan = plan
         self.observer = observer
         self._kv_wait = kv_wait if kv_wait is not None else KVWaitQueue()
         self._involved: dict[str, LiveWorker] = {}
-        self._left_out: dict[str, grpc.aio.AioRpcError] = {}
-        """Decode candidates out of the running for a reservation, with their error."""
-        self._decoder: LiveWorker | None = plan.decode[0] if plan.decode else None
+        self._candidates = Candidates(plan.decode, renew)
+        self._decoder: LiveWorker | None = self._candidates.first
         self._cached_tokens = 0
         self._completion_tokens = 0
         self._mode = plan.mode
@@ -208,15 +214,15 @@ class RequestFlow:
                     yield chunk
                 return
             except grpc.aio.AioRpcError as exc:
-                nxt = self._next_decoder(tried)
-                if exc.code() not in TRY_ELSEWHERE or nxt is None:
+                if exc.code() not in TRY_ELSEWHERE:
+                    raise
+                nxt = await self._candidates.renewed(worker, exc)
+                nxt = nxt or self._candidates.next_untried(tried)
+                if nxt is None:
                     raise
                 self._log_move(worker, nxt, exc, len(outputs) - (first_token is not None))
                 await self._leave([worker])
                 worker = nxt
-
-    def _next_decoder(self, tried: set[str]) -> LiveWorker | None:
-        return next((w for w in self.plan.decode if w.worker_id not in tried), None)
 
     def _log_move(
         self, old: LiveWorker, new: LiveWorker, exc: grpc.aio.AioRpcError, sent: int
@@ -259,7 +265,9 @@ class RequestFlow:
         """``Reserve`` on each decode candidate still in the running, best first: the first
         that holds pages; None when the others answered "no free pages now"; raises
         :meth:`_no_reservation` when none is left. A candidate whose call failed
-        (unreachable, draining, or the request can never fit there) is out for good."""
+        (unreachable, draining, or the request can never fit there) is out for good, unless
+        it failed UNAVAILABLE and a restarted process serves it now (its successor is asked
+        at once: :mod:`router.candidates`)."""
         request = pb.ReserveRequest(
             request_id=self.plan.request_id,
             prompt_token_ids=self.plan.prompt_token_ids,
@@ -267,33 +275,44 @@ class RequestFlow:
             lease_ms=self.plan.lease_ms,
             cache_salt=self.plan.cache_salt,
         )
-        for worker in self._reservable():
-            self._involved[worker.worker_id] = worker  # a failed call may still hold pages
-            try:
-                reply = await worker.stub.Reserve(request, timeout=self._time_left())
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise
-                self._left_out[worker.worker_id] = exc
-                continue
-            if reply.ok:
-                self._decoder = worker
-                return worker
-            del self._involved[worker.worker_id]  # not now: it holds nothing
-        if self._reservable():
+        for candidate in self._candidates.reservable():
+            holder = await self._reserve_on(candidate, request)
+            if holder is not None:
+                self._decoder = holder
+                return holder
+        if self._candidates.reservable():
             return None
         raise self._no_reservation()
 
-    def _reservable(self) -> list[LiveWorker]:
-        return [w for w in self.plan.decode if w.worker_id not in self._left_out]
+    async def _reserve_on(
+        self, worker: LiveWorker, request: pb.ReserveRequest
+    ) -> LiveWorker | None:
+        """``Reserve`` on ``worker`` (on its successor when it was restarted): the worker
+        that holds pages, or None ("not now", or the call failed: it is then left out)."""
+        self._involved[worker.worker_id] = worker  # a failed call may still hold pages
+        try:
+            reply = await worker.stub.Reserve(request, timeout=self._time_left())
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+            fresh = await self._candidates.renewed(worker, exc)
+            if fresh is not None:
+                return await self._reserve_on(fresh, request)
+            self._candidates.leave_out(worker, exc)
+            return None
+        if reply.ok:
+            return worker
+        del self._involved[worker.worker_id]  # not now: it holds nothing
+        return None
 
     def _no_reservation(self) -> APIError:
         """No candidate left: the workers' 400 when none could ever fit the request, else a
         503 naming each one's error."""
-        errors = list(self._left_out.values())
+        left_out = self._candidates.left_out
+        errors = list(left_out.values())
         if errors and all(e.code() == grpc.StatusCode.INVALID_ARGUMENT for e in errors):
             return rpc_error(errors[0])
-        reasons = "; ".join(f"{w}: {e.code().name}" for w, e in self._left_out.items())
+        reasons = "; ".join(f"{w}: {e.code().name}" for w, e in left_out.items())
         return unavailable(
             f"no decode worker could reserve KV cache for this request ({reasons}); retry later"
         )

@@ -191,7 +191,7 @@ class RouterService:
         )
 
     def flow(self, plan: FlowPlan) -> RequestFlow:
-        return RequestFlow(plan, self.telemetry, self.kv_wait)
+        return RequestFlow(plan, self.telemetry, self.kv_wait, self.view.renewed)
 
     def render_metrics(self) -> bytes:
         """The Prometheus text of ``/metrics`` (SLO attainment as of now)."""

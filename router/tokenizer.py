@@ -21,6 +21,8 @@ from typing import Any, TypeVar, TypeVarTuple
 import anyio
 import anyio.to_thread
 
+from proto.tokenization import load_tokenizer
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -33,12 +35,8 @@ nothing, and requests beyond them wait in turn, each holding no more than its bo
 
 class PromptTokenizer:
     def __init__(self, model_dir: Path) -> None:
-        from transformers import AutoTokenizer
-
-        if not (model_dir / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
         self.model_dir = model_dir
-        self._tok: Any = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        self._tok: Any = load_tokenizer(model_dir)
         self.vocab_size = len(self._tok)
 
     def encode(self, text: str) -> list[int]:
@@ -59,8 +57,8 @@ class PromptTokenizer:
 class TokenizerSlot:
     """The router's one tokenizer, loaded once and off the event loop.
 
-    Loading it imports transformers, which takes seconds on a small machine; done lazily, the
-    first request after a start paid for it (a TTFT of ~7 s on 2 cores). Lifecycle:
+    Loading it imports transformers' tokenizer classes, which takes seconds on a small machine;
+    done lazily, the first request after a start paid for it (a TTFT of ~7 s on 2 cores). Lifecycle:
 
     1. :meth:`preload` starts the load in the background (the router calls it at start with
        ``tokenizer_dir``); it does nothing once a load started (running, done or failed);

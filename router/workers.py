@@ -14,7 +14,9 @@ Lifecycle of :class:`WorkerView`:
    channel + stub per new worker address, and a new one when another process serves at a
    known address (its ``started_at`` changed) (``proto.channels.channel``: TLS per the
    cluster's settings, and keepalive pings that fail every call to a frozen worker with
-   UNAVAILABLE within about ``peer_timeout_s``);
+   UNAVAILABLE within about ``peer_timeout_s``); a flow whose call failed UNAVAILABLE asks
+   :meth:`WorkerView.renewed` for a restarted worker's new channel at once, without waiting
+   for the next poll (one poll runs at a time: :meth:`WorkerView.refresh`);
 3. :meth:`live` gives the workers heard from within ``heartbeat_ttl_s``: in the registry,
    or, while the registry cannot be read, by answering ``GetLoad`` directly (so the router
    keeps serving through a Redis outage, and a worker that stops heartbeating and
@@ -158,6 +160,7 @@ class WorkerView:
         self._seen: dict[str, tuple[float, WorkerRecord]] = {}
         self._holds: dict[str, str] = {}  # worker id -> the role that ends its hold
         self._task: asyncio.Task[None] | None = None
+        self._polling: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         await self.poll_once()
@@ -169,6 +172,10 @@ class WorkerView:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._polling is not None:
+            self._polling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._polling
         for entry in self._channels.values():
             await entry.channel.close(None)
         self._channels.clear()
@@ -196,8 +203,34 @@ class WorkerView:
     def release(self, worker_id: str) -> None:
         self._holds.pop(worker_id, None)
 
+    async def refresh(self) -> None:
+        """:meth:`poll_once` now, or wait for the one under way: one poll at a time, however
+        many callers (the polling task, and flows asking for :meth:`renewed`). A poll that
+        fails is logged, not raised."""
+        if self._polling is None or self._polling.done():
+            self._polling = asyncio.ensure_future(self._poll_logged())
+        await asyncio.shield(self._polling)
+
+    async def renewed(self, worker: LiveWorker) -> LiveWorker | None:
+        """``worker``'s successor: after a :meth:`refresh`, the live worker of the same id
+        when another process serves it now (its ``started_at`` changed: it was restarted,
+        and calls through the old channel failed while this view had not caught up); None
+        when the same process, or nobody, serves it."""
+        await self.refresh()
+        now = self.get(worker.worker_id)
+        if now is None or now.record.started_at == worker.record.started_at:
+            return None
+        return now
+
+    async def _poll_logged(self) -> None:
+        try:
+            await self.poll_once()
+        except Exception:  # keep the view whatever one poll hit
+            log.exception("worker registry poll failed")
+
     async def poll_once(self) -> None:
-        """Read the registry and refresh the view.
+        """Read the registry and refresh the view (callers other than :meth:`start` use
+        :meth:`refresh`, which runs one poll at a time).
 
         A worker missing from a readable registry stays in the view until its last
         sighting is ``heartbeat_ttl_s`` old (a Redis restarted empty is refilled by the
@@ -253,10 +286,7 @@ class WorkerView:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._poll_s)
-            try:
-                await self.poll_once()
-            except Exception:  # keep polling whatever one poll hit
-                log.exception("worker registry poll failed")
+            await self.refresh()
 
     async def _channel(self, record: WorkerRecord, now: float) -> None:
         """Open a channel to ``record``'s address, or a new one when a new process serves

@@ -1,7 +1,8 @@
 """Text in and out: the model directory's tokenizer and chat template.
 
-Wraps the Hugging Face tokenizer classes (``tokenizer.json`` through ``tokenizers``), so any
-supported model directory brings its own vocabulary, special tokens and chat template.
+Wraps the Hugging Face tokenizer (:func:`proto.tokenization.load_tokenizer`, as the router
+loads it), so any supported model directory brings its own vocabulary, special tokens and
+chat template.
 """
 
 from __future__ import annotations
@@ -9,14 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from proto.tokenization import load_tokenizer
+
 
 class Tokenizer:
     def __init__(self, model_dir: Path) -> None:
-        from transformers import AutoTokenizer
-
-        if not (model_dir / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
-        self._tok: Any = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        self._tok: Any = load_tokenizer(model_dir)
 
     @property
     def eos_token_id(self) -> int | None:

@@ -1,0 +1,59 @@
+"""The router's worker view against a real Redis: a restarted worker is seen at once when a
+flow asks (``WorkerView.renewed``), and concurrent refreshes share one registry poll."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from proto.registry import ClusterConfig, WorkerRecord, publish
+from router.workers import LiveWorker, WorkerView
+from tests.integration.router_harness import running_redis
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_redis(tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
+def test_a_restarted_worker_is_renewed_at_once(redis_url: str, tmp_path: Path) -> None:
+    cluster = ClusterConfig(redis_url=redis_url, cluster=f"rv{uuid.uuid4().hex[:8]}")
+    now = time.time()
+    first = WorkerRecord("w1", "127.0.0.1:1", "decode", "m", "/m", "c", 16, 2, 64, now, now)
+    restarted = dataclasses.replace(first, started_at=now + 1, heartbeat_at=now + 1)
+    client = redis.Redis.from_url(redis_url)
+    publish(client, cluster.keys, first, ttl_s=30)
+    polls: list[int] = []
+
+    async def scenario() -> tuple[LiveWorker, LiveWorker | None, LiveWorker | None, int]:
+        view = WorkerView(cluster, on_poll=lambda live: polls.append(len(live)), poll_s=3600)
+        await view.start()  # one poll; the next periodic one is an hour away
+        try:
+            old = view.get("w1")
+            assert old is not None
+            same = await view.renewed(old)
+            publish(client, cluster.keys, restarted, ttl_s=30)
+            before = len(polls)
+            await asyncio.gather(view.refresh(), view.refresh(), view.refresh())
+            shared = len(polls) - before
+            return old, same, await view.renewed(old), shared
+        finally:
+            await view.stop()
+
+    try:
+        old, same, new, shared_polls = asyncio.run(scenario())
+    finally:
+        client.delete(*client.keys(f"*{cluster.cluster}*"))
+        client.close()
+    assert same is None  # the same process serves it: nothing to renew
+    assert new is not None and new.record.started_at == restarted.started_at
+    assert new.stub is not old.stub  # a new channel, not the one backing off from the dead
+    assert shared_polls == 1
