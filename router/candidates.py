@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 
 import grpc
 
-from router.workers import LiveWorker
+from router.live_worker import LiveWorker
 
 Renew = Callable[[LiveWorker], Awaitable[LiveWorker | None]]
 """A worker's successor, if a new process serves its id now (``WorkerView.renewed``)."""

@@ -37,9 +37,10 @@ import grpc
 from proto import worker_pb2 as pb
 from router.config import RouterConfig
 from router.flow_types import FlowResult
+from router.live_worker import LiveWorker
 from router.metrics import RouterMetrics
 from router.ratio import RatioController, RoleChange
-from router.workers import LiveWorker, WorkerView
+from router.workers import WorkerView
 
 log = logging.getLogger(__name__)
 

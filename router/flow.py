@@ -2,13 +2,9 @@
 
 Disaggregated (the plan names a prefill worker):
 
-1. ``Reserve`` on the first decode candidate that accepts (pages held under a lease). While
-   every candidate answers "no free pages now", the request waits its turn in the router's
-   queue for KV memory (:mod:`router.kv_wait`), holding nothing, until its deadline (504).
-   A candidate whose call fails (unreachable, draining) or that can never fit the request
-   (INVALID_ARGUMENT) is left out (one that failed UNAVAILABLE is first looked up again: a
-   restarted worker is asked at once, :mod:`router.candidates`); none left is a 400 when
-   none could ever fit it (the worker's reason), else a 503;
+1. ``Reserve`` on the first decode candidate that accepts, waiting in the router's queue
+   for KV memory while none has free pages (:mod:`router.reservation`: the turn, the
+   retries, which candidate is left out, the 400/503/504 when none can hold it);
 2. ``Prefill`` on the prefill worker; its first token is yielded at once (the TTFT);
 3. if the first token already finished the request, ``Abort`` frees the reservation on the
    decode worker and the flow ends; else
@@ -36,22 +32,18 @@ The last chunk carries ``finish_reason`` and :class:`Usage`; the observer gets a
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator
 
-import anyio
 import grpc
 
 from proto import worker_pb2 as pb
+from proto.finish import openai_finish
 from router.candidates import Candidates, Renew
 from router.errors import APIError, unavailable
+from router.flow_plan import FlowPlan
 from router.flow_types import (
-    FINISH_REASONS,
     TRY_ELSEWHERE,
     Chunk,
     FlowObserver,
@@ -60,38 +52,12 @@ from router.flow_types import (
     rpc_error,
     status_of,
 )
+from router.involved import Involved
 from router.kv_wait import KVWaitQueue
-from router.workers import LiveWorker
+from router.live_worker import LiveWorker
+from router.reservation import Reserver
 
 log = logging.getLogger(__name__)
-
-ABORT_TIMEOUT_S = 2.0
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class FlowPlan:
-    """Everything a flow needs, fixed before any worker is called.
-
-    ``request_id`` is the router's own (uuid4 hex: never from a client, never with '/');
-    ``decode``: the decode (or mixed) candidates, best first; ``started_at``: when the
-    request arrived (``clock`` time; TTFT and the deadline count from it).
-    """
-
-    request_id: str
-    prompt_token_ids: Sequence[int]
-    params: pb.SamplingParams
-    prefill: LiveWorker | None
-    decode: tuple[LiveWorker, ...]
-    lease_ms: int
-    timeout_s: float
-    started_at: float
-    cache_salt: str = ""
-    clock: Callable[[], float] = field(default=time.monotonic)
-
-    @property
-    def mode(self) -> str:
-        return "local" if self.prefill is None else "disagg"
 
 
 class RequestFlow:
@@ -111,9 +77,10 @@ class RequestFlow:
         self.plan = plan
         self.observer = observer
         self._kv_wait = kv_wait if kv_wait is not None else KVWaitQueue()
-        self._involved: dict[str, LiveWorker] = {}
+        self._involved = Involved(plan.request_id)
         self._candidates = Candidates(plan.decode, renew)
         self._decoder: LiveWorker | None = self._candidates.first
+        self._reserver = Reserver(plan, self._candidates, self._involved, self._kv_wait)
         self._cached_tokens = 0
         self._completion_tokens = 0
         self._mode = plan.mode
@@ -131,11 +98,11 @@ class RequestFlow:
             status = "ok"
         except grpc.aio.AioRpcError as exc:
             status = "timeout" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else "error"
-            await self._abort_all()
+            await self._involved.abort_all()
             raise rpc_error(exc) from None
         except BaseException as exc:  # cancelled, closed by the consumer, or failed
             status = status_of(exc)
-            await self._abort_all()
+            await self._involved.abort_all()
             raise
         finally:
             worker = self._decoder.worker_id if self._decoder else ""
@@ -143,7 +110,7 @@ class RequestFlow:
                 self._mode,
                 worker,
                 status,
-                self._elapsed(),
+                self.plan.elapsed(),
                 self._ttft_s,
                 self._completion_tokens,
                 self._migrations,
@@ -153,7 +120,7 @@ class RequestFlow:
 
     async def _disaggregated(self, prefill: LiveWorker) -> AsyncGenerator[Chunk, None]:
         decoder = await self._reserve()
-        self._involved[prefill.worker_id] = prefill
+        self._involved.add(prefill)
         request = pb.PrefillRequest(
             request_id=self.plan.request_id,
             prompt_token_ids=self.plan.prompt_token_ids,
@@ -161,13 +128,13 @@ class RequestFlow:
             cache_salt=self.plan.cache_salt,
         )
         try:
-            reply = await prefill.stub.Prefill(request, timeout=self._time_left())
+            reply = await prefill.stub.Prefill(request, timeout=self.plan.time_left())
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in TRY_ELSEWHERE:
                 raise
             log.info("prefill worker %s did not take %s (%s): the decode side prefills it",
                      prefill.worker_id, self.plan.request_id, exc.code().name)  # fmt: skip
-            await self._leave([prefill, decoder])  # a local Generate reuses the request id
+            await self._involved.leave([prefill, decoder])  # a local Generate reuses the request id
             self._mode = "local"
             async for chunk in self._generate_anywhere(decoder, None):
                 yield chunk
@@ -179,7 +146,7 @@ class RequestFlow:
         self._completion_tokens = 1
         finish = self._finish_reason(reply.finish_reason)
         if finish is not None:
-            await self._abort([decoder])  # nothing to decode: free the reservation now
+            await self._involved.abort([decoder])  # nothing to decode: free the reservation now
             yield Chunk(reply.text, (reply.first_token,), finish, self._usage())
             return
         yield Chunk(reply.text, (reply.first_token,))
@@ -189,7 +156,7 @@ class RequestFlow:
     async def _local(self) -> AsyncGenerator[Chunk, None]:
         if self._decoder is None:
             raise unavailable("no worker can serve this request now")
-        await self._take_turn(self._no_reservation_needed)
+        await self._take_turn_local()
         async for chunk in self._generate_anywhere(self._decoder, None):
             yield chunk
 
@@ -221,7 +188,7 @@ class RequestFlow:
                 if nxt is None:
                     raise
                 self._log_move(worker, nxt, exc, len(outputs) - (first_token is not None))
-                await self._leave([worker])
+                await self._involved.leave([worker])
                 worker = nxt
 
     def _log_move(
@@ -239,83 +206,25 @@ class RequestFlow:
                     old.worker_id, rid, sent, code, new.worker_id)  # fmt: skip
 
     async def _reserve(self) -> LiveWorker:
-        """The decode worker holding pages for the prompt: :meth:`_reserve_once` in the
-        router's KV queue, again whenever woken while it answers "not now"."""
-        return await self._take_turn(self._reserve_once)
+        """The decode worker holding pages for the prompt (:mod:`router.reservation`); it
+        becomes the flow's decoder as soon as it holds them."""
 
-    async def _take_turn(self, attempt: Callable[[], Awaitable[T | None]]) -> T:
-        """``attempt`` in the router's KV queue (:meth:`KVWaitQueue.admit`); 504 when the
-        deadline passes while waiting."""
-        try:
-            return await self._kv_wait.admit(attempt, self._seconds_left)
-        except TimeoutError:
-            raise APIError(
-                504,
-                "the request timed out waiting for free KV cache on the decode workers",
-                None,
-                "timeout",
-            ) from None
-
-    async def _no_reservation_needed(self) -> bool:
-        """A local request's attempt: its turn is all it waits for (the worker that
-        prefills it queues it for pages by itself)."""
-        return True
-
-    async def _reserve_once(self) -> LiveWorker | None:
-        """``Reserve`` on each decode candidate still in the running, best first: the first
-        that holds pages; None when the others answered "no free pages now"; raises
-        :meth:`_no_reservation` when none is left. A candidate whose call failed
-        (unreachable, draining, or the request can never fit there) is out for good, unless
-        it failed UNAVAILABLE and a restarted process serves it now (its successor is asked
-        at once: :mod:`router.candidates`)."""
-        request = pb.ReserveRequest(
-            request_id=self.plan.request_id,
-            prompt_token_ids=self.plan.prompt_token_ids,
-            max_tokens=self.plan.params.max_tokens,
-            lease_ms=self.plan.lease_ms,
-            cache_salt=self.plan.cache_salt,
-        )
-        for candidate in self._candidates.reservable():
-            holder = await self._reserve_on(candidate, request)
+        async def attempt() -> LiveWorker | None:
+            holder = await self._reserver.reserve_once()
             if holder is not None:
                 self._decoder = holder
-                return holder
-        if self._candidates.reservable():
-            return None
-        raise self._no_reservation()
+            return holder
 
-    async def _reserve_on(
-        self, worker: LiveWorker, request: pb.ReserveRequest
-    ) -> LiveWorker | None:
-        """``Reserve`` on ``worker`` (on its successor when it was restarted): the worker
-        that holds pages, or None ("not now", or the call failed: it is then left out)."""
-        self._involved[worker.worker_id] = worker  # a failed call may still hold pages
-        try:
-            reply = await worker.stub.Reserve(request, timeout=self._time_left())
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise
-            fresh = await self._candidates.renewed(worker, exc)
-            if fresh is not None:
-                return await self._reserve_on(fresh, request)
-            self._candidates.leave_out(worker, exc)
-            return None
-        if reply.ok:
-            return worker
-        del self._involved[worker.worker_id]  # not now: it holds nothing
-        return None
+        return await self._reserver.take_turn(attempt)
 
-    def _no_reservation(self) -> APIError:
-        """No candidate left: the workers' 400 when none could ever fit the request, else a
-        503 naming each one's error."""
-        left_out = self._candidates.left_out
-        errors = list(left_out.values())
-        if errors and all(e.code() == grpc.StatusCode.INVALID_ARGUMENT for e in errors):
-            return rpc_error(errors[0])
-        reasons = "; ".join(f"{w}: {e.code().name}" for w, e in left_out.items())
-        return unavailable(
-            f"no decode worker could reserve KV cache for this request ({reasons}); retry later"
-        )
+    async def _take_turn_local(self) -> None:
+        """A local request's turn in the router's KV queue: its turn is all it waits for
+        (the worker that prefills it queues it for pages by itself)."""
+
+        async def no_reservation_needed() -> bool:
+            return True
+
+        await self._reserver.take_turn(no_reservation_needed)
 
     async def _generate(
         self, worker: LiveWorker, first_token: int | None, resume: list[int] | None = None
@@ -324,7 +233,7 @@ class RequestFlow:
         resumed after the outputs the client has (``resume``, non-empty), or from the
         prompt (its first chunk is then the TTFT)."""
         plan = self.plan
-        self._involved[worker.worker_id] = worker
+        self._involved.add(worker)
         self._decoder = worker
         request = pb.GenerateRequest(
             request_id=plan.request_id,
@@ -336,7 +245,7 @@ class RequestFlow:
             request.resume_token_ids.extend(resume)
         elif first_token is not None:
             request.first_token = first_token
-        call = worker.stub.Generate(request, timeout=self._time_left())
+        call = worker.stub.Generate(request, timeout=self.plan.time_left())
         last = plan.clock()
         awaiting_prefill = first_token is None and not resume
         try:
@@ -363,7 +272,7 @@ class RequestFlow:
         raise APIError(502, f"worker {worker.worker_id} ended the stream before finishing")
 
     def _first_token(self, mode: str, worker_id: str) -> None:
-        self._ttft_s = self._elapsed()
+        self._ttft_s = self.plan.elapsed()
         self.observer.on_first_token(mode, worker_id, self._ttft_s)
 
     def _prefilled(self, worker_id: str, usage: pb.PromptUsage) -> None:
@@ -371,46 +280,11 @@ class RequestFlow:
         self.observer.on_prefill(worker_id, usage)
 
     def _finish_reason(self, reason: pb.FinishReason.ValueType) -> str | None:
+        """The client's finish reason (:func:`proto.finish.openai_finish`: None while the
+        request runs); 503 when the worker aborted it."""
         if reason == pb.FINISH_REASON_ABORT:
             raise unavailable("a worker aborted the request (draining or out of memory)")
-        return FINISH_REASONS.get(reason)
+        return openai_finish(reason)
 
     def _usage(self) -> Usage:
         return Usage(len(self.plan.prompt_token_ids), self._completion_tokens, self._cached_tokens)
-
-    def _elapsed(self) -> float:
-        return self.plan.clock() - self.plan.started_at
-
-    def _seconds_left(self) -> float:
-        """Seconds until the request's deadline (negative once past)."""
-        return self.plan.timeout_s - self._elapsed()
-
-    def _time_left(self) -> float:
-        """:meth:`_seconds_left` for an RPC's timeout; 504 once the deadline passed."""
-        left = self._seconds_left()
-        if left <= 0:
-            raise APIError(504, "the request timed out", None, "timeout")
-        return left
-
-    async def _abort_all(self) -> None:
-        await self._abort(list(self._involved.values()))
-
-    async def _leave(self, workers: list[LiveWorker]) -> None:
-        """Abort on ``workers`` (whatever they may have started) and forget them."""
-        await self._abort(workers)
-        for worker in workers:
-            self._involved.pop(worker.worker_id, None)
-
-    async def _abort(self, workers: list[LiveWorker]) -> None:
-        """``Abort`` on ``workers``, concurrently; shielded so a cancelled request still
-        frees its pages; failures are logged (the worker's lease frees them anyway)."""
-        request = pb.AbortRequest(request_id=self.plan.request_id)
-        with anyio.CancelScope(shield=True):
-            results = await asyncio.gather(
-                *(w.stub.Abort(request, timeout=ABORT_TIMEOUT_S) for w in workers),
-                return_exceptions=True,
-            )
-        for worker, result in zip(workers, results, strict=True):
-            if isinstance(result, BaseException):
-                log.warning("abort of %s on %s failed: %s", self.plan.request_id,
-                            worker.worker_id, result)  # fmt: skip

@@ -14,8 +14,6 @@ import grpc
 from proto import worker_pb2 as pb
 from router.errors import APIError, unavailable
 
-FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
-
 TRY_ELSEWHERE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION})
 """Codes of a worker that did not take a call: it is draining for a role change
 (UNAVAILABLE), its role changed before the router saw it (FAILED_PRECONDITION), or it cannot

@@ -26,6 +26,7 @@ Lifecycle of :class:`WorkerView`:
    calls to a vanished worker get that long to end by themselves);
 5. ``stop()`` ends polling and closes every channel.
 
+:class:`router.live_worker.LiveWorker` is a worker of the view and its stub.
 :meth:`WorkerView.hold` makes the router treat a worker as draining at once, before its
 own report says so (the P:D controller is about to change its role), until a poll shows
 the worker in its new role and not draining, the worker leaves the registry, or
@@ -60,7 +61,7 @@ from proto.registry import (
     read_workers,
 )
 from proto.worker_pb2_grpc import WorkerStub
-from router.conductor import WorkerLoad
+from router.live_worker import LiveWorker, record_draining, record_role
 
 if TYPE_CHECKING:  # typing-only class of the generated stubs
     from proto.worker_pb2_grpc import WorkerAsyncStub
@@ -70,60 +71,6 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5
 PROBE_TIMEOUT_S = 1.0
 CHANNEL_GRACE_S = 60.0
-
-
-@dataclass(frozen=True)
-class LiveWorker:
-    """A registered worker and the stub to call it."""
-
-    record: WorkerRecord
-    stub: WorkerAsyncStub
-    held: bool = False
-    """The router places no new work on it (see :meth:`WorkerView.hold`)."""
-
-    @property
-    def worker_id(self) -> str:
-        return self.record.worker_id
-
-    @property
-    def role(self) -> str:
-        return record_role(self.record)
-
-    @property
-    def draining(self) -> bool:
-        """Draining by its own report, or held by this router."""
-        return self.held or record_draining(self.record)
-
-    @property
-    def serves_requests(self) -> bool:
-        """Can decode (decode or mixed role) and is not draining."""
-        return self.role in ("decode", "mixed") and not self.draining
-
-    def load(self) -> WorkerLoad:
-        """The conductor's view; missing fields are 0 (protobuf's JSON form omits defaults
-        and writes 64-bit integers as strings, hence the conversions)."""
-        get = self.record.load.get
-        return WorkerLoad(
-            worker_id=self.worker_id,
-            role=self.role,
-            draining=self.draining,
-            waiting=int(get("waiting", 0)),
-            running=int(get("running", 0)),
-            queued_prefill_tokens=int(float(get("queued_prefill_tokens", 0))),
-            free_pages=int(get("free_pages", 0)),
-            total_pages=int(get("total_pages", 0)),
-            prefill_tokens_per_s=float(get("prefill_tokens_per_s", 0.0)),
-            report_at=self.record.heartbeat_at,
-        )
-
-
-def record_role(record: WorkerRecord) -> str:
-    """The role in the latest load report (roles change at run time), else the record's."""
-    return str(record.load.get("role") or record.role)
-
-
-def record_draining(record: WorkerRecord) -> bool:
-    return bool(record.load.get("draining", False))
 
 
 @dataclass

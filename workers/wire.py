@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 from proto import worker_pb2 as pb
+from proto.finish import wire_finish
 from proto.limits import logit_bias_count_error, stop_count_error, stop_token_ids_count_error
 from workers.engine import Engine
 from workers.kv_transfer import Transfer
 from workers.outputs import RequestOutput
 from workers.sequence import FinishReason, SamplingParams
-
-FINISH = {
-    FinishReason.STOP: pb.FINISH_REASON_STOP,
-    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
-    FinishReason.ABORT: pb.FINISH_REASON_ABORT,
-}
 
 
 def sampling_params(msg: pb.SamplingParams) -> SamplingParams:
@@ -46,10 +41,9 @@ def sampling_params(msg: pb.SamplingParams) -> SamplingParams:
 
 
 def finish_reason(reason: FinishReason | None) -> pb.FinishReason.ValueType:
-    """The wire value; a hand-off (prefill done, decoding elsewhere) is "not finished"."""
-    if reason is None:
-        return pb.FINISH_REASON_UNSPECIFIED
-    return FINISH.get(reason, pb.FINISH_REASON_UNSPECIFIED)
+    """The wire value, from :data:`proto.finish.FINISHES`; a hand-off (prefill done,
+    decoding elsewhere) is "not finished"."""
+    return wire_finish(None if reason is None else reason.value)
 
 
 def usage(out: RequestOutput) -> pb.PromptUsage:

@@ -151,15 +151,15 @@ def test_openapi_declares_bearer_security(harness: Harness) -> None:
 
 def test_tenants_salt_their_requests(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     assert harness.app is not None
-    service = harness.app.state.service
+    planner = harness.app.state.service.planner
     salts: list[str] = []
-    plan = service.plan
+    plan = planner.plan
 
-    async def spy(*args: Any, cache_salt: str = "", **kwargs: Any) -> Any:
-        salts.append(cache_salt)
-        return await plan(*args, cache_salt=cache_salt, **kwargs)
+    async def spy(admitted: Any) -> Any:
+        salts.append(admitted.cache_salt)
+        return await plan(admitted)
 
-    monkeypatch.setattr(service, "plan", spy)
+    monkeypatch.setattr(planner, "plan", spy)
     calls: list[tuple[str, dict[str, Any]]] = [
         ("sk-alice", {}), ("sk-alice", {"cache_salt": "x"}), ("sk-shared", {}),
         ("sk-shared", {"cache_salt": "x"}), ("sk-bob", {"cache_salt": ""}),

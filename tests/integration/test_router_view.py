@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from proto.registry import ClusterConfig, WorkerRecord, publish
-from router.workers import LiveWorker, WorkerView
+from router.live_worker import LiveWorker
+from router.workers import WorkerView
 from tests.integration.router_harness import running_redis
 
 

@@ -16,9 +16,10 @@ import pytest
 from proto import worker_pb2 as pb
 from proto.registry import WorkerRecord
 from router.errors import APIError
-from router.flow import FlowPlan, RequestFlow
+from router.flow import RequestFlow
+from router.flow_plan import FlowPlan
 from router.flow_types import Chunk, FlowResult
-from router.workers import LiveWorker
+from router.live_worker import LiveWorker
 
 RECORD = WorkerRecord(
     worker_id="d1", address="127.0.0.1:1", role="decode", model="m", model_dir="/nowhere",

@@ -1,0 +1,50 @@
+"""A request the router has admitted: every check passed, nothing yet placed or sent.
+
+:class:`AdmittedRequest` is what :mod:`router.prepare` makes of an HTTP request and what
+the rest of the path (:meth:`router.service.RouterService.run`, :mod:`router.flow_plan`,
+:mod:`router.routes.generation`) works from; nothing after it looks at the body again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proto import worker_pb2 as pb
+
+
+@dataclass(frozen=True)
+class AdmittedRequest:
+    """A checked request, fixed before placement.
+
+    - ``request_id``: the router's own (uuid4 hex: never from a client, never with '/');
+    - ``chat``: a chat completion (else a completion): the answer's shape and id prefix;
+    - ``model``: the model name, as requested (and checked to be the one served);
+    - ``prompt_token_ids``: the tokenized prompt (non-empty, within the vocabulary when the
+      client sent ids, prompt + output within the model's context length when known);
+    - ``params``: the workers' sampling params; ``params.max_tokens`` is the output limit;
+    - ``cache_salt``: the salt of its pool keys (its tenant's and its own, see
+      :func:`router.auth.request_salt`);
+    - ``arrived_at``: when the request arrived (``time.monotonic``; TTFT and the deadline
+      count from it);
+    - ``stream`` / ``include_usage``: how the answer is sent.
+    """
+
+    request_id: str
+    chat: bool
+    model: str
+    prompt_token_ids: tuple[int, ...]
+    params: pb.SamplingParams
+    cache_salt: str
+    arrived_at: float
+    stream: bool = False
+    include_usage: bool = False
+
+    @property
+    def max_tokens(self) -> int:
+        """The output limit."""
+        return self.params.max_tokens
+
+    @property
+    def response_id(self) -> str:
+        """The answer's ``id``: ``chatcmpl-`` or ``cmpl-`` and the request id."""
+        return ("chatcmpl-" if self.chat else "cmpl-") + self.request_id

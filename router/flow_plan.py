@@ -1,0 +1,122 @@
+"""A request's plan: which workers, under which lease and deadline (:class:`FlowPlan`),
+and how an admitted request gets one (:class:`Planner`: pool lookup, placement, admission).
+
+:meth:`Planner.plan` runs, for one :class:`~router.admitted.AdmittedRequest`:
+
+1. the pool lookup (:meth:`PoolLookup.pooled_tokens` under the request's cache salt, with
+   the first live worker's record naming the key space; 0 when none is live);
+2. placement (:meth:`Policy.place` over the load reports plus this router's recent
+   placements, :class:`PendingLoad`): 503 when nobody can serve it;
+3. admission control (:func:`router.admission.admit`): 429 with ``Retry-After`` when the
+   first token is predicted too late (counted per worker; nothing counted as pending);
+4. the placement noted as pending, and the :class:`FlowPlan` built from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from proto import worker_pb2 as pb
+from router.admission import admit
+from router.admitted import AdmittedRequest
+from router.conductor import PlacementRequest, make_policy
+from router.config import RouterConfig
+from router.errors import APIError, too_busy, unavailable
+from router.live_worker import LiveWorker
+from router.metrics import RouterMetrics
+from router.pending import PendingLoad
+from router.pool_lookup import PoolLookup
+
+
+@dataclass(frozen=True)
+class FlowPlan:
+    """Everything a flow needs, fixed before any worker is called.
+
+    ``request_id`` is the router's own (uuid4 hex: never from a client, never with '/');
+    ``decode``: the decode (or mixed) candidates, best first; ``started_at``: when the
+    request arrived (``clock`` time; TTFT and the deadline count from it).
+    """
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    params: pb.SamplingParams
+    prefill: LiveWorker | None
+    decode: tuple[LiveWorker, ...]
+    lease_ms: int
+    timeout_s: float
+    started_at: float
+    cache_salt: str = ""
+    clock: Callable[[], float] = field(default=time.monotonic)
+
+    @property
+    def mode(self) -> str:
+        return "local" if self.prefill is None else "disagg"
+
+    def elapsed(self) -> float:
+        """Seconds since the request arrived."""
+        return self.clock() - self.started_at
+
+    def seconds_left(self) -> float:
+        """Seconds until the request's deadline (negative once past)."""
+        return self.timeout_s - self.elapsed()
+
+    def time_left(self) -> float:
+        """:meth:`seconds_left` for an RPC's timeout; 504 once the deadline passed."""
+        left = self.seconds_left()
+        if left <= 0:
+            raise APIError(504, "the request timed out", None, "timeout")
+        return left
+
+
+class Planner:
+    """Placement -> :class:`FlowPlan`, as in the module docstring; one per router (its
+    pending placements are shared by every request)."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        live: Callable[[], list[LiveWorker]],
+        pool: PoolLookup,
+        metrics: RouterMetrics,
+    ) -> None:
+        self.config = config
+        self._live = live
+        self._pool = pool
+        self._metrics = metrics
+        self.policy = make_policy(config.policy, config.disagg_threshold_tokens)
+        self.pending = PendingLoad()
+
+    async def plan(self, admitted: AdmittedRequest) -> FlowPlan:
+        """Look the prompt up in the pool (under its cache salt) and place it; 503 when
+        nobody can serve it, 429 when admission control refuses it."""
+        prompt = admitted.prompt_token_ids
+        live = self._live()
+        pooled = (
+            await self._pool.pooled_tokens(prompt, live[0].record, admitted.cache_salt)
+            if live
+            else 0
+        )
+        request = PlacementRequest(prompt_tokens=len(prompt), pooled_tokens=pooled)
+        loads = self.pending.apply([w.load() for w in live])
+        placement = self.policy.place(request, loads)
+        if placement is None:
+            raise unavailable("no decode-capable worker can take a request now")
+        rejection = admit(placement, request, loads, self.config.admission_ttft_s)
+        if rejection is not None:
+            self._metrics.admission_rejections.labels(rejection.worker).inc()
+            raise too_busy(rejection.message, rejection.retry_after_s)
+        self.pending.placed(placement, request, loads)
+        by_id = {w.worker_id: w for w in live}
+        return FlowPlan(
+            request_id=admitted.request_id,
+            prompt_token_ids=list(prompt),
+            params=admitted.params,
+            prefill=by_id[placement.prefill] if placement.prefill else None,
+            decode=tuple(by_id[d] for d in placement.decode),
+            lease_ms=self.config.reserve_lease_ms,
+            timeout_s=self.config.request_timeout_s,
+            started_at=admitted.arrived_at,
+            cache_salt=admitted.cache_salt,
+        )

@@ -1,0 +1,7 @@
+"""The router's HTTP routes, one module per family, each an :class:`fastapi.APIRouter` that
+:func:`router.app.create_app` includes in this order:
+
+- :mod:`router.routes.generation`: ``POST /v1/completions`` and ``/v1/chat/completions``;
+- :mod:`router.routes.info`: ``GET /v1/models`` and ``/health``;
+- :mod:`router.routes.ops`: ``GET /metrics``, ``/v1/controller`` and ``/v1/cache/stats``.
+"""

@@ -1,0 +1,100 @@
+"""``POST /v1/completions`` and ``POST /v1/chat/completions``: the request path.
+
+Each route, in order: reads the body (:func:`read_body`, 413 past ``max_body_bytes``),
+parses it (:func:`router.openai_models.parse_request`, 400), has :mod:`router.prepare`
+check and tokenize it (every other refusal: 400, 404, 503), and :func:`answer`\\ s it:
+placed and run by :meth:`RouterService.run` (429, 503), then sent whole as JSON or
+streamed as server-sent events. A client that disconnects cancels the flow (499), which
+aborts the request on every worker.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from router import openapi
+from router.admitted import AdmittedRequest
+from router.errors import APIError
+from router.flow_types import Chunk
+from router.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
+from router.openapi import GENERATION_ERRORS, GENERATION_OK, openapi_body
+from router.prepare import Preparer
+from router.responses import Formatter
+from router.service import RouterService
+from router.streaming import ClientGoneError, collect, sse_events, until_disconnected
+
+
+def generation_routes(service: RouterService, secured: bool) -> APIRouter:
+    """The two generation routes over ``service`` (``secured``: API keys are required, as
+    the OpenAPI document says)."""
+    routes = APIRouter()
+    preparer = Preparer(service)
+    limit = service.config.max_body_bytes
+    documented = openapi.responses(GENERATION_ERRORS, secured, GENERATION_OK)
+
+    @routes.post(
+        "/v1/completions",
+        responses=documented,
+        openapi_extra=openapi_body(CompletionRequest),
+    )
+    async def completions(request: Request) -> Response:
+        started = time.monotonic()
+        req = parse_request(CompletionRequest, await read_body(request, limit))
+        return await answer(request, service, await preparer.prepare(req, request.scope, started))
+
+    @routes.post(
+        "/v1/chat/completions",
+        responses=documented,
+        openapi_extra=openapi_body(ChatCompletionRequest),
+    )
+    async def chat_completions(request: Request) -> Response:
+        started = time.monotonic()
+        req = parse_request(ChatCompletionRequest, await read_body(request, limit))
+        return await answer(request, service, await preparer.prepare(req, request.scope, started))
+
+    return routes
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body; 413 once it exceeds ``limit`` bytes (declared or actual)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"request body exceeds {limit} bytes", None, "request_too_large")
+
+
+async def answer(request: Request, service: RouterService, admitted: AdmittedRequest) -> Response:
+    """Place and run ``admitted``; stream it or answer it whole. Errors of placement are
+    the route's (counted as rejected); errors from the flow were counted by the flow."""
+    chunks = await service.run(admitted)
+    fmt = Formatter(admitted.chat, admitted.response_id, admitted.model, admitted.include_usage)
+    try:
+        if not admitted.stream:
+            text, finish, usage = await until_disconnected(request, collect(chunks))
+            return JSONResponse(fmt.response(text, finish, usage))
+        first: Chunk = await until_disconnected(request, anext(chunks))
+    except ClientGoneError:
+        return Response(status_code=499)
+    except APIError as exc:
+        exc.counted = True  # by the flow
+        raise
+    except StopAsyncIteration:
+        raise APIError(502, "the worker returned nothing") from None
+    return StreamingResponse(
+        sse_events(first, chunks, fmt),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Request-Id": admitted.request_id},
+    )

@@ -1,0 +1,45 @@
+"""Operations: ``GET /metrics`` (Prometheus), ``GET /v1/controller`` (the P:D
+controller) and ``GET /v1/cache/stats`` (prefix cache and pool statistics)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import Response
+
+from router import openapi
+from router.pool_stats import pool_stats
+from router.service import RouterService
+
+TEXT = {"text/plain": {"schema": {"type": "string"}}}
+
+
+def ops_routes(service: RouterService, secured: bool) -> APIRouter:
+    """The three routes over ``service`` (behind the API keys when ``secured``):
+    :meth:`RouterService.render_metrics`; the controller's report; the cache statistics
+    with the pool lookup's state and (``--master-metrics-url``) the pool master's. Only
+    ``/v1/controller`` has a docstring: it is its OpenAPI description."""
+    routes = APIRouter()
+    reads = openapi.responses((), secured)
+    config = service.config
+
+    @routes.get("/metrics", responses=openapi.responses((), secured, TEXT))
+    async def metrics() -> Response:
+        return Response(service.render_metrics(), media_type=CONTENT_TYPE_LATEST)
+
+    @routes.get("/v1/controller", responses=reads)
+    async def controller() -> dict[str, Any]:
+        """The P:D controller: settings, SLO window, streaks, every change and its result."""
+        return service.controller.report()
+
+    @routes.get("/v1/cache/stats", responses=reads)
+    async def cache_stats() -> dict[str, Any]:
+        out = service.cache_stats.report()
+        out["pool_lookup"] = {"enabled": config.pool_lookup, "connected": service.pool.connected}
+        if config.master_metrics_url:
+            out["pool"] = await pool_stats(config.master_metrics_url)
+        return out
+
+    return routes
