@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from proto.limits import MAX_LEASE_S
 from router.auth import ApiKeys, parse_api_keys
-from router.ratio import RatioConfig
+from router.ratio_config import RatioConfig
 
 POLICIES = ("random", "round_robin", "least_loaded", "cache_aware")
 CONTROLLER_PREFIX = "controller_"

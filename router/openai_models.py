@@ -1,20 +1,22 @@
 """The OpenAI request bodies the router accepts (pydantic lives here, at the HTTP edge only).
 
-:func:`parse_request` turns a raw body into a request model or an :class:`APIError` (400)
-in OpenAI's error format; :meth:`check` methods reject what is well-typed but unsupported
-or out of range. Types are strict, as OpenAI's are: ``"max_tokens": "5"`` or
-``"stream": 1`` is a 400, not a guess (a JSON integer is still a valid number).
+:func:`router.openai_parse.parse_request` turns a raw body into one of these models or an
+:class:`APIError` (400) in OpenAI's error format; :meth:`check` methods reject what is
+well-typed but unsupported or out of range. Types are strict, as OpenAI's are:
+``"max_tokens": "5"`` or ``"stream": 1`` is a 400, not a guess (a JSON integer is still a
+valid number).
 
 Every request field of OpenAI's (completions and chat completions) and vLLM's sampling
 extensions is implemented or refused, never silently dropped:
 
 - implemented: the declared fields; ``logit_bias``, the penalties, ``min_tokens`` and
   ``stop_token_ids`` within the limits of :mod:`proto.limits` that workers check too;
-- refused: :data:`REFUSED`, fields whose value other than "off" would change the output or
-  the answer's shape (tools, structured output, logprobs, beam search...): a 400 naming
-  the field, code ``unsupported_value``. Null, or one of the listed "off" values, passes;
-- ignored: :data:`IGNORED`, fields that do not change what is generated (``user``,
-  ``store``, ``metadata``, ``service_tier``...).
+- refused: :data:`router.openai_fields.REFUSED`, fields whose value other than "off" would
+  change the output or the answer's shape (tools, structured output, logprobs, beam
+  search...): a 400 naming the field, code ``unsupported_value``. Null, or one of the
+  listed "off" values, passes;
+- ignored: :data:`router.openai_fields.IGNORED`, fields that do not change what is
+  generated (``user``, ``store``, ``metadata``, ``service_tier``...).
 
 Names in none of these (no OpenAI or vLLM field) are ignored, as OpenAI-compatible
 servers do, so that clients sending extras meant for other servers keep working.
@@ -25,9 +27,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Annotated, ClassVar, Literal, TypeVar
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from proto import worker_pb2 as pb
 from proto.limits import (
@@ -38,8 +40,9 @@ from proto.limits import (
     stop_error,
     stop_token_ids_count_error,
 )
-from router.errors import APIError, invalid
+from router.errors import invalid
 from router.flow_types import sampling_params
+from router.openai_fields import REFUSED, Off, is_off
 
 TokenId = Annotated[int, Field(ge=0, lt=1 << 32)]
 TokenCount = Annotated[int, Field(ge=1, lt=1 << 32)]
@@ -47,94 +50,10 @@ MAX_SEED = (1 << 64) - 1
 COMPLETION_MAX_TOKENS = 16
 """A completion's length when the request sets none (OpenAI's default)."""
 
-Off = tuple[object, ...]
-"""The values of a refused field that mean "off" (null always does); compared with their
-JSON type, so ``0`` is not ``false``."""
-
-REFUSED: Mapping[str, Off] = {
-    # OpenAI: tools and structured output (with no tools, tool_choice "auto" is "none")
-    "tools": ([],),
-    "tool_choice": ("none", "auto"),
-    "functions": ([],),
-    "function_call": ("none", "auto"),
-    "response_format": ({"type": "text"},),
-    # OpenAI: what an answer carries, and how it is made
-    "logprobs": (False,),  # chat: a bool; completions: a count (any is refused)
-    "top_logprobs": (0,),
-    "echo": (False,),
-    "best_of": (1,),
-    "suffix": ("",),
-    "audio": (),
-    "modalities": (["text"],),
-    "reasoning_effort": (),
-    "verbosity": (),
-    "web_search_options": (),
-    "moderation": (),
-    # vLLM's extensions: sampling, decoding, output
-    "min_p": (0, 0.0),
-    "use_beam_search": (False,),
-    "length_penalty": (1, 1.0),
-    "bad_words": ([],),
-    "allowed_token_ids": (),
-    "logits_processors": (),
-    "truncate_prompt_tokens": (),
-    "prompt_logprobs": (),
-    "include_stop_str_in_output": (False,),
-    "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,),
-    "return_tokens_as_token_ids": (False,),
-    "return_token_ids": (False,),
-    "priority": (0,),
-    "prompt_embeds": (),
-    "mm_processor_kwargs": (),
-    "kv_transfer_params": (),
-    "vllm_xargs": (),
-    # vLLM's extensions: structured output
-    "structured_outputs": (),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
-    "guided_grammar": (),
-    "structural_tag": (),
-    "guided_decoding_backend": (),
-    "guided_whitespace_pattern": (),
-    # vLLM's extensions: the chat template (ours: the model's, with the generation prompt)
-    "add_generation_prompt": (True,),
-    "continue_final_message": (False,),
-    "chat_template": (),
-    "chat_template_kwargs": ({},),
-    "documents": (),
-}
-"""Fields refused unless off, on both routes (a chat-only field sent for a completion is
-refused the same way). ``add_special_tokens`` is per route: :attr:`SamplingFields.refused`."""
-
-IGNORED = frozenset(
-    {
-        "user",  # an end-user id for abuse monitoring
-        "store",  # OpenAI keeps the completion for its dashboards: nothing is kept here
-        "metadata",  # tags for the stored completion
-        "service_tier",  # OpenAI's capacity class; there is one here
-        "safety_identifier",  # the successor of user
-        "prompt_cache_key",  # a routing hint for OpenAI's prompt cache (see cache_salt)
-        "prompt_cache_retention",
-        "prompt_cache_options",
-        "prediction",  # predicted output: speeds OpenAI up, never changes the answer
-        "parallel_tool_calls",  # means something only with tools, which are refused
-        "request_id",  # vLLM: the caller's id; answers carry ours
-    }
-)
-"""Fields that change nothing that is generated: accepted and ignored (documentation; the
-models do not look at them)."""
-
 TokenBiases = dict[str, float]
 _TOKEN_KEY = re.compile(r"[0-9]{1,20}")
 """A ``logit_bias`` key: a token id in decimal (ids past the wire's range are refused with
 the others out of range)."""
-
-
-def _is_off(value: object, off: Off) -> bool:
-    """Whether ``value`` is one of ``off``, of the same JSON type."""
-    return any(type(value) is type(o) and value == o for o in off)
 
 
 class StreamOptions(BaseModel):
@@ -229,7 +148,7 @@ class SamplingFields(BaseModel):
         """400 for the first field of :attr:`refused` that is set and not off."""
         for name, value in (self.model_extra or {}).items():
             off = self.refused.get(name)
-            if off is None or value is None or _is_off(value, off):
+            if off is None or value is None or is_off(value, off):
                 continue
             allowed = " or ".join(json.dumps(o) for o in off)
             only = f" (only {allowed})" if allowed else ""
@@ -329,45 +248,3 @@ class ChatCompletionRequest(SamplingFields):
     def output_limit(self) -> int | None:
         """The requested completion length (``max_completion_tokens`` wins), if any."""
         return self.max_completion_tokens or self.max_tokens
-
-
-Request = TypeVar("Request", bound=BaseModel)
-
-
-def parse_request(cls: type[Request], body: bytes) -> Request:
-    """``cls`` from a JSON body; any problem becomes a 400 :class:`APIError`."""
-    try:
-        return cls.model_validate_json(body)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
-
-
-def validation_error(exc: ValidationError) -> APIError:
-    """The first problem of ``exc``, phrased and coded like OpenAI's errors.
-
-    Of the errors for the first bad field (a union field reports one per branch), the most
-    specific one (deepest location) is shown.
-    """
-    errors = exc.errors(include_url=False)
-    field_errors = [e for e in errors if e["loc"][:1] == errors[0]["loc"][:1]]
-    err = max(field_errors, key=lambda e: len(e["loc"]))
-    kind = str(err["type"])
-    param = _param(err["loc"])
-    if kind == "json_invalid":
-        return invalid(f"We could not parse the JSON body of your request: {err['msg']}")
-    if kind == "missing":
-        return invalid(
-            f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
-        )
-    code = "invalid_type" if kind.endswith(("_type", "_parsing")) else "invalid_value"
-    where = f" for '{param}'" if param else ""
-    return invalid(f"Invalid value{where}: {err['msg']}.", param, code)
-
-
-_UNION_TAGS = frozenset({"str", "int", "float", "bool"})
-
-
-def _param(loc: tuple[int | str, ...]) -> str | None:
-    """``messages.0.content`` style path, without pydantic's union-branch tags."""
-    parts = [str(p) for p in loc if isinstance(p, int) or not ("[" in p or p in _UNION_TAGS)]
-    return ".".join(parts) or None

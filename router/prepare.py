@@ -18,7 +18,7 @@ a request, in one place, before any worker is called.
    what the context leaves);
 7. the tenant salt (:func:`router.auth.request_salt`) and the workers' sampling params.
 
-The route parses the body (:func:`router.openai_models.parse_request`, 400) and reads it
+The route parses the body (:func:`router.openai_parse.parse_request`, 400) and reads it
 (413) before; the flow runs the result after (:meth:`RouterService.run`).
 """
 

@@ -1,7 +1,7 @@
 """``POST /v1/completions`` and ``POST /v1/chat/completions``: the request path.
 
 Each route, in order: reads the body (:func:`read_body`, 413 past ``max_body_bytes``),
-parses it (:func:`router.openai_models.parse_request`, 400), has :mod:`router.prepare`
+parses it (:func:`router.openai_parse.parse_request`, 400), has :mod:`router.prepare`
 check and tokenize it (every other refusal: 400, 404, 503), and :func:`answer`\\ s it:
 placed and run by :meth:`RouterService.run` (429, 503), then sent whole as JSON or
 streamed as server-sent events. A client that disconnects cancels the flow (499), which
@@ -20,7 +20,8 @@ from router import openapi
 from router.admitted import AdmittedRequest
 from router.errors import APIError
 from router.flow_types import Chunk
-from router.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
+from router.openai_models import ChatCompletionRequest, CompletionRequest
+from router.openai_parse import parse_request
 from router.openapi import GENERATION_ERRORS, GENERATION_OK, openapi_body
 from router.prepare import Preparer
 from router.responses import Formatter

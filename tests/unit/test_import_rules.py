@@ -33,6 +33,7 @@ PURE = (
     "router/pending.py",
     "router/kv_wait.py",
     "router/ratio.py",
+    "router/ratio_config.py",
 )
 IMPURE = ("torch", "numpy", "grpc", "redis", "socket", "subprocess", "urllib", "mooncake")
 

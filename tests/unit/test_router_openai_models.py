@@ -17,13 +17,9 @@ from proto.limits import (
     MAX_TOKEN_ID,
 )
 from router.errors import APIError
-from router.openai_models import (
-    IGNORED,
-    REFUSED,
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_request,
-)
+from router.openai_fields import IGNORED, REFUSED
+from router.openai_models import ChatCompletionRequest, CompletionRequest
+from router.openai_parse import parse_request
 from workers.sequence import SamplingParams
 from workers.wire import sampling_params
 
