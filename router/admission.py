@@ -1,6 +1,6 @@
 """Admission control: refuse (HTTP 429) a request whose first token would come too late. Pure.
 
-Called by :meth:`router.service.RouterService.plan` right after placement and before the
+Called by :meth:`router.flow_plan.Planner.plan` right after placement and before the
 placement is counted as pending work, with the loads the placement was made on (the
 workers' reports plus this router's pending placements, :mod:`router.pending`):
 

@@ -24,10 +24,11 @@ candidate, carrying ``first_token`` (the prompt's KV is in the pool) if it had o
 
 Whatever ends the flow early (the consumer cancels or stops iterating, i.e. the client
 went away; the deadline passes; an RPC fails; a worker aborts), ``Abort(request_id)`` goes
-to every worker the request touched (shielded from the cancellation) before the flow
-re-raises. RPC failures become :class:`router.errors.APIError` with a status to show.
-The last chunk carries ``finish_reason`` and :class:`Usage`; the observer gets a
-:class:`FlowResult` when the flow ends, however it ends.
+to every worker the request touched (:mod:`router.involved`, shielded from the
+cancellation) before the flow re-raises. RPC failures become
+:class:`router.errors.APIError` with a status to show. The last chunk carries
+``finish_reason`` and :class:`Usage`; the observer gets a :class:`FlowResult` when the flow
+ends, however it ends.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ class FlowPlan:
 
     @property
     def mode(self) -> str:
+        """``local`` (no prefill worker) or ``disagg``, as planned."""
         return "local" if self.prefill is None else "disagg"
 
     def elapsed(self) -> float:

@@ -57,6 +57,9 @@ NO_TOKENIZER = (
 
 
 class RouterService:
+    """One router's shared state (workers, pool lookup, planner, KV queue, metrics,
+    tokenizer, controller); the lifecycle of the module docstring."""
+
     def __init__(self, router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -> None:
         self.config = router
         self.cluster = cluster
