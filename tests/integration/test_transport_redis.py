@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpool.master import free_local_ports
+from kvpool.net import free_local_ports
 from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto.registry import (
     ClusterConfig,
