@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from kvpool.config import PoolConfig
-from kvpool.master import port_open
+from kvpool.net import port_open
 
 log = logging.getLogger(__name__)
 

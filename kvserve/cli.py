@@ -88,7 +88,7 @@ def _make_model(args: argparse.Namespace) -> int:
 def _pool(args: argparse.Namespace) -> int:
     import signal
 
-    from kvpool.master import MasterProcess
+    from kvserve.cluster.pool import MasterProcess
 
     cfg = config_from_args(MasterConfig, args)
     master = MasterProcess(cfg).start()

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpool.config import PoolConfig
-from kvpool.master import MasterConfig, MasterProcess, free_local_ports
+from kvpool.master import MasterConfig
+from kvpool.net import free_local_ports
+from kvserve.cluster.pool import MasterProcess
 from workers.engine import Engine
 from workers.kv_transfer import Transfer
 from workers.outputs import RequestOutput

@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpool.master import free_local_ports
+from kvpool.net import free_local_ports
 from kvserve.cluster.launch import http_ok
 from kvserve.cluster.processes import ManagedProcess, tail
 from kvserve.report import log

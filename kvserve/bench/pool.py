@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 
 from kvpool.config import PoolConfig
-from kvpool.master import MasterConfig, MasterProcess, free_local_ports
+from kvpool.master import MasterConfig
+from kvpool.net import free_local_ports
 from kvpool.store import MooncakeStore
+from kvserve.cluster.pool import MasterProcess
 from kvserve.report import emit, log, median
 
 KIB = 1024

@@ -34,9 +34,11 @@ import numpy as np
 
 from kvpool.config import PoolConfig
 from kvpool.keys import KeySpace, longest_prefix
-from kvpool.master import MasterConfig, MasterProcess, MasterStats, free_local_ports, master_stats
+from kvpool.master import MasterConfig, MasterStats, master_stats
+from kvpool.net import free_local_ports
 from kvpool.store import MooncakeStore
 from kvserve.bench.tracesim import TRACE_NAMESPACE, HitCount, TraceRequest
+from kvserve.cluster.pool import MasterProcess
 
 MIN_SEGMENT_MIB = 16
 """The smallest segment the pool accepted on these machines."""

@@ -33,9 +33,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from kvpool.master import MASTER, METADATA, MasterConfig, port_open
+from kvpool.master import MasterConfig
+from kvpool.net import port_open
 from kvserve.cluster.plan import ClusterPlan, ProcessPlan
-from kvserve.cluster.processes import ManagedProcess, PoolProcesses
+from kvserve.cluster.pool import MASTER, METADATA, PoolProcesses
+from kvserve.cluster.processes import ManagedProcess
 from kvserve.cluster.redis import RedisProcess
 from kvserve.cluster.spec import ClusterSpec
 from proto.registry import ClusterConfig
@@ -43,7 +45,7 @@ from proto.registry import ClusterConfig
 __all__ = ["Cluster", "ClusterPlan", "ClusterSpec", "ProcessPlan"]
 log = logging.getLogger("kvserve.cluster.launch")
 POOL = (METADATA, MASTER)
-"""Names of the pool's processes (see :func:`kvpool.master.pool_services`)."""
+"""Names of the pool's processes (see :func:`kvserve.cluster.pool.pool_services`)."""
 
 
 def grpc_serving(address: str, cluster: ClusterConfig, timeout: float = 1.0) -> bool:

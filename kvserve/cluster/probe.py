@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvpool.master import MasterConfig, port_open
+from kvpool.master import MasterConfig
+from kvpool.net import port_open
 from kvserve.settings import add_config_args, config_from_args
 from proto.registry import ClusterConfig
 from workers.config import WorkerConfig

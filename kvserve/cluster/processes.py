@@ -1,26 +1,32 @@
-"""Child processes of a one-machine cluster: a generic wrapper and the KV pool (Redis:
-:mod:`kvserve.cluster.redis`).
+"""The one wrapper for every child process the project runs: redis-server
+(:mod:`kvserve.cluster.redis`), the pool's ``mooncake_metadata`` and ``mooncake_master``
+(:mod:`kvserve.cluster.pool`), workers and the router (:mod:`kvserve.cluster.launch`),
+benchmark peers (:mod:`kvserve.bench`).
 
 Lifecycle of a :class:`ManagedProcess`:
 
-1. ``start()`` spawns the command in its own session (so a terminal's Ctrl-C reaches only
-   the launcher, which then stops the children in order), optionally pinned to CPU cores
-   (``taskset`` when present, else ``sched_setaffinity`` in the child), output appended to
-   its log file; on Linux the child also gets SIGTERM if the launcher dies without stopping
-   it (killed, or a signal it does not handle), so no orphan outlives its cluster; its
-   environment is :func:`child_environment`: the launcher's variables on an allow-list
-   plus the child's own (secrets travel there, never in argv), and optionally ``stdin``
-   bytes (Redis reads its credentials from there, so they never touch the disk);
-2. the owner waits for readiness its own way (Redis PING, ports, gRPC health, HTTP);
-3. ``stop()`` sends SIGTERM to the process group, waits ``grace`` seconds, then SIGKILLs
-   the group; it is idempotent and also sweeps any leftover member of the group.
-
-:class:`~kvserve.cluster.redis.RedisProcess` and :class:`PoolProcesses` follow the same
-steps for ``redis-server`` and the pool's services (``mooncake_metadata`` then
-``mooncake_master``, as :func:`kvpool.master.pool_services` says); all bind to loopback
-unless told otherwise (Redis optionally with a password or an ACL user). The pool is run
-here rather than through :class:`kvpool.master.MasterProcess` because that one stays in
-the launcher's process group and would die first on Ctrl-C, before the workers using it.
+1. ``start()`` runs the :class:`Readiness`'s ``before`` check (e.g. "the ports are free"),
+   then spawns the command, output appended to its log file (or, with no log file, to
+   the launcher's own output). By default the child gets its own session (so a terminal's
+   Ctrl-C reaches only the launcher, which then stops the children in order), optionally
+   pinned to CPU cores (``taskset`` when present, else ``sched_setaffinity`` in the
+   child); on Linux it also gets SIGTERM if the launcher dies without stopping it (killed,
+   or a signal it does not handle), so no orphan outlives its cluster; its environment is
+   :func:`child_environment`: the launcher's variables on an allow-list plus the child's
+   own (secrets travel there, never in argv), and optionally ``stdin`` bytes (Redis reads
+   its credentials from there, so they never touch the disk). A ``foreground`` child
+   instead stays in the launcher's process group and environment, as a command-line
+   tool's children do (``kvserve pool``: a terminal's Ctrl-C reaches it directly);
+2. with a :class:`Readiness`, ``start()`` then waits until its ``check`` passes (Redis
+   PING, ports that accept connections); if the child exits first or the timeout passes,
+   the child is stopped and the error (:meth:`ManagedProcess.failure`) names it, its exit
+   status and its log. Without one, ``start()`` returns at once and the owner waits its
+   own way (workers and the router: gRPC health and HTTP, many at once);
+3. ``running`` says whether it is alive; ``stop(grace)`` sends SIGTERM to the process
+   group (a foreground child: to the process), waits ``grace`` seconds (the wrapper's
+   default if not given), then SIGKILLs it; it is idempotent and also sweeps any leftover
+   member of the group;
+4. ``restart()`` is ``stop()`` then ``start()``: on failure the child is left stopped.
 """
 
 from __future__ import annotations
@@ -30,11 +36,11 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
-
-from kvpool.master import MasterConfig, PoolService, pool_services
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -97,33 +103,59 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class ManagedProcess:
-    """One child process with its own log file and process group (see module docstring).
+@dataclass(frozen=True)
+class Readiness:
+    """How a child shows that it is ready: ``check()`` turns true. ``failure`` ends the
+    sentence "<name> ..." of the error when it does not (e.g. ``did not answer PING on port
+    6379``); ``before``, if given, runs before each spawn and raises to refuse it (e.g.
+    "the ports are already in use": a check that other process would pass)."""
 
-    ``env`` is the child's own environment, on top of the inherited allow-list
-    (:func:`child_environment`); ``stdin``, when given, is written to the child's standard
-    input, which is then closed, at every start (else it reads from /dev/null)."""
+    check: Callable[[], bool]
+    failure: str
+    before: Callable[[], None] | None = None
+
+
+class ManagedProcess:
+    """One child process (the lifecycle is in the module docstring).
+
+    ``log_path``: where its output is appended (None: the launcher's own output). ``env``:
+    the child's own environment, on top of the inherited allow-list
+    (:func:`child_environment`; a ``foreground`` child gets the launcher's whole
+    environment under it). ``stdin``, when given, is written to the child's standard
+    input, which is then closed, at every start (else it reads from /dev/null, or, in the
+    foreground, the launcher's). ``ready``: the readiness ``start()`` waits for. ``grace``:
+    the default seconds :meth:`stop` waits before SIGKILL."""
 
     def __init__(
         self,
         name: str,
         argv: Sequence[str],
-        log_path: Path,
+        log_path: Path | None,
         env: Mapping[str, str] | None = None,
         cores: Sequence[int] = (),
         prefix: Sequence[str] = (),
         stdin: bytes | None = None,
+        *,
+        ready: Readiness | None = None,
+        grace: float = 10.0,
+        foreground: bool = False,
     ) -> None:
         self.name = name
         self.argv = [*prefix, *argv]
         self.log_path = log_path
         self.env = dict(env or {})
         self.cores = tuple(cores)
+        self.ready = ready
+        self.grace = grace
+        self.foreground = foreground
         self._stdin = stdin
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopped = False  # stop() done: no more signals to a possibly reused pid
 
-    def _command(self) -> tuple[list[str], Callable[[], None]]:
+    def _command(self) -> tuple[list[str], Callable[[], None] | None]:
+        """The argv to spawn and what the child runs before exec."""
+        if self.foreground:
+            return self.argv, None
         if not self.cores:
             return self.argv, _die_with_parent
         taskset = shutil.which("taskset")
@@ -137,26 +169,56 @@ class ManagedProcess:
 
         return self.argv, setup
 
-    def start(self) -> ManagedProcess:
-        """Spawn the command (again, if it has exited); output is appended to the log."""
+    def start(self, timeout: float = 20.0) -> ManagedProcess:
+        """Spawn the command (again, if it has exited; nothing if it runs), then wait up to
+        ``timeout`` seconds for its readiness, if it has one (steps 1-2)."""
         if self.running:
             return self
+        if self.ready is not None and self.ready.before is not None:
+            self.ready.before()
+        self._spawn()
+        if self.ready is not None:
+            self.wait_ready(self.ready, timeout)
+        return self
+
+    def _spawn(self) -> None:
         argv, preexec = self._command()
         self._stopped = False
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
+        quiet = subprocess.DEVNULL if not self.foreground else None
+        with contextlib.ExitStack() as files:
+            log: IO[bytes] | None = None
+            if self.log_path is not None:
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                log = files.enter_context(self.log_path.open("ab"))
             self._proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL if self._stdin is None else subprocess.PIPE,
+                stdin=quiet if self._stdin is None else subprocess.PIPE,
                 stdout=log,
-                stderr=subprocess.STDOUT,
-                env=child_environment(self.env),
-                start_new_session=True,
+                stderr=subprocess.STDOUT if log is not None else None,
+                env={**os.environ, **self.env} if self.foreground else child_environment(self.env),
+                start_new_session=not self.foreground,
                 preexec_fn=preexec,
             )
         if self._stdin is not None:
             _feed(self._proc.stdin, self._stdin)
-        return self
+
+    def wait_ready(self, ready: Readiness, timeout: float) -> None:
+        """Poll ``ready.check`` until it passes; if the child exits first or ``timeout``
+        seconds pass (or on any interruption), stop the child and raise its failure."""
+        deadline = time.monotonic() + timeout
+        try:
+            while not ready.check():
+                if not self.running or time.monotonic() > deadline:
+                    raise self.failure(ready.failure)
+                time.sleep(0.05)
+        except BaseException:  # also Ctrl-C while waiting: nothing is left running
+            self.stop()
+            raise
+
+    def restart(self, grace: float | None = None, timeout: float = 20.0) -> ManagedProcess:
+        """Stop (``grace`` seconds before SIGKILL) and start again (step 4)."""
+        self.stop(grace)
+        return self.start(timeout)
 
     @property
     def pid(self) -> int | None:
@@ -188,31 +250,39 @@ class ManagedProcess:
         assert self._proc is not None, f"{self.name} was never started"
         return self._proc.wait(timeout)
 
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds; idempotent."""
+    def stop(self, grace: float | None = None) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds (default: :attr:`grace`);
+        idempotent (step 3)."""
         if self._proc is None or self._stopped:
             return
         self._stopped = True
         self.terminate()
         try:
-            self._proc.wait(grace)
+            self._proc.wait(self.grace if grace is None else grace)
         except subprocess.TimeoutExpired:
             self._signal_group(signal.SIGKILL)
             self._proc.wait()
         self._signal_group(signal.SIGKILL)  # anything the child left behind in its group
 
     def _signal_group(self, sig: int) -> None:
+        """``sig`` to the child's process group; to the child alone in the foreground (it
+        shares the launcher's group), and only while it has not been reaped."""
         assert self._proc is not None
+        if self.foreground:
+            self.send_signal(sig)
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, sig)
 
     def log_tail(self, lines: int = 30) -> str:
-        return tail(self.log_path, lines)
+        return tail(self.log_path, lines) if self.log_path is not None else ""
 
     def failure(self, what: str) -> RuntimeError:
         """An error naming this process, its exit status and the tail of its log."""
         code = self.returncode
         state = "is still running" if code is None else f"exited with status {code}"
+        if self.log_path is None:
+            return RuntimeError(f"{self.name} {what}: it {state}; see the output above")
         return RuntimeError(
             f"{self.name} {what}: it {state}; last lines of {self.log_path}:\n{self.log_tail()}"
         )
@@ -224,56 +294,3 @@ def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
     assert pipe is not None
     with contextlib.suppress(BrokenPipeError), pipe:
         pipe.write(data)
-
-
-class PoolProcesses:
-    """The pool's services of one cluster (:func:`kvpool.master.pool_services`), each a
-    :class:`ManagedProcess` logging to ``log_dir/<name>.log``.
-
-    Lifecycle: ``start()`` starts each in order (the metadata server, then the master) and
-    waits until its ports accept connections; on failure it stops what it started and the
-    error names the log -> ``restart(name)`` stops and starts one of them (the master alone:
-    members keep their entries in the metadata server and remount at the new master by
-    themselves) -> ``stop()`` stops them in reverse order; idempotent.
-    """
-
-    def __init__(self, cfg: MasterConfig, log_dir: Path, prefix: Sequence[str] = ()) -> None:
-        self.cfg = cfg
-        self._services = {s.name: s for s in pool_services(cfg)}
-        self.processes = {
-            name: ManagedProcess(name, s.argv, log_dir / f"{name}.log", prefix=prefix)
-            for name, s in self._services.items()
-        }
-        """Every service's process by name, in start order."""
-
-    def start(self, timeout: float = 20.0) -> PoolProcesses:
-        """Start every service in order, each given ``timeout`` seconds to be ready."""
-        try:
-            for name in self.processes:
-                self._start(name, timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def restart(self, name: str, grace: float = 10.0, timeout: float = 20.0) -> None:
-        """Stop service ``name`` (``grace`` seconds before SIGKILL), start it again and wait
-        until it is ready; on failure it is left stopped and the error names its log."""
-        self.processes[name].stop(grace)
-        try:
-            self._start(name, timeout)
-        except BaseException:
-            self.processes[name].stop(grace)
-            raise
-
-    def _start(self, name: str, timeout: float) -> None:
-        service: PoolService = self._services[name]
-        service.check_ports_free()
-        proc = self.processes[name].start()
-        if not service.wait_ready(lambda: proc.running, timeout):
-            raise proc.failure(f"did not open its ports {service.ports} on {service.host}")
-
-    def stop(self, grace: float = 10.0) -> None:
-        """Stop every service in reverse start order; idempotent."""
-        for proc in reversed(list(self.processes.values())):
-            proc.stop(grace)

@@ -1,23 +1,23 @@
 """The cluster's Redis (the worker registry): :class:`RedisConfig` says where it listens and
 who may use it, :class:`RedisProcess` runs ``redis-server`` as a
-:class:`~kvserve.cluster.processes.ManagedProcess` (``start()`` returns once it answers PING with
-those credentials; ``stop()`` as for any managed process).
+:class:`~kvserve.cluster.processes.ManagedProcess` whose readiness is :func:`answers_ping`
+(with those credentials). Its lifecycle is the managed process's: ``start()`` returns once
+it answers PING (or stops it and raises naming the log) -> ``stop()`` (SIGTERM, SIGKILL
+after 5 s by default) -> ``start()`` again comes back empty (nothing is persisted).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import re
 import secrets
 import shutil
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from kvserve.cluster.processes import ManagedProcess
+from kvserve.cluster.processes import ManagedProcess, Readiness
 from proto.registry import ClusterConfig, connect
 
 _REDIS_USER = re.compile(r"[A-Za-z0-9_.@-]+")
@@ -120,35 +120,35 @@ def redis_auth_conf(cfg: RedisConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
+def answers_ping(cfg: RedisConfig) -> bool:
+    """Whether the Redis of ``cfg`` answers PING now, with ``cfg``'s credentials."""
+    import redis
+
+    client = connect(cfg.cluster_config, socket_timeout=0.5, socket_connect_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except (redis.ConnectionError, redis.TimeoutError):
+        return False
+    finally:
+        client.close()
+
+
 class RedisProcess:
-    """``redis-server`` for one cluster: ``start()`` returns once it answers PING (with
-    ``cfg``'s credentials)."""
+    """``redis-server`` for one cluster: its argv and credentials (on stdin) and its
+    readiness (:func:`answers_ping`) for a :class:`ManagedProcess`, :attr:`process`."""
 
     def __init__(self, cfg: RedisConfig, log_path: Path, prefix: Sequence[str] = ()) -> None:
         self.cfg = cfg
         argv = redis_command(cfg, redis_binary())
         auth = redis_auth_conf(cfg).encode() if cfg.password else None
-        self.process = ManagedProcess("redis", argv, log_path, prefix=prefix, stdin=auth)
+        ready = Readiness(lambda: answers_ping(cfg), f"did not answer PING on port {cfg.port}")
+        self.process = ManagedProcess(
+            "redis", argv, log_path, prefix=prefix, stdin=auth, ready=ready, grace=5.0
+        )
 
     def start(self, timeout: float = 20.0) -> RedisProcess:
-        import redis
-
-        self.process.start()
-        client = connect(self.cfg.cluster_config, socket_timeout=0.5, socket_connect_timeout=0.5)
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
-                    if client.ping():
-                        return self
-                if not self.process.running or time.monotonic() > deadline:
-                    raise self.process.failure(f"did not answer PING on port {self.cfg.port}")
-                time.sleep(0.05)
-        except BaseException:
-            self.stop()
-            raise
-        finally:
-            client.close()
+        self.process.start(timeout)
+        return self
 
     @property
     def url(self) -> str:
@@ -162,7 +162,7 @@ class RedisProcess:
     def running(self) -> bool:
         return self.process.running
 
-    def stop(self, grace: float = 5.0) -> None:
+    def stop(self, grace: float | None = None) -> None:
         self.process.stop(grace)
 
     def __enter__(self) -> RedisProcess:

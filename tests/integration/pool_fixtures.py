@@ -11,7 +11,9 @@ import numpy as np
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace, PrefixHasher
 from kvpool.layout import KVLayout
-from kvpool.master import MasterConfig, MasterProcess, free_local_ports
+from kvpool.master import MasterConfig
+from kvpool.net import free_local_ports
+from kvserve.cluster.pool import MasterProcess
 
 LAYOUT = KVLayout(
     num_layers=3, num_blocks=16, block_tokens=8, kv_heads=2, head_dim=16, dtype="float32"

@@ -32,7 +32,7 @@ from typing_extensions import override
 
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace
-from kvpool.master import free_local_ports
+from kvpool.net import free_local_ports
 from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto import worker_pb2 as pb
 from proto.registry import ClusterConfig, WorkerRecord, publish

@@ -61,7 +61,7 @@ def test_engine_b_reuses_the_prefix_engine_a_computed(
 
 def test_engine_runs_without_a_reachable_pool(tiny_model_dir: Path) -> None:
     from kvpool.config import PoolConfig
-    from kvpool.master import free_local_ports
+    from kvpool.net import free_local_ports
 
     (port,) = free_local_ports(1)
     config = EngineConfig(model=str(tiny_model_dir), block_tokens=16, kv_cache_mib=32)

@@ -161,7 +161,7 @@ def test_master_metrics_report_capacity_and_use(master: MasterConfig) -> None:
 
 def test_unreachable_master_is_a_clear_error() -> None:
     from kvpool.config import PoolConfig
-    from kvpool.master import free_local_ports
+    from kvpool.net import free_local_ports
 
     (port,) = free_local_ports(1)
     cfg = PoolConfig(
@@ -176,7 +176,7 @@ def test_kvserve_pool_command_serves_and_stops(tmp_path: Path) -> None:
     import signal
     import time
 
-    from kvpool.master import free_local_ports
+    from kvpool.net import free_local_ports
 
     rpc, meta, metrics = free_local_ports(3)
     env = {**os.environ, "KVSERVE_MASTER_PORT": str(rpc)}

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from kvpool.master import free_local_ports
+from kvpool.net import free_local_ports
 from router.main import server_config
 from router.service import RouterService
 from tests.integration.router_harness import MODEL, Harness, StubWorker, running_redis

@@ -20,7 +20,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from kvpool.master import free_local_ports
+from kvpool.net import free_local_ports
 from kvserve.cluster.redis import RedisConfig, RedisProcess
 from router import tokenizer as tokenizer_module
 from tests.integration.router_harness import (

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpool.master import free_local_ports
+from kvpool.net import free_local_ports
 from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto.registry import (
     ClusterConfig,
@@ -77,7 +77,8 @@ def test_password_registry_round_trip_and_refusals(password_redis: RedisProcess)
         client.close()
     pid = password_redis.process.pid
     assert PASSWORD.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
-    assert not list(password_redis.process.log_path.parent.glob("*.auth.conf"))
+    log_path = password_redis.process.log_path
+    assert log_path is not None and not list(log_path.parent.glob("*.auth.conf"))
     for wrong in ("", "wrong"):
         text = access_error(dataclasses.replace(cluster, redis_password=wrong))
         assert "KVSERVE_REDIS_PASSWORD" in text and PASSWORD not in text

@@ -26,9 +26,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvpool.master import MASTER, METADATA, MasterConfig, MasterProcess, free_local_ports
+from kvpool.master import MasterConfig
+from kvpool.net import free_local_ports
 from kvserve.cluster.launch import grpc_serving
-from kvserve.cluster.processes import ManagedProcess, PoolProcesses
+from kvserve.cluster.pool import MASTER, METADATA, MasterProcess, PoolProcesses
+from kvserve.cluster.processes import ManagedProcess
 from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto import channels
 from proto import worker_pb2 as pb

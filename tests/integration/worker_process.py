@@ -11,7 +11,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvpool.master import MasterConfig, free_local_ports
+from kvpool.master import MasterConfig
+from kvpool.net import free_local_ports
 from kvserve.cluster.launch import grpc_serving
 from kvserve.cluster.processes import ManagedProcess
 from kvserve.cluster.redis import RedisConfig, RedisProcess

@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvpool.master import free_local_ports
+from kvpool.net import free_local_ports
 from kvserve.cluster.probe import check, targets
 
 

@@ -11,7 +11,8 @@ import redis
 
 import kvserve.cli as cli
 from kvpool.config import PoolConfig
-from kvpool.master import MasterConfig, master_command
+from kvpool.master import MasterConfig
+from kvserve.cluster.pool import master_command
 from kvserve.cluster.redis import RedisConfig, redis_command
 from kvserve.cluster.spec import ClusterSpec
 from kvserve.settings import config_from_args

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpool.master import free_local_ports
+from kvpool.net import free_local_ports
 from proto import worker_pb2 as pb
 from workers.metrics_http import numeric_fields, serve_metrics
 
