@@ -36,8 +36,8 @@ import typing
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
-from kvserve.settings_kinds import Kind, SettingError, kind_of, parse_bool
 from kvserve.settings_file import FileLayer
+from kvserve.settings_kinds import Kind, SettingError, kind_of, parse_bool
 
 __all__ = [
     "ENV_PREFIX",
@@ -176,7 +176,7 @@ def _add_flag(
         value = FileLayer.current().take(dest, kind, default)
     shown = "(secret)" if not f.repr else repr(value if value is not None else default)
     choices = f"; one of {', '.join(map(str, kind.choices))}" if kind.choices else ""
-    help_text = _escape(f"{doc} (env {env}{choices}; default {shown})".lstrip())
+    help_text = _escape(f"{doc.rstrip(';')} (env {env}{choices}; default {shown})".lstrip())
     flags = [flag_name(dest), *meta.get("aliases", ())]
     required = value is dataclasses.MISSING
     common: dict[str, Any] = {"dest": dest, "help": help_text, "default": value}

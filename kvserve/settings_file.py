@@ -25,14 +25,19 @@ class FileLayer:
     """The values of one ``--config`` file for the verb being parsed, and the keys taken.
 
     - ``path``: the file ('' for none);
-    - ``values``: its keys for that verb.
+    - ``values``: its keys for that verb;
+    - ``words``: the command line's words: :func:`kvserve.verbs.add_verbs` applies the
+      file to the verbs named there only.
     """
 
     _active: ClassVar[FileLayer | None] = None
 
-    def __init__(self, path: str = "", values: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, path: str = "", values: dict[str, Any] | None = None, words: Sequence[str] = ()
+    ) -> None:
         self.path = path
         self.values = values or {}
+        self.words = frozenset(words)
         self.taken: set[str] = set()
 
     @classmethod
@@ -80,9 +85,10 @@ def config_path(words: Sequence[str]) -> str:
     return ""
 
 
-def load(path: str, verb: str, verbs: Collection[str]) -> FileLayer:
+def load(path: str, verb: str, verbs: Collection[str], words: Sequence[str]) -> FileLayer:
     """The layer of the TOML file ``path`` for ``verb`` (its top-level keys, then its
-    ``[verb]`` table); SettingError when it cannot be read or names an unknown table."""
+    ``[verb]`` table) on command line ``words``; SettingError when it cannot be read or
+    names an unknown table."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except OSError as exc:
@@ -94,4 +100,4 @@ def load(path: str, verb: str, verbs: Collection[str]) -> FileLayer:
         if isinstance(keys, dict) and table not in verbs:
             raise SettingError(f"{path}: table [{table}] names no verb")
     values.update(data.get(verb, {}))
-    return FileLayer(path, values)
+    return FileLayer(path, values, words)

@@ -58,7 +58,7 @@ class Kind:
     def _one(self, text: str) -> Any:
         value = parse_bool(text) if self.scalar is bool else self.parse(text)
         if self.choices is not None and value not in self.choices:
-            raise _NotAChoice(value)
+            raise _NotAChoiceError(value)
         return value
 
     def from_text(self, text: str) -> Any:
@@ -78,7 +78,7 @@ class Kind:
             return None
         try:
             return self.from_text(text)
-        except _NotAChoice as exc:
+        except _NotAChoiceError as exc:
             raise SettingError(f"{env}={exc.value!r} is not {self.what()}") from None
         except (ValueError, TypeError):
             raise SettingError(f"{env}={text!r} is not {self.what()}") from None
@@ -110,7 +110,7 @@ class Kind:
         return float(value) if self.scalar is float else value
 
 
-class _NotAChoice(ValueError):
+class _NotAChoiceError(ValueError):
     def __init__(self, value: Any) -> None:
         super().__init__(value)
         self.value = value
