@@ -171,9 +171,9 @@ def _add_flag(
         )
         return
     env = env_name(dest, env_prefix)
-    value = kind.from_env(env, os.environ.get(env))
-    if value is None and env not in os.environ:
-        value = FileLayer.current().take(dest, kind, default)
+    value = FileLayer.current().take(dest, kind, default)  # checked even when overridden
+    if env in os.environ:
+        value = kind.from_env(env, os.environ[env])
     shown = "(secret)" if not f.repr else repr(value if value is not None else default)
     choices = f"; one of {', '.join(map(str, kind.choices))}" if kind.choices else ""
     help_text = _escape(f"{doc.rstrip(';')} (env {env}{choices}; default {shown})".lstrip())
