@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,7 +74,7 @@ def test_choices_are_shown_in_the_help() -> None:
 
 def test_a_bad_variable_of_a_new_setting_names_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVSERVE_UP_PREFILL", "two")
-    with pytest.raises(SettingError, match="^KVSERVE_UP_PREFILL='two' is not an integer$"):
+    with pytest.raises(SettingError, match=r"^KVSERVE_UP_PREFILL='two' is not an integer$"):
         build_parser("up")
     monkeypatch.delenv("KVSERVE_UP_PREFILL")
     monkeypatch.setenv("KVSERVE_CHAOS_FAULTS", "kill-decode,kill-moon")
