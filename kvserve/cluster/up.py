@@ -41,7 +41,7 @@ from typing import Any
 
 from kvserve.cluster.launch import Cluster, ClusterSpec
 from kvserve.cluster.netns import NetHosts, NetnsError, RunAs
-from kvserve.cluster.up_settings import spec_from_args
+from kvserve.cluster.up_settings import spec_from_args as spec_from_args  # the tests import it here
 
 ROUTER_PATHS = {"OpenAI API": "/v1", "metrics": "/metrics", "cache stats": "/v1/cache/stats"}
 SECRETS_NOTE = (
