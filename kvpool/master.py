@@ -4,15 +4,13 @@ services listen and how the master evicts) and :func:`master_stats` (its metrics
 
 The services themselves are run by :mod:`kvserve.cluster.pool` (``mooncake_master`` and
 ``mooncake_http_metadata_server``, their argv and readiness); the TCP helpers are in
-:mod:`kvpool.net` (:func:`free_local_ports` is also importable from here).
+:mod:`kvpool.net`.
 """
 
 from __future__ import annotations
 
 import urllib.request
 from dataclasses import dataclass
-
-from kvpool.net import free_local_ports as free_local_ports  # kvserve/cluster/spec.py uses it
 
 
 @dataclass(frozen=True)

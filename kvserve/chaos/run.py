@@ -37,27 +37,8 @@ from kvserve.cluster import faults
 from kvserve.cluster.launch import Cluster, ClusterSpec
 from workers.config import EngineConfig
 
-FAULTS = ("kill-decode", "kill-prefill", "freeze-decode", "kill-master", "kill-redis")
 WAIT_S = 60.0
 """Longest wait for a detection or a recovery before it is recorded as not seen."""
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--requests", type=int, default=500)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--max-seconds", type=float, default=1200.0, help="stop sending after this")
-    p.add_argument("--fault-every-s", type=float, default=8.0, help="mean pause between faults")
-    p.add_argument("--down-s", type=float, default=2.0, help="how long a killed process stays down")
-    p.add_argument("--freeze-s", type=float, default=8.0, help="how long a frozen worker stays")
-    p.add_argument("--hang-s", type=float, default=120.0, help="no answer after this: hung")
-    p.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
-    p.add_argument("--prefill", type=int, default=1)
-    p.add_argument("--decode", type=int, default=2)
-    p.add_argument("--model", default="", help="model directory (default: the tiny model)")
-    p.add_argument("--block-tokens", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-dir", default="", help="process logs (default: a temporary folder)")
-    p.add_argument("--json", default="", help="also write the results as JSON to this file")
 
 
 def _model_dir(arg: str) -> Path:

@@ -16,19 +16,32 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
+from typing import ClassVar
 
 from kvpool.master import MasterConfig
 from kvpool.net import port_open
-from kvserve.settings import add_config_args, config_from_args
+from kvserve.settings import add_config_args, config_from_args, setting
 from proto.registry import ClusterConfig
 from workers.config import WorkerConfig
 
 SERVICES = ("worker", "router", "pool")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("service", choices=SERVICES)
-    parser.add_argument("--timeout-s", type=float, default=3.0)
+@dataclass(frozen=True)
+class ProbeConfig:
+    """What ``kvserve probe`` checks.
+
+    - ``service``: the service to check, as its own verb is configured;
+    - ``timeout_s``: seconds each check may take.
+    """
+
+    env_prefix: ClassVar[str] = "KVSERVE_PROBE_"
+    service: str = setting(positional=True, choices=SERVICES)
+    timeout_s: float = 3.0
+
+
+SETTINGS = (ProbeConfig,)
 
 
 def dial_host(host: str) -> str:
@@ -82,6 +95,7 @@ def _open(address: str, timeout: float) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check ``args.service``: 0 when healthy, else 1 with the reason on stderr."""
     reason = check(args.service, args.timeout_s)
     if reason:
         print(f"kvserve probe {args.service}: {reason}", file=sys.stderr)

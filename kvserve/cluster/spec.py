@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpool.config import PoolConfig
-from kvpool.master import MasterConfig, free_local_ports
+from kvpool.master import MasterConfig
+from kvpool.net import free_local_ports
 from kvserve.cluster.plan import ClusterPlan, Host, plan_cluster
 from kvserve.cluster.redis import RedisConfig, is_loopback, new_password
 from proto.registry import ClusterConfig

@@ -36,141 +36,18 @@ import signal
 import sys
 import time
 import urllib.request
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from kvpool.config import PoolConfig
-from kvpool.master import MasterConfig
 from kvserve.cluster.launch import Cluster, ClusterSpec
-from kvserve.cluster.netns import DEFAULT_SUBNET, DEFAULT_TAG, NetHosts, NetnsError, RunAs
-from kvserve.settings import add_config_args, config_from_args, env_name
-from proto.registry import ClusterConfig
-from router.config import RouterConfig
-from workers.config import EngineConfig
+from kvserve.cluster.netns import NetHosts, NetnsError, RunAs
+from kvserve.cluster.up_settings import spec_from_args as spec_from_args  # the tests import it here
 
-UP_POOL_SEGMENT_MIB = 256  # per worker: 2 workers + KV caches fit a 2-core, 24 GiB machine
-TRANSPORT_SETTINGS = (
-    *("redis_username", "redis_password", "peer_timeout_s"),
-    *("grpc_tls_cert", "grpc_tls_key", "grpc_tls_ca"),
-    *("cluster_secret", "hash_algorithm"),
-)
-MADE_UP_WHEN_EMPTY = ("redis_password", "cluster_secret")
-"""Settings that, left empty, :class:`ClusterSpec` makes up for the run."""
 ROUTER_PATHS = {"OpenAI API": "/v1", "metrics": "/metrics", "cache stats": "/v1/cache/stats"}
 SECRETS_NOTE = (
     "in each process's environment only (KVSERVE_CLUSTER_SECRET, KVSERVE_REDIS_PASSWORD: "
     "made up for this run unless given; KVSERVE_API_KEY: the router's)"
 )
-
-
-def _env_default(name: str, default: str) -> str:
-    return os.environ.get(env_name(name), default)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``kvserve up`` (the lead wires this into :mod:`kvserve.cli`)."""
-    g = parser.add_argument_group("cluster shape")
-    g.add_argument("--prefill", type=int, default=1, help="prefill workers (default 1)")
-    g.add_argument("--decode", type=int, default=1, help="decode workers (default 1)")
-    g.add_argument("--mixed", type=int, default=0, help="colocated prefill+decode workers")
-    g.add_argument("--host", default="127.0.0.1", help="address every process binds to")
-    g.add_argument("--router-port", type=int, default=8000)
-    g.add_argument("--worker-base-port", type=int, default=50061)
-    g.add_argument("--redis-port", type=int, default=6379)
-    g.add_argument(
-        "--free-ports", action="store_true", help="use free loopback ports for every process"
-    )
-    g.add_argument("--log-dir", default="", help="one log file per process (default: a temp dir)")
-    g.add_argument(
-        "--pin-cores",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="give each worker its own CPU cores when there are enough",
-    )
-    g.add_argument(
-        "--use-pool",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run mooncake_master and join the KV pool (--no-use-pool: mixed workers only)",
-    )
-    g.add_argument(
-        "--hosts",
-        action="store_true",
-        help="run every process on its own network host: a network namespace with its own "
-        "address on a private bridge (Linux, as root; see kvserve/cluster/netns.py)",
-    )
-    g.add_argument(
-        "--hosts-subnet", default=DEFAULT_SUBNET, help="addresses for --hosts (an IPv4 subnet)"
-    )
-    g.add_argument(
-        "--hosts-tag", default=DEFAULT_TAG, help="prefix of the namespaces and links of --hosts"
-    )
-    g.add_argument(
-        "--hosts-user",
-        default="",
-        help="with --hosts, run every process as this user (name or uid; never root; "
-        "default: the user who ran sudo, else nobody)",
-    )
-    g.add_argument("--startup-timeout-s", type=float, default=300.0)
-    g.add_argument(
-        "--ask",
-        default="",
-        help="once healthy, send this chat message through the router and print the answer",
-    )
-    g.add_argument(
-        "--exit-after-ask", action="store_true", help="stop the cluster after --ask answered"
-    )
-    r = parser.add_argument_group("router and registry")
-    r.add_argument("--policy", default="", help="router placement policy (default: router's)")
-    r.add_argument(
-        "--disagg-threshold-tokens",
-        type=int,
-        default=None,
-        help="prompts with at most this many uncached tokens may be prefilled by the decode worker",
-    )
-    r.add_argument("--cluster", default=_env_default("cluster", "kvserve"), help="registry name")
-    add_config_args(r, RouterConfig, only=("api_key",))
-    s = parser.add_argument_group(
-        "transport security (secrets: prefer KVSERVE_CLUSTER_SECRET, KVSERVE_REDIS_PASSWORD "
-        "and KVSERVE_API_KEY to the flags; the first two are made up when empty)"
-    )
-    add_config_args(s, ClusterConfig, only=TRANSPORT_SETTINGS)
-    add_config_args(parser, EngineConfig)
-    add_config_args(parser, PoolConfig)
-    add_config_args(parser, MasterConfig)
-    if env_name("pool_segment_mib") not in os.environ:
-        parser.set_defaults(pool_segment_mib=UP_POOL_SEGMENT_MIB)
-
-
-def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
-    """The :class:`ClusterSpec` the flags describe (``--pool-master`` etc. are replaced by
-    the cluster's own master; the settings of :data:`MADE_UP_WHEN_EMPTY` are made up when
-    empty)."""
-    transport = {name: getattr(args, name) for name in TRANSPORT_SETTINGS}
-    transport = {k: v for k, v in transport.items() if v or k not in MADE_UP_WHEN_EMPTY}
-    spec = ClusterSpec(
-        prefill=args.prefill,
-        decode=args.decode,
-        mixed=args.mixed,
-        host=args.host,
-        router_port=args.router_port,
-        worker_base_port=args.worker_base_port,
-        redis_port=args.redis_port,
-        master=config_from_args(MasterConfig, args),
-        use_pool=args.use_pool,
-        engine=config_from_args(EngineConfig, args),
-        pool=config_from_args(PoolConfig, args),
-        cluster_name=args.cluster,
-        **transport,
-        api_key=args.api_key,
-        policy=args.policy,
-        disagg_threshold_tokens=args.disagg_threshold_tokens,
-        pin_cores=args.pin_cores,
-        log_dir=Path(args.log_dir) if args.log_dir else None,
-        startup_timeout_s=args.startup_timeout_s,
-    )
-    return spec.with_free_ports() if args.free_ports else spec
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:

@@ -1,0 +1,51 @@
+"""The settings of ``kvserve chaos`` (:class:`ChaosConfig`; :mod:`kvserve.chaos.run` runs it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kvserve.settings import setting
+
+FAULTS = ("kill-decode", "kill-prefill", "freeze-decode", "kill-master", "kill-redis")
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    """The load, the faults and the cluster of ``kvserve chaos``.
+
+    - ``requests``: requests sent at most;
+    - ``concurrency``: requests in flight;
+    - ``max_seconds``: stop sending after this;
+    - ``fault_every_s``: mean pause between faults;
+    - ``down_s``: how long a killed process stays down;
+    - ``freeze_s``: how long a frozen worker stays;
+    - ``hang_s``: no answer after this: hung;
+    - ``faults``: the faults to pick from;
+    - ``prefill`` / ``decode``: prefill and decode workers;
+    - ``model``: model directory (default: the tiny model);
+    - ``block_tokens``: tokens per KV block of the workers;
+    - ``seed``: seed of the workload and of the fault schedule;
+    - ``log_dir``: process logs (default: a temporary folder);
+    - ``json``: also write the results as JSON to this file.
+    """
+
+    env_prefix: ClassVar[str] = "KVSERVE_CHAOS_"
+    requests: int = 500
+    concurrency: int = 4
+    max_seconds: float = 1200.0
+    fault_every_s: float = 8.0
+    down_s: float = 2.0
+    freeze_s: float = 8.0
+    hang_s: float = 120.0
+    faults: list[str] = setting(list(FAULTS), choices=FAULTS)
+    prefill: int = 1
+    decode: int = 2
+    model: str = ""
+    block_tokens: int = 16
+    seed: int = 0
+    log_dir: str = ""
+    json: str = ""
+
+
+SETTINGS = (ChaosConfig,)

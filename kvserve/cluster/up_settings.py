@@ -1,0 +1,137 @@
+"""The settings of ``kvserve up`` (:class:`UpConfig`, :class:`UpRouterConfig`, and the
+engine, pool, master and transport settings every process of the cluster shares) and the
+:class:`ClusterSpec` they describe (:func:`spec_from_args`)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from kvpool.config import PoolConfig
+from kvpool.master import MasterConfig
+from kvserve.cluster.netns import DEFAULT_SUBNET, DEFAULT_TAG
+from kvserve.cluster.spec import ClusterSpec
+from kvserve.settings import add_config_args, config_from_args
+from proto.registry import ClusterConfig
+from router.config import RouterConfig
+from workers.config import EngineConfig
+
+UP_POOL_SEGMENT_MIB = 256  # per worker: 2 workers + KV caches fit a 2-core, 24 GiB machine
+TRANSPORT_SETTINGS = (
+    *("cluster", "redis_username", "redis_password", "peer_timeout_s"),
+    *("grpc_tls_cert", "grpc_tls_key", "grpc_tls_ca"),
+    *("cluster_secret", "hash_algorithm"),
+)
+"""The :class:`ClusterConfig` settings of ``kvserve up`` (the rest is the cluster's own)."""
+MADE_UP_WHEN_EMPTY = ("redis_password", "cluster_secret")
+"""Settings that, left empty, :class:`ClusterSpec` makes up for the run."""
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    """The cluster shape of ``kvserve up``.
+
+    - ``prefill``: prefill workers;
+    - ``decode``: decode workers;
+    - ``mixed``: colocated prefill+decode workers;
+    - ``host``: address every process binds to;
+    - ``router_port``: the router's HTTP port;
+    - ``worker_base_port``: the first worker's gRPC port (the others count up from it);
+    - ``redis_port``: the registry's port;
+    - ``free_ports``: use free loopback ports for every process;
+    - ``log_dir``: one log file per process (default: a temp dir);
+    - ``pin_cores``: give each worker its own CPU cores when there are enough;
+    - ``use_pool``: run mooncake_master and join the KV pool (--no-use-pool: mixed workers
+      only);
+    - ``hosts``: run every process on its own network host: a network namespace with its
+      own address on a private bridge (Linux, as root; see kvserve/cluster/netns.py);
+    - ``hosts_subnet``: addresses for --hosts (an IPv4 subnet);
+    - ``hosts_tag``: prefix of the namespaces and links of --hosts;
+    - ``hosts_user``: with --hosts, run every process as this user (name or uid; never
+      root; default: the user who ran sudo, else nobody);
+    - ``startup_timeout_s``: seconds to wait for every process to be healthy;
+    - ``ask``: once healthy, send this chat message through the router and print the
+      answer;
+    - ``exit_after_ask``: stop the cluster after --ask answered.
+    """
+
+    env_prefix: ClassVar[str] = "KVSERVE_UP_"
+    prefill: int = 1
+    decode: int = 1
+    mixed: int = 0
+    host: str = "127.0.0.1"
+    router_port: int = 8000
+    worker_base_port: int = 50061
+    redis_port: int = 6379
+    free_ports: bool = False
+    log_dir: str = ""
+    pin_cores: bool = True
+    use_pool: bool = True
+    hosts: bool = False
+    hosts_subnet: str = DEFAULT_SUBNET
+    hosts_tag: str = DEFAULT_TAG
+    hosts_user: str = ""
+    startup_timeout_s: float = 300.0
+    ask: str = ""
+    exit_after_ask: bool = False
+
+
+@dataclass(frozen=True)
+class UpRouterConfig:
+    """The router options of ``kvserve up``.
+
+    - ``policy``: router placement policy (default: the router's);
+    - ``disagg_threshold_tokens``: prompts with at most this many uncached tokens may be
+      prefilled by the decode worker (default: the router's).
+    """
+
+    env_prefix: ClassVar[str] = "KVSERVE_UP_"
+    policy: str = ""
+    disagg_threshold_tokens: int | None = None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every flag of ``kvserve up``, one group per settings class (the secrets: prefer
+    KVSERVE_CLUSTER_SECRET, KVSERVE_REDIS_PASSWORD and KVSERVE_API_KEY to the flags; the
+    first two are made up when empty)."""
+    add_config_args(parser, UpConfig)
+    add_config_args(parser, UpRouterConfig)
+    add_config_args(parser, RouterConfig, only=("api_key",))
+    add_config_args(parser, ClusterConfig, only=TRANSPORT_SETTINGS)
+    add_config_args(parser, EngineConfig)
+    add_config_args(parser, PoolConfig, defaults={"pool_segment_mib": UP_POOL_SEGMENT_MIB})
+    add_config_args(parser, MasterConfig)
+
+
+def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
+    """The :class:`ClusterSpec` the flags describe (``--pool-master`` etc. are replaced by
+    the cluster's own master; the settings of :data:`MADE_UP_WHEN_EMPTY` are made up when
+    empty)."""
+    up = config_from_args(UpConfig, args)
+    router = config_from_args(UpRouterConfig, args)
+    transport = {name: getattr(args, name) for name in TRANSPORT_SETTINGS if name != "cluster"}
+    transport = {k: v for k, v in transport.items() if v or k not in MADE_UP_WHEN_EMPTY}
+    spec = ClusterSpec(
+        prefill=up.prefill,
+        decode=up.decode,
+        mixed=up.mixed,
+        host=up.host,
+        router_port=up.router_port,
+        worker_base_port=up.worker_base_port,
+        redis_port=up.redis_port,
+        master=config_from_args(MasterConfig, args),
+        use_pool=up.use_pool,
+        engine=config_from_args(EngineConfig, args),
+        pool=config_from_args(PoolConfig, args),
+        cluster_name=args.cluster,
+        **transport,
+        api_key=args.api_key,
+        policy=router.policy,
+        disagg_threshold_tokens=router.disagg_threshold_tokens,
+        pin_cores=up.pin_cores,
+        log_dir=Path(up.log_dir) if up.log_dir else None,
+        startup_timeout_s=up.startup_timeout_s,
+    )
+    return spec.with_free_ports() if up.free_ports else spec
