@@ -61,6 +61,14 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(n for _, n in self.entries)
 
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens this batch computes (0: a decode-only step)."""
+        return sum(
+            min(n, max(0, seq.num_prompt_tokens - seq.num_computed_tokens))
+            for seq, n in self.entries
+        )
+
     def shape(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
         """``(prefill, decode)`` before the step runs: ``(new tokens, tokens already
         computed)`` per prefilling sequence, and the context of each decode (an entry of one
@@ -120,8 +128,8 @@ class Scheduler:
         False if the pages are not free now; ``ValueError`` if it could never fit."""
         self.check_fits(seq)
         hits = self.blocks.match_prefix(seq)
-        n = seq.num_prompt_tokens - len(hits[0]) * self.config.block_tokens
-        if not self.blocks.can_allocate(seq, n, hits[0]):
+        n = seq.num_prompt_tokens - len(hits.pages) * self.config.block_tokens
+        if not self.blocks.can_allocate(seq, n, hits.pages):
             return False
         self.blocks.allocate(seq, n, hits)
         seq.status = SeqStatus.RESERVED
@@ -203,8 +211,8 @@ class Scheduler:
                 pulled = self.blocks.pull_remote(seq, self.remote)
                 seq.num_pool_tokens = pulled * self.config.block_tokens
             hits = self.blocks.match_prefix(seq)
-            n = min(seq.num_uncomputed - len(hits[0]) * self.config.block_tokens, budget)
-            if not self.blocks.can_allocate(seq, n, hits[0]):
+            n = min(seq.num_uncomputed - len(hits.pages) * self.config.block_tokens, budget)
+            if not self.blocks.can_allocate(seq, n, hits.pages):
                 break
             self.waiting.popleft()
             self.blocks.allocate(seq, n, hits)

@@ -1,7 +1,9 @@
 """The ``Worker`` gRPC service: the router's verbs on one engine (see ``proto/worker.proto``).
 
 Each RPC runs as a coroutine on the server's event loop and talks to the engine only
-through :class:`workers.engine_loop.EngineLoop`. Outputs of a request come back through
+through :class:`workers.engine_loop.EngineLoop`: calls run on the engine thread, and the
+fixed facts it needs (model length, pool joined) come from ``EngineLoop.info``
+(:mod:`workers.engine_info`). Outputs of a request come back through
 an asyncio queue fed from the engine thread. A request whose RPC ends early (the router
 cancelled it, its deadline passed, the connection dropped) is aborted on the engine, so
 its pages come back. Which verbs a worker takes depends on its role:
@@ -37,6 +39,7 @@ from proto import worker_pb2_grpc
 from proto.limits import MAX_CACHE_SALT_CHARS, MAX_LEASE_S, request_id_error
 from proto.records import ROLES
 from workers.engine import Engine
+from workers.engine_info import EngineLoad
 from workers.engine_loop import EngineLoop
 from workers.kv_transfer import Transfer
 from workers.outputs import RequestOutput
@@ -116,7 +119,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"cache_salt must be at most {MAX_CACHE_SALT_CHARS} characters",
             )
-        limit = self.loop.engine.max_model_len
+        limit = self.loop.info.max_model_len
         tokens = len(request.prompt_token_ids)
         if isinstance(request, pb.GenerateRequest):
             tokens += len(request.resume_token_ids)
@@ -222,7 +225,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         held = (
             self.draining
             and request.HasField("first_token")
-            and await self._on_engine(lambda e: rid in e.reservations)
+            and await self._on_engine(lambda e: e.holds(rid))
         )
         await self._admit("Generate", context, held)
         await self._check(request, context)
@@ -264,9 +267,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             return lambda e: e.resume(rid, prompt, resumed, params, salt)
         if request.HasField("first_token"):
             first = request.first_token
-            landing = await self._on_engine(lambda e: e.reservations.landing(rid))
+            landing = await self._on_engine(lambda e: e.prefill_answered(rid))
             if landing is not None:  # wait off the engine thread; decodes go on meanwhile
-                self.loop.engine.reservations.nudge()
                 await asyncio.to_thread(landing.settle, STALL_S, LANDING_WAIT_S)
             return lambda e: e.adopt(rid, prompt, first, params, salt)
         return lambda e: e.add_request(prompt, params, rid, cache_salt=salt)
@@ -298,17 +300,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def GetLoad(
         self, request: pb.LoadRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.LoadReport:
-        report: pb.LoadReport = await self._on_engine(
-            lambda e: load_report(e, self.role, self.draining)
-        )
-        return report
+        load: EngineLoad = await self._on_engine(lambda e: e.load())
+        return load_report(load, self.role, self.draining)
 
     async def SetRole(
         self, request: pb.SetRoleRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.SetRoleReply:
         if request.role not in ROLES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"role must be one of {ROLES}")
-        if request.role != "mixed" and self.loop.engine.pool is None:
+        if request.role != "mixed" and not self.loop.info.pool_attached:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, f"role {request.role} needs the KV pool"
             )
@@ -325,7 +325,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.draining = True
         await asyncio.to_thread(self.on_change)
         try:
-            while await self._on_engine(lambda e: e.has_unfinished or bool(e.reservations)):
+            while await self._on_engine(lambda e: e.busy):
                 await asyncio.sleep(DRAIN_POLL_S)
         except asyncio.CancelledError:
             self.draining = False

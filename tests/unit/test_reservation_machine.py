@@ -32,10 +32,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-import workers.reservations as reservations_module
+import workers.handoff as reservations_module
 from kvpool.hashing import Namespace, PrefixHasher
 from tests.unit.machine_settings import STATEFUL
-from workers.reservations import Reservations
+from workers.handoff import Reservations
 from workers.scheduler import Scheduler, SchedulerConfig
 from workers.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
 
@@ -228,7 +228,8 @@ class ReservationMachine(RuleBasedStateMachine):
         prompt = list(held[0].token_ids) if held else [3, 1, 2]
         if not same_prompt:
             prompt = [*prompt, 5]
-        seq, landing = self.res.take(request_id, prompt)
+        taken = self.res.take(request_id, prompt)
+        seq, landing = (taken.seq, taken.landing) if taken is not None else (None, None)
         assert landing is None  # no pool: nothing lands
         assert request_id not in self.res
         event(f"adopt: {'no reservation' if held is None else 'same' if same_prompt else 'other'}")
