@@ -1,6 +1,6 @@
-"""Decode-side reservations (workers/reservations.py) as a state machine, under hypothesis.
+"""Decode-side reservations (workers/handoff.py) as a state machine, under hypothesis.
 
-The real :class:`~workers.reservations.Reservations` runs over a real
+The real :class:`~workers.handoff.Reservations` runs over a real
 :class:`~workers.scheduler.Scheduler` (and its :class:`~workers.block_manager.BlockManager`)
 without a pool, its clock replaced by a fake one. Rules make the calls the engine makes:
 reserve (never taking pages the scheduler's queued requests wait for), take-over
@@ -52,7 +52,7 @@ SALTS = ("", "", "tenant-b")
 
 
 class FakeClock:
-    """Stands in for the ``time`` module inside workers.reservations."""
+    """Stands in for the ``time`` module inside workers.handoff."""
 
     def __init__(self) -> None:
         self.now = 100.0
@@ -399,3 +399,18 @@ def test_close_releases_every_reservation() -> None:
     assert len(res) == 0
     assert sched.blocks.pool.num_free == 10
     assert sched.blocks.pool.ref_counts == [0] * 10
+
+
+def test_an_illegal_transition_raises_and_terminal_states_are_final() -> None:
+    from workers.handoff import TRANSITIONS, HandoffState, IllegalTransitionError, Reservation
+
+    seq = Sequence("t1", [1, 2, 3], SamplingParams(max_tokens=2))
+    held = Reservation(seq, deadline=0.0)
+    with pytest.raises(IllegalTransitionError):
+        held.move(HandoffState.ADOPTED)  # never adopted without landing first
+    held.move(HandoffState.LANDED)
+    held.move(HandoffState.ADOPTED)
+    for state in HandoffState:
+        with pytest.raises(IllegalTransitionError):
+            held.move(state)
+    assert all(not TRANSITIONS[s] for s in (HandoffState.EXPIRED, HandoffState.CANCELLED))
