@@ -12,7 +12,7 @@ Lifecycle:
    pool), runs the model, publishes newly full blocks to the pool, appends sampled tokens,
    ends requests that hit EOS, a stop token or string, or ``max_tokens``, and returns what
    changed;
-4. :meth:`Engine.generate` drives steps until given requests finish (offline use, tests).
+4. :meth:`Engine.generate` drives steps until given requests finish (:mod:`workers.offline`).
 
 The serving roles use the same engine: a prefill worker adds requests with ``handoff=True``
 (they end after the first token, their prompt's KV left in the pool, written layer by layer
@@ -28,7 +28,6 @@ served); other threads read only :attr:`Engine.info` and the :meth:`Engine.load`
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 
@@ -36,13 +35,16 @@ from kvpool.config import PoolConfig
 from kvpool.keyring import Keyring
 from kvpool.landing import Landing
 from workers.config import EngineConfig
-from workers.engine_info import EngineInfo, EngineLoad, PoolHealth
+from workers.engine_info import EngineInfo, EngineLoad
 from workers.engine_parts import load_parts
 from workers.handoff import Reservations
 from workers.kv_transfer import KVStreamer, Transfer
 from workers.model_runner import describe
+from workers.offline import generate
 from workers.outputs import EngineStats, RequestOutput
 from workers.request_book import RequestBook
+from workers.request_checks import check_params, check_resumed, check_token_ids
+from workers.request_table import RequestTable
 from workers.scheduler import Scheduler
 from workers.sequence import FinishReason, SamplingParams, Sequence
 from workers.step_exec import execute_contained
@@ -72,8 +74,8 @@ class Engine:
         self.stats = EngineStats()
         self.book = RequestBook(self.tokenizer, parts.eos_token_ids, self.max_model_len, self.stats)
         self.step_log = StepLog.open(config.step_log_dir)
-        self._requests: dict[str, Sequence] = {}
-        self._ids = itertools.count()
+        vocab = self.model_config.vocab_size
+        self._requests = RequestTable(self.book, self.runner, self.reservations, vocab)
 
     # -- requests --------------------------------------------------------------------------
     def add_request(
@@ -114,18 +116,11 @@ class Engine:
         sampling, stop strings, ``max_tokens`` and the released text go on as if it had run
         here all along. Only new tokens are reported. ``ValueError`` if nothing is left.
         A reservation under the same id is released first, as in :meth:`add_request`."""
-        if not output_token_ids or len(output_token_ids) >= params.max_tokens:
-            raise ValueError("a resumed request needs 1 to max_tokens - 1 output tokens")
+        check_resumed(output_token_ids, params)
         tokens = [*prompt_token_ids, *output_token_ids]
         seq = self._enqueue(request_id, tokens, params, len(prompt_token_ids), cache_salt)
-        self._made_elsewhere(seq, list(output_token_ids))
+        self._requests.made_elsewhere(seq, list(output_token_ids))
         return Transfer()
-
-    def _made_elsewhere(self, seq: Sequence, output_token_ids: list[int]) -> None:
-        """``seq``'s ``output_token_ids`` came from another worker: sampling skips their
-        draws and their text counts as released."""
-        self.runner.skip_draws(seq, len(output_token_ids))
-        self.book.released(seq.request_id, output_token_ids)
 
     def _enqueue(
         self,
@@ -135,34 +130,16 @@ class Engine:
         prompt: int,
         cache_salt: str = "",
     ) -> Sequence:
-        request_id = request_id or f"req-{next(self._ids)}"
+        request_id = request_id or self._requests.new_id()
         self.reservations.release(request_id)  # superseded: see add_request
-        self._check_new(request_id, token_ids)
-        self._check_params(params)
+        self._requests.check_new(request_id, token_ids)
+        check_params(params, self.model_config.vocab_size)
         seq = Sequence(request_id, token_ids, params, prompt, arrival_step=self.stats.steps)
         seq.hash_root = self.hasher.root(cache_salt)
         self.scheduler.add(seq)
-        self._track(seq)
+        self._requests.track(seq)
         self.stats.requests += 1
         return seq
-
-    def _check_new(self, request_id: str, prompt_token_ids: list[int]) -> None:
-        if request_id in self._requests or request_id in self.reservations:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        self._check_tokens(prompt_token_ids, "prompt token ids")
-
-    def _check_tokens(self, token_ids: list[int], what: str) -> None:
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in token_ids):
-            raise ValueError(f"{what} must be in [0, {vocab})")
-
-    def _check_params(self, params: SamplingParams) -> None:
-        """What :class:`SamplingParams` cannot check alone: its token ids fit the model."""
-        self._check_tokens(list(params.logit_bias), "logit_bias token ids")
-
-    def _track(self, seq: Sequence) -> None:
-        self._requests[seq.request_id] = seq
-        self.book.track(seq)
 
     def reserve(
         self,
@@ -175,7 +152,7 @@ class Engine:
         """Hold pages for a prompt whose prefill runs elsewhere (see
         :mod:`workers.handoff`); ``None`` if they are not free now, ``ValueError`` if
         the request can never fit. Released after ``lease_s`` unless :meth:`adopt` comes."""
-        self._check_new(request_id, prompt_token_ids)
+        self._requests.check_new(request_id, prompt_token_ids)
         root = self.hasher.root(cache_salt)
         return self.reservations.reserve(request_id, prompt_token_ids, max_tokens, lease_s, root)
 
@@ -193,33 +170,36 @@ class Engine:
         taken from its landing, which the caller lets finish first
         (:meth:`prefill_answered`; what has not arrived is recomputed here); without one
         (expired, or never made) the request is queued like a new one, its prompt reused
-        from the pool through admission. Returns the KV read.
+        from the pool through admission. Returns the KV read. A take-over that raises
+        leaves nothing behind: the reservation CANCELLED, its pages back, nothing tracked.
         """
-        self._check_tokens([first_token], "first_token")
-        self._check_params(params)
-        adopted = self.reservations.adopt(request_id, prompt_token_ids, first_token, params)
+        vocab = self.model_config.vocab_size
+        check_token_ids([first_token], vocab, "first_token")
+        check_params(params, vocab)
+
+        def track(seq: Sequence, _: Transfer) -> None:  # part of the take-over (may raise)
+            self._requests.track(seq)
+            self._requests.made_elsewhere(seq, [first_token])
+
+        try:
+            adopted = self.reservations.adopt(
+                request_id, prompt_token_ids, first_token, params, on_adopted=track
+            )
+        except BaseException:
+            self._requests.forget(request_id)  # (not tracked before: reserve checked)
+            raise
         if adopted is None:
             return self.resume(request_id, prompt_token_ids, [first_token], params, cache_salt)
-        seq, transfer = adopted
-        try:
-            self.stats.kv_read.add(transfer)
-            self._track(seq)
-            self.stats.requests += 1
-            self._made_elsewhere(seq, [first_token])
-        except BaseException:  # nothing half-adopted stays: its pages go back
-            self.scheduler.finish(seq, FinishReason.ABORT)
-            self._forget(request_id)
-            raise
+        _, transfer = adopted
+        self.stats.kv_read.add(transfer)
+        self.stats.requests += 1
         return transfer
 
     def prefill_answered(self, request_id: str) -> Landing | None:
         """The remote prefill of reserved ``request_id`` answered: its landing, if one
         runs, polled at once; the caller may wait on it off this thread
         (:meth:`kvpool.landing.Landing.settle`, thread-safe) before :meth:`adopt`."""
-        landing = self.reservations.landing(request_id)
-        if landing is not None:
-            self.reservations.nudge()
-        return landing
+        return self.reservations.prefill_answered(request_id)
 
     def holds(self, request_id: str) -> bool:
         """Whether a reservation is held for ``request_id``."""
@@ -230,16 +210,14 @@ class Engine:
         if self.reservations.release(request_id):
             return True
         seq = self._requests.get(request_id)
-        if seq is None:
-            return False
-        self.scheduler.finish(seq, FinishReason.ABORT)
-        self._forget(request_id)
-        return True
+        if seq is not None:
+            self._end(seq, FinishReason.ABORT)
+        return seq is not None
 
-    def _forget(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
-        self.book.forget(request_id)
-        self.runner.forget(request_id)
+    def _end(self, seq: Sequence, reason: FinishReason) -> None:
+        """Finish tracked ``seq`` for ``reason``: its pages back, the engine forgets it."""
+        self.scheduler.finish(seq, reason)
+        self._requests.forget(seq.request_id)
 
     def housekeeping(self, now: float | None = None) -> int:
         """Release reservations whose lease ran out and expire this worker's uncollected
@@ -264,16 +242,7 @@ class Engine:
 
     def load(self) -> EngineLoad:
         """A snapshot of the queues, counters and pool health (asks the pool client)."""
-        return EngineLoad(
-            waiting=len(self.scheduler.waiting),
-            running=len(self.scheduler.running),
-            reserved=len(self.reservations),
-            queued_prefill_tokens=self.scheduler.queued_prefill_tokens,
-            free_pages=self.num_free_blocks,
-            total_pages=self.num_blocks,
-            stats=self.stats,
-            pool=PoolHealth.of(self.pool),
-        )
+        return EngineLoad.of(self.scheduler, self.reservations, self.stats, self.pool)
 
     # -- one step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -290,7 +259,7 @@ class Engine:
         for step_write, owners in done.writes:
             self.book.account(step_write, owners)
         outputs = [self._fail(seq, error) for seq, error in done.sampled.failed]
-        batch.entries = [(seq, n) for seq, n in batch.entries if not seq.is_finished]
+        batch.entries = [entry for entry in batch.entries if not entry.seq.is_finished]
         self.scheduler.update(batch)
         tokens = done.sampled.tokens
         outputs += [self._append(s, t) for s, t in zip(done.sampled.seqs, tokens, strict=True)]
@@ -302,8 +271,7 @@ class Engine:
 
     def _fail(self, seq: Sequence, error: str) -> RequestOutput:
         """End ``seq`` because the engine failed on it alone (its pages go back)."""
-        self.scheduler.finish(seq, FinishReason.ABORT)
-        self._forget(seq.request_id)
+        self._end(seq, FinishReason.ABORT)
         return self.book.failed(seq, error)
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
@@ -315,8 +283,7 @@ class Engine:
             log.exception("finishing the step failed for %s; it fails alone", seq.request_id)
             return self._fail(seq, describe(exc))
         if out.finish_reason is not None:
-            self.scheduler.finish(seq, out.finish_reason)
-            self._forget(seq.request_id)
+            self._end(seq, out.finish_reason)
         return out
 
     def close(self) -> None:
@@ -334,18 +301,9 @@ class Engine:
             self.pool = None
             self.scheduler.remote = None
 
-    # -- offline driver --------------------------------------------------------------------
     def generate(
         self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
     ) -> list[RequestOutput]:
-        """Run ``prompts`` to completion together; outputs in prompt order."""
-        plist = params if isinstance(params, list) else [params] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
-        done: dict[str, RequestOutput] = {}
-        while len(done) < len(ids):
-            for out in self.step():
-                if out.finished:
-                    done[out.request_id] = out
-        if self.streamer is not None:
-            self.streamer.flush()  # their KV is published in the pool when this returns
-        return [done[i] for i in ids]
+        """Run ``prompts`` to completion together; outputs in prompt order (see
+        :func:`workers.offline.generate`)."""
+        return generate(self, prompts, params)

@@ -6,16 +6,19 @@ server and the heartbeat never read it directly. They read:
 - :class:`EngineInfo`: facts fixed when the engine is built (published as
   ``Engine.info`` and ``EngineLoop.info``), safe to read from any thread;
 - :class:`EngineLoad`: a snapshot of its queues, counters and pool health, taken on the
-  engine thread by ``Engine.load`` (through ``EngineLoop.call``) and then read anywhere.
+  engine thread by ``Engine.load`` (:meth:`EngineLoad.of`, through ``EngineLoop.call``)
+  and then read anywhere.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sized
 from dataclasses import dataclass
 
 from kvpool.pool import KVPool
 from workers.outputs import EngineStats
+from workers.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -71,3 +74,20 @@ class EngineLoad:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stats", copy.deepcopy(self.stats))  # never the live one
+
+    @classmethod
+    def of(
+        cls, scheduler: Scheduler, reservations: Sized, stats: EngineStats, pool: KVPool | None
+    ) -> EngineLoad:
+        """Take the snapshot (on the engine thread: it reads the live queues, and asks the
+        pool client for its health): ``reservations`` counts the live ones."""
+        return cls(
+            waiting=len(scheduler.waiting),
+            running=len(scheduler.running),
+            reserved=len(reservations),
+            queued_prefill_tokens=scheduler.queued_prefill_tokens,
+            free_pages=scheduler.blocks.num_free,
+            total_pages=scheduler.config.num_blocks,
+            stats=stats,
+            pool=PoolHealth.of(pool),
+        )

@@ -24,7 +24,9 @@ LANDED        :meth:`Reservations.adopt`, the request came with the same prompt:
 ADOPTED       the prompt's KV is taken into the pages
               (:func:`workers.kv_transfer.pull_prompt`, what is missing is left to
               compute), shared prefix pages deduplicated, the first token appended,
-              and the sequence runs in the scheduler. Terminal: the engine owns it.
+              the sequence runs in the scheduler and the engine tracks it (``adopt``'s
+              ``on_adopted``); entered only once all of that succeeded. Terminal: the
+              engine owns it.
 EXPIRED       :meth:`Reservations.expire`: the lease ran out (the prefill never came).
 CANCELLED     :meth:`Reservations.release` (abort, or the id superseded by a new
               request), an ``adopt`` with another prompt, or a take-over that raised.
@@ -40,6 +42,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvpool.landing import Lander, Landing
@@ -127,6 +130,14 @@ class Reservations:
         if self.lander is not None:
             self.lander.nudge()
 
+    def prefill_answered(self, request_id: str) -> Landing | None:
+        """The remote prefill of ``request_id`` answered: its :meth:`landing`, if one runs,
+        polled at once (:meth:`nudge`)."""
+        landing = self.landing(request_id)
+        if landing is not None:
+            self.nudge()
+        return landing
+
     def reserve(
         self,
         request_id: str,
@@ -187,12 +198,22 @@ class Reservations:
         return held
 
     def adopt(
-        self, request_id: str, prompt_token_ids: list[int], first_token: int, params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        first_token: int,
+        params: SamplingParams,
+        on_adopted: Callable[[Sequence, Transfer], None] | None = None,
     ) -> tuple[Sequence, Transfer] | None:
         """Run reserved ``request_id`` after its remote prefill produced ``first_token``
         (:meth:`take`, then ADOPTED: see the module docstring): the running sequence and the
-        KV read for it; ``None`` without a reservation for this prompt. A take-over that
-        raises is CANCELLED (its pages back) and re-raised."""
+        KV read for it; ``None`` without a reservation for this prompt.
+
+        ``on_adopted(seq, transfer)``: the caller's own bookkeeping of the take-over (the
+        engine tracks the request), run last, before the record is ADOPTED. A take-over that
+        raises, ``on_adopted`` included, is CANCELLED (its pages back) and re-raised, so a
+        record is ADOPTED only once the take-over succeeded in full; undoing what
+        ``on_adopted`` did before it raised is the caller's."""
         held = self.take(request_id, prompt_token_ids)
         if held is None:
             return None
@@ -208,6 +229,8 @@ class Reservations:
             self.scheduler.blocks.commit(seq, share=True)  # one copy of a shared prefix
             seq.token_ids.append(first_token)
             self.scheduler.resume(seq)
+            if on_adopted is not None:
+                on_adopted(seq, transfer)
         except BaseException:  # nothing half-adopted stays: its pages go back
             self._end(held, HandoffState.CANCELLED)
             raise

@@ -38,6 +38,7 @@ from kvpool.pool import KVPool, Lease
 from kvpool.store import MooncakeStore, PoolUnavailableError
 from workers.block_manager import BlockManager, NamedBlock
 from workers.kv_cache import KVCache
+from workers.scheduler import BatchEntry
 from workers.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,14 @@ class StepWrite:
             log.error("committing KV blocks to the pool failed: %s", exc)
 
 
+class WriteCandidate(NamedTuple):
+    """A full block a step may write to the pool: the ``page`` it is read from, and the
+    request that owns the write (``owner``: the first that names the block in the step)."""
+
+    page: int
+    owner: str
+
+
 class KVStreamer:
     """Plans and runs one engine's pool writes. Lifecycle: construct -> per step
     ``plan`` -> ``on_layer``... -> ``finish`` -> :meth:`close` at shutdown."""
@@ -162,9 +171,9 @@ class KVStreamer:
         """Meta keys of blocks whose layers are in and whose commit is queued: present in a
         moment, so never rewritten (nor their layers healed away) meanwhile."""
 
-    def plan(self, entries: list[tuple[Sequence, int]]) -> StepWrite:
-        """The writes of a step that computes ``n`` tokens of each ``seq`` in ``entries``."""
-        candidates: dict[int, tuple[int, str]] = {}  # hash -> (page, owner); first one wins
+    def plan(self, entries: list[BatchEntry]) -> StepWrite:
+        """The writes of a step that computes ``entries`` (the scheduler's batch)."""
+        candidates: dict[int, WriteCandidate] = {}  # by block hash; the first one wins
         partials: list[PendingBlock] = []
         leases: list[Lease] = []
         owners: dict[str, int] = {}
@@ -182,7 +191,7 @@ class KVStreamer:
                     owners[seq.request_id] = 1
             for block_hash, page in named:
                 if self.pool.keys.meta_key(block_hash) not in self.in_flight:
-                    candidates.setdefault(block_hash, (page, seq.request_id))
+                    candidates.setdefault(block_hash, WriteCandidate(page, seq.request_id))
         hashes = list(candidates)
         todo: list[PendingBlock] = []
         for block_hash, missing in zip(hashes, self.pool.absent(hashes), strict=True):
