@@ -8,13 +8,24 @@ layer put succeeded.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from kvpool.pool import KVPool
 
-PendingBlock = tuple[str, int, dict[str, float]]
-"""``(meta key, page, extra meta fields)`` of one block to write."""
+
+class PendingBlock(NamedTuple):
+    """One block to write: its ``meta_key``, the ``page`` holding its KV, and the ``extra``
+    fields of its meta (a request-scoped partial block's ``tokens`` and ``expires``)."""
+
+    meta_key: str
+    page: int
+    extra: dict[str, float]
+
+    @property
+    def expires(self) -> float:
+        """The lease end (``time.time()``) of a partial block; ``KeyError`` for a full one."""
+        return self.extra["expires"]
 
 
 class BlockWrite:
@@ -39,8 +50,8 @@ class BlockWrite:
             return
         t0 = time.perf_counter()
         pool, size = self.pool, self.pool.layout.span_bytes
-        ptrs = [pool.slab_ptr + pool.layout.offset(layer, page) for _, page, _ in self.blocks]
-        keys = [f"{meta}/{layer}" for meta, _, _ in self.blocks]
+        ptrs = [pool.slab_ptr + pool.layout.offset(layer, block.page) for block in self.blocks]
+        keys = [f"{block.meta_key}/{layer}" for block in self.blocks]
         codes = pool.store.put_from(keys, ptrs, [size] * len(keys))
         for i, (code, ptr) in enumerate(zip(codes, ptrs, strict=True)):
             if code != 0:
@@ -54,8 +65,8 @@ class BlockWrite:
         t0 = time.perf_counter()
         pool = self.pool
         metas = [
-            (meta, pool.codec.encode(meta, sums, extra))
-            for (meta, _, extra), ok, sums in zip(self.blocks, self.ok, self.sums, strict=True)
+            (block.meta_key, pool.codec.encode(block.meta_key, sums, block.extra))
+            for block, ok, sums in zip(self.blocks, self.ok, self.sums, strict=True)
             if ok
         ]
         if metas:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import NamedTuple
 
 from kvpool.pool import BlockMeta, KVPool
 
@@ -57,6 +58,14 @@ machine, yet a small fraction of the cost of waiting out a fixed cap; what is st
 then (a put that failed on a full pool, an eviction) will not come, and is recomputed."""
 
 
+class Span(NamedTuple):
+    """One (block, layer) object of a landing: layer ``layer`` of its ``block``-th block
+    (an index into ``Landing.meta_keys`` and ``Landing.pages``)."""
+
+    block: int
+    layer: int
+
+
 class Landing:
     """One request's pull: ``meta_keys[i]`` (full blocks, then any partial block) into
     ``pages[i]``, until ``deadline`` (``time.monotonic()``)."""
@@ -67,7 +76,8 @@ class Landing:
         self.pages = pages
         self.deadline = deadline
         layers = pool.layout.num_layers
-        self.pending = [(i, layer) for i in range(len(meta_keys)) for layer in range(layers)]
+        self.pending = [Span(i, layer) for i in range(len(meta_keys)) for layer in range(layers)]
+        """Objects not read yet, block-major (the order a chunked prefill writes them)."""
         self.got = [[0] * layers for _ in meta_keys]
         self.sums = [[b""] * layers for _ in meta_keys]
         self.usable = len(meta_keys)
@@ -103,9 +113,8 @@ class Landing:
     def _read_landed(self) -> bool:
         window = self.pending[:WINDOW]
         keys = [f"{self.meta_keys[i]}/{layer}" for i, layer in window]
-        ready = [
-            w for w, flag in zip(window, self.pool.store.exists(keys), strict=True) if flag == 1
-        ]
+        flags = self.pool.store.exists(keys)
+        ready = [span for span, flag in zip(window, flags, strict=True) if flag == 1]
         if ready:
             t0 = time.perf_counter()
             size = self.pool.layout.span_bytes
@@ -125,7 +134,7 @@ class Landing:
                     self.usable = min(self.usable, i)
                     self.read_limit = min(self.read_limit, i)
             done = set(ready)
-            self.pending = [w for w in self.pending if w not in done and w[0] < self.usable]
+            self.pending = [s for s in self.pending if s not in done and s.block < self.usable]
             self.read_seconds += time.perf_counter() - t0
             self._progress()
         return False
@@ -143,7 +152,7 @@ class Landing:
             meta = self.pool.parse_meta(raw, key) if raw else None
             if meta is not None and not isinstance(meta, BlockMeta):  # bad or forged
                 self.usable = min(self.usable, start + i)
-                self.pending = [w for w in self.pending if w[0] < self.usable]
+                self.pending = [s for s in self.pending if s.block < self.usable]
                 break
             metas.append(meta)
         return metas
@@ -167,7 +176,7 @@ class Landing:
         if self.over:
             return
         self.over = True
-        unread = {i for i, _ in self.pending}
+        unread = {span.block for span in self.pending}
         n = next((i for i in range(self.usable) if i in unread), self.usable)
         metas = list(self.metas or [])[:n]
         metas += [None] * (n - len(metas))

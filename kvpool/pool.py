@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvpool.block_write import BlockWrite, PendingBlock
 from kvpool.hashing import Namespace
@@ -32,7 +33,15 @@ from kvpool.layout import KVLayout
 from kvpool.meta import BlockMeta, MetaCodec, MetaFault, layer_digest
 from kvpool.store import MooncakeStore
 
-__all__ = ["BlockMeta", "BlockWrite", "KVPool", "PendingBlock", "PoolStats"]
+__all__ = ["BlockMeta", "BlockWrite", "KVPool", "Lease", "PendingBlock", "PoolStats"]
+
+
+class Lease(NamedTuple):
+    """A request-scoped partial block this writer removes at ``expires`` (``time.time()``)
+    unless the decode side took it first (ordered by expiry: :meth:`KVPool.sweep`)."""
+
+    expires: float
+    request_id: str
 
 
 @dataclass
@@ -98,7 +107,7 @@ class KVPool:
         self.digest = layer_digest(namespace.algorithm)
         """``digest(ptr, size)``: the layer digest of the namespace's algorithm."""
         self.stats = PoolStats()
-        self._leases: list[tuple[float, str]] = []  # (expiry, request id), a heap
+        self._leases: list[Lease] = []  # a heap
         store.register(slab_ptr, layout.slab_bytes)
 
     def _spans(self, page: int) -> list[int]:
@@ -145,8 +154,8 @@ class KVPool:
         Returns how many blocks this call committed. A block whose layer puts fail (e.g. the
         pool is full) is not committed.
         """
-        todo: list[PendingBlock] = [
-            (self.keys.meta_key(h), page, {})
+        todo = [
+            PendingBlock(self.keys.meta_key(h), page, {})
             for h, page, missing in zip(hashes, pages, self.absent(hashes), strict=True)
             if missing
         ]
@@ -239,17 +248,19 @@ class KVPool:
         """
         assert 0 < num_tokens <= self.layout.block_tokens
         expires = time.time() + self.request_ttl_s
-        return (self.keys.request_key(request_id), page, {"tokens": num_tokens, "expires": expires})
+        extra = {"tokens": num_tokens, "expires": expires}
+        return PendingBlock(self.keys.request_key(request_id), page, extra)
 
     def lease(self, request_id: str, expires: float) -> None:
-        heapq.heappush(self._leases, (expires, request_id))
+        """Have :meth:`sweep` remove ``request_id``'s partial block after ``expires``."""
+        heapq.heappush(self._leases, Lease(expires, request_id))
 
     def put_partial(self, request_id: str, page: int, num_tokens: int) -> bool:
         """Publish a request's partial last block (``num_tokens`` valid) under a lease."""
         block = self.partial_block(request_id, page, num_tokens)
         ok = self.begin_write([block]).write_all() == 1
         if ok:
-            self.lease(request_id, block[2]["expires"])
+            self.lease(request_id, block.expires)
         return ok
 
     def take_partial(self, request_id: str, page: int) -> int | None:
@@ -259,10 +270,10 @@ class KVPool:
         verification (then the caller recomputes those tokens).
         """
         key = self.keys.request_key(request_id)
-        metas = [m for m in self._leading_metas([key]) if m.expires > time.time()]
-        ok = bool(metas) and self._read_blocks([key], [page], metas) == 1
+        meta = next((m for m in self._leading_metas([key]) if m.expires > time.time()), None)
+        ok = meta is not None and self._read_blocks([key], [page], [meta]) == 1
         self.drop_partial(request_id)
-        return metas[0].tokens if ok else None
+        return meta.tokens if ok and meta is not None else None
 
     def drop_partial(self, request_id: str) -> bool:
         """Delete a request's partial block; False if it was not there."""
@@ -273,9 +284,8 @@ class KVPool:
         """Remove this writer's partial blocks whose lease ran out; returns how many."""
         now = time.time() if now is None else now
         expired = 0
-        while self._leases and self._leases[0][0] <= now:
-            _, request_id = heapq.heappop(self._leases)
-            expired += self.drop_partial(request_id)
+        while self._leases and self._leases[0].expires <= now:
+            expired += self.drop_partial(heapq.heappop(self._leases).request_id)
         self.stats.expired_requests += expired
         return expired
 

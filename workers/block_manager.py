@@ -18,11 +18,27 @@ this layer turns them into pages:
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from kvpool.hashing import PrefixHasher
 from workers.block_pool import BlockPool
 from workers.sequence import Sequence
+
+
+class PrefixHit(NamedTuple):
+    """A sequence's longest locally cached prefix: its ``pages`` and their block names
+    (``hashes``), in order; both empty when nothing is cached."""
+
+    pages: list[int]
+    hashes: list[int]
+
+
+class NamedBlock(NamedTuple):
+    """One full block of a sequence: its name (``hash``, a link of the prefix chain) and
+    the ``page`` that holds (or will hold) its KV."""
+
+    hash: int
+    page: int
 
 
 class RemotePrefix(Protocol):
@@ -61,10 +77,15 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_tokens)
 
-    def match_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
-        """(pages, hashes) of ``seq``'s longest cached prefix; nothing is taken yet."""
+    @property
+    def num_free(self) -> int:
+        """Pages free now (cached ones with no reference included)."""
+        return self.pool.num_free
+
+    def match_prefix(self, seq: Sequence) -> PrefixHit:
+        """``seq``'s longest cached prefix; nothing is taken yet."""
         if not self.prefix_caching:
-            return [], []
+            return PrefixHit([], [])
         blocks: list[int] = []
         hashes: list[int] = []
         parent = self.root(seq)
@@ -76,7 +97,7 @@ class BlockManager:
                 break
             blocks.append(block)
             hashes.append(parent)
-        return blocks, hashes
+        return PrefixHit(blocks, hashes)
 
     def _pages_needed(self, seq: Sequence, num_new_tokens: int, hits: list[int]) -> int:
         covered = len(seq.block_table) + len(hits)
@@ -95,15 +116,15 @@ class BlockManager:
         self,
         seq: Sequence,
         num_new_tokens: int,
-        hits: tuple[list[int], list[int]] | None = None,
+        hits: PrefixHit | None = None,
     ) -> None:
-        """Take prefix ``hits`` (pages, hashes) then fresh pages for ``num_new_tokens``.
+        """Take prefix ``hits`` then fresh pages for ``num_new_tokens``.
 
         Hits are only valid on a sequence with nothing computed; they advance
         ``num_computed_tokens`` and ``num_cached_tokens``. Callers check
         :meth:`can_allocate` first; running out here is a bug.
         """
-        if hits and hits[0]:
+        if hits and hits.pages:
             assert seq.num_computed_tokens == 0 and not seq.block_table
             pages, hashes = hits
             self.pool.touch(pages)
@@ -114,8 +135,8 @@ class BlockManager:
         if need > 0:
             seq.block_table.extend(self.pool.allocate(need))
 
-    def upcoming(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
-        """``(hash, page)`` of the blocks of ``seq`` that will be full and computed once
+    def upcoming(self, seq: Sequence, num_new_tokens: int) -> list[NamedBlock]:
+        """The blocks of ``seq`` that will be full and computed once
         ``num_new_tokens`` more tokens are; nothing changes (used to stream them to the pool
         while the step runs)."""
         if not self.prefix_caching:
@@ -123,13 +144,13 @@ class BlockManager:
         bt = self.block_tokens
         full = min(seq.num_computed_tokens + num_new_tokens, seq.num_tokens) // bt
         parent = seq.block_hashes[-1] if seq.block_hashes else self.root(seq)
-        named: list[tuple[int, int]] = []
+        named: list[NamedBlock] = []
         for i in range(len(seq.block_hashes), full):
             parent = self.hasher.block(parent, seq.token_ids[i * bt : (i + 1) * bt])
-            named.append((parent, seq.block_table[i]))
+            named.append(NamedBlock(parent, seq.block_table[i]))
         return named
 
-    def commit(self, seq: Sequence, share: bool = False) -> list[tuple[int, int]]:
+    def commit(self, seq: Sequence, share: bool = False) -> list[NamedBlock]:
         """Hash and index the blocks of ``seq`` that are full and computed.
 
         With ``share``, a block whose hash another page already holds moves onto that page
@@ -138,7 +159,7 @@ class BlockManager:
         a sequence whose pages nothing writes or reads behind the engine's back any more (a
         decode worker's adopted reservation, its landing stopped): the engine thread's own
         steps stream freshly computed pages to the pool while they run. Returns the newly
-        named ``(hash, page)`` pairs, with the pages ``seq`` holds now.
+        named blocks, with the pages ``seq`` holds now.
         """
         named = self.upcoming(seq, 0)
         first, epoch = len(seq.block_hashes), seq.page_epoch
@@ -149,7 +170,7 @@ class BlockManager:
                 self.pool.free([page])
                 seq.block_table[first + i] = other
                 seq.page_epoch = epoch + 1  # its block-table row is written anew
-                named[i] = (block_hash, other)
+                named[i] = NamedBlock(block_hash, other)
                 page = other
             seq.block_hashes.append(block_hash)
             self.pool.cache(page, block_hash)

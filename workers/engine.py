@@ -2,68 +2,55 @@ r"""One model engine: continuous batching over a paged KV cache, in-process.
 
 Lifecycle:
 
-1. ``Engine(config, pool, keyring)`` loads the model directory, sizes the KV cache from
-   ``kv_cache_mib``, builds the KV namespace (model fingerprint, dtype, block size, hash
-   algorithm and version) and the prefix hasher keyed from the cluster secret
-   (``keyring``: :class:`kvpool.keyring.Keyring`; the default has no secret) and, when a
-   pool is given, joins it with the keyring's block key (a pool that cannot be reached is
-   logged and skipped: the pool is a cache, never a condition of correctness);
+1. ``Engine(config, pool, keyring)`` builds model, KV cache, prefix hasher and pool
+   (:func:`workers.engine_parts.load_parts`; ``keyring``: :class:`kvpool.keyring.Keyring`,
+   the default has no secret; a pool that cannot be reached is logged and skipped: the pool
+   is a cache, never a condition of correctness) and publishes :attr:`Engine.info`;
 2. :meth:`Engine.add_request` validates and queues a request (``ValueError`` if it can never
    fit); :meth:`Engine.abort` ends one at any point and frees its pages;
 3. :meth:`Engine.step` schedules one batch (admission pulls further prefix blocks from the
    pool), runs the model, publishes newly full blocks to the pool, appends sampled tokens,
    ends requests that hit EOS, a stop token or string, or ``max_tokens``, and returns what
    changed;
-4. :meth:`Engine.generate` drives steps until given requests finish (offline use, tests).
+4. :meth:`Engine.generate` drives steps until given requests finish (:mod:`workers.offline`).
 
 The serving roles use the same engine: a prefill worker adds requests with ``handoff=True``
 (they end after the first token, their prompt's KV left in the pool, written layer by layer
 while the step runs: :mod:`workers.kv_transfer`); a decode worker :meth:`Engine.reserve`\ s
 pages for a prompt before its prefill, then :meth:`Engine.adopt`\ s the request with its
 first token (the prompt's KV is pulled into the reserved pages) and decodes it; reservations
-whose lease ran out are released by :meth:`Engine.housekeeping`.
+whose lease ran out are released by :meth:`Engine.housekeeping` (:mod:`workers.handoff`).
+
+Threads: every method runs on the thread that owns the engine (the engine loop's, when
+served); other threads read only :attr:`Engine.info` and the :meth:`Engine.load` snapshots
+(:mod:`workers.engine_info`).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 
-import torch
-
 from kvpool.config import PoolConfig
-from kvpool.hashing import Namespace, PrefixHasher
 from kvpool.keyring import Keyring
 from kvpool.landing import Landing
 from workers.config import EngineConfig
-from workers.kv_cache import KVCache, blocks_for_memory
-from workers.kv_transfer import KVStreamer, Transfer, join_pool, pull_prompt
-from workers.model import native
-from workers.model.loader import load_model, model_fingerprint
-from workers.model.rope import RotaryTable
-from workers.model_runner import ModelRunner, describe
-from workers.outputs import EngineStats, RequestOutput, resolve_model_dir
+from workers.engine_info import EngineInfo, EngineLoad
+from workers.engine_parts import load_parts
+from workers.handoff import Reservations
+from workers.kv_transfer import KVStreamer, Transfer
+from workers.model_runner import describe
+from workers.offline import generate
+from workers.outputs import EngineStats, RequestOutput
 from workers.request_book import RequestBook
-from workers.reservations import Reservations
-from workers.scheduler import Scheduler, SchedulerConfig
+from workers.request_checks import check_params, check_resumed, check_token_ids
+from workers.request_table import RequestTable
+from workers.scheduler import Scheduler
 from workers.sequence import FinishReason, SamplingParams, Sequence
 from workers.step_exec import execute_contained
 from workers.step_log import StepLog
-from workers.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-
-def _use_native(config: EngineConfig) -> bool:
-    """Whether attention runs on the C++ kernels (see ``EngineConfig.attention``)."""
-    if config.attention == "torch" or config.device != "cpu":
-        return False
-    if native.available():
-        return True
-    if config.attention == "native":
-        raise RuntimeError(f"native attention kernels unavailable: {native.unavailable_reason()}")
-    return False
 
 
 class Engine:
@@ -71,63 +58,24 @@ class Engine:
         self, config: EngineConfig, pool: PoolConfig | None = None, keyring: Keyring | None = None
     ) -> None:
         self.config = config
-        keyring = keyring or Keyring()
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        self.model_dir = resolve_model_dir(config.model)
-        self.dtype = getattr(torch, config.dtype)
-        self.device = torch.device(config.device)
-        model, self.model_config = load_model(self.model_dir, self.dtype, self.device)
-        cfg = self.model_config
-        self.namespace = Namespace(
-            model=f"{self.model_dir.name}@{model_fingerprint(self.model_dir)}",
-            dtype=config.dtype,
-            block_tokens=config.block_tokens,
-            algorithm=keyring.algorithm,
-        )
-        self.hasher = PrefixHasher(self.namespace, keyring.prefix_root)
-        self.max_model_len = min(
-            config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
-        )
-        num_blocks = config.num_kv_blocks or blocks_for_memory(
-            cfg, config.block_tokens, self.dtype, config.kv_cache_mib << 20
-        )
-        kv = KVCache(cfg, num_blocks, config.block_tokens, self.dtype, self.device)
-        rope = RotaryTable(cfg.rope, cfg.head_dim, self.max_model_len, self.dtype, self.device)
-        self.tokenizer = Tokenizer(self.model_dir)
-        eos = set(cfg.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.runner = ModelRunner(
-            model, kv, rope, native=_use_native(config), eos_token_ids=frozenset(eos)
-        )
-        self.pool = (
-            join_pool(pool, self.namespace, kv, config.dtype, keyring.pool_block) if pool else None
-        )
-        self.num_blocks = num_blocks
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                num_blocks=num_blocks,
-                block_tokens=config.block_tokens,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_model_len=self.max_model_len,
-                prefix_caching=config.prefix_caching,
-            ),
-            self.hasher,
-            remote=self.pool,
-        )
-        self.streamer = (
-            KVStreamer(self.pool, self.scheduler.blocks, config.kv_streaming)
-            if self.pool is not None
-            else None
-        )
+        parts = load_parts(config, pool, keyring or Keyring())
+        self.model_dir, self.dtype, self.device = parts.model_dir, parts.dtype, parts.device
+        self.model_config, self.namespace = parts.model_config, parts.namespace
+        self.hasher, self.tokenizer, self.runner = parts.hasher, parts.tokenizer, parts.runner
+        self.max_model_len, self.num_blocks = parts.max_model_len, parts.num_blocks
+        self.pool = parts.pool
+        self.scheduler = Scheduler(parts.scheduler_config(config), self.hasher, remote=self.pool)
+        blocks, streaming = self.scheduler.blocks, config.kv_streaming
+        self.streamer = KVStreamer(self.pool, blocks, streaming) if self.pool else None
         self.reservations = Reservations(self.scheduler, self.pool, config.kv_streaming)
+        """The decode side of hand-offs (:mod:`workers.handoff`)."""
+        self.info = EngineInfo(self.max_model_len, self.num_blocks, self.pool is not None)
+        """Fixed facts, readable from any thread (:mod:`workers.engine_info`)."""
         self.stats = EngineStats()
-        self.book = RequestBook(self.tokenizer, frozenset(eos), self.max_model_len, self.stats)
+        self.book = RequestBook(self.tokenizer, parts.eos_token_ids, self.max_model_len, self.stats)
         self.step_log = StepLog.open(config.step_log_dir)
-        self._requests: dict[str, Sequence] = {}
-        self._ids = itertools.count()
+        vocab = self.model_config.vocab_size
+        self._requests = RequestTable(self.book, self.runner, self.reservations, vocab)
 
     # -- requests --------------------------------------------------------------------------
     def add_request(
@@ -168,12 +116,10 @@ class Engine:
         sampling, stop strings, ``max_tokens`` and the released text go on as if it had run
         here all along. Only new tokens are reported. ``ValueError`` if nothing is left.
         A reservation under the same id is released first, as in :meth:`add_request`."""
-        if not output_token_ids or len(output_token_ids) >= params.max_tokens:
-            raise ValueError("a resumed request needs 1 to max_tokens - 1 output tokens")
+        check_resumed(output_token_ids, params)
         tokens = [*prompt_token_ids, *output_token_ids]
         seq = self._enqueue(request_id, tokens, params, len(prompt_token_ids), cache_salt)
-        self.runner.skip_draws(seq, len(output_token_ids))
-        self.book.released(seq.request_id, list(output_token_ids))
+        self._requests.made_elsewhere(seq, list(output_token_ids))
         return Transfer()
 
     def _enqueue(
@@ -184,34 +130,16 @@ class Engine:
         prompt: int,
         cache_salt: str = "",
     ) -> Sequence:
-        request_id = request_id or f"req-{next(self._ids)}"
+        request_id = request_id or self._requests.new_id()
         self.reservations.release(request_id)  # superseded: see add_request
-        self._check_new(request_id, token_ids)
-        self._check_params(params)
+        self._requests.check_new(request_id, token_ids)
+        check_params(params, self.model_config.vocab_size)
         seq = Sequence(request_id, token_ids, params, prompt, arrival_step=self.stats.steps)
         seq.hash_root = self.hasher.root(cache_salt)
         self.scheduler.add(seq)
-        self._track(seq)
+        self._requests.track(seq)
         self.stats.requests += 1
         return seq
-
-    def _check_new(self, request_id: str, prompt_token_ids: list[int]) -> None:
-        if request_id in self._requests or request_id in self.reservations:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        self._check_tokens(prompt_token_ids, "prompt token ids")
-
-    def _check_tokens(self, token_ids: list[int], what: str) -> None:
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in token_ids):
-            raise ValueError(f"{what} must be in [0, {vocab})")
-
-    def _check_params(self, params: SamplingParams) -> None:
-        """What :class:`SamplingParams` cannot check alone: its token ids fit the model."""
-        self._check_tokens(list(params.logit_bias), "logit_bias token ids")
-
-    def _track(self, seq: Sequence) -> None:
-        self._requests[seq.request_id] = seq
-        self.book.track(seq)
 
     def reserve(
         self,
@@ -222,9 +150,9 @@ class Engine:
         cache_salt: str = "",
     ) -> Sequence | None:
         """Hold pages for a prompt whose prefill runs elsewhere (see
-        :mod:`workers.reservations`); ``None`` if they are not free now, ``ValueError`` if
+        :mod:`workers.handoff`); ``None`` if they are not free now, ``ValueError`` if
         the request can never fit. Released after ``lease_s`` unless :meth:`adopt` comes."""
-        self._check_new(request_id, prompt_token_ids)
+        self._requests.check_new(request_id, prompt_token_ids)
         root = self.hasher.root(cache_salt)
         return self.reservations.reserve(request_id, prompt_token_ids, max_tokens, lease_s, root)
 
@@ -240,58 +168,56 @@ class Engine:
 
         With a live reservation, the prompt's KV is pulled from the pool into its pages, or
         taken from its landing, which the caller lets finish first
-        (``reservations.landing(id).done``; what has not arrived is recomputed here);
-        without one (expired, or never made) the request is queued like a new one, its
-        prompt reused from the pool through admission. Returns the KV read.
+        (:meth:`prefill_answered`; what has not arrived is recomputed here); without one
+        (expired, or never made) the request is queued like a new one, its prompt reused
+        from the pool through admission. Returns the KV read. A take-over that raises
+        leaves nothing behind: the reservation CANCELLED, its pages back, nothing tracked.
         """
-        self._check_tokens([first_token], "first_token")
-        self._check_params(params)
-        seq, landing = self.reservations.take(request_id, prompt_token_ids)
-        if seq is None:
-            return self.resume(request_id, prompt_token_ids, [first_token], params, cache_salt)
-        try:
-            return self._take_over(seq, landing, first_token, params)
-        except BaseException:  # nothing half-adopted stays: its pages go back
-            self.scheduler.finish(seq, FinishReason.ABORT)
-            self._forget(request_id)
-            raise
+        vocab = self.model_config.vocab_size
+        check_token_ids([first_token], vocab, "first_token")
+        check_params(params, vocab)
 
-    def _take_over(
-        self, seq: Sequence, landing: Landing | None, first_token: int, params: SamplingParams
-    ) -> Transfer:
-        """Run reserved ``seq`` after its remote prefill (see :meth:`adopt`)."""
-        seq.params = params
-        transfer = Transfer()
-        if self.pool is not None:
-            try:
-                transfer = pull_prompt(self.pool, self.scheduler.blocks, seq, landing)
-            except Exception:  # the pool is a cache: what did not arrive is computed here
-                log.exception("reading the prompt KV of %s failed", seq.request_id)
-            self.stats.kv_read.add(transfer)
-        self.scheduler.blocks.commit(seq, share=True)  # one copy of a shared prefix
-        seq.token_ids.append(first_token)
-        self.scheduler.resume(seq)
-        self._track(seq)
+        def track(seq: Sequence, _: Transfer) -> None:  # part of the take-over (may raise)
+            self._requests.track(seq)
+            self._requests.made_elsewhere(seq, [first_token])
+
+        try:
+            adopted = self.reservations.adopt(
+                request_id, prompt_token_ids, first_token, params, on_adopted=track
+            )
+        except BaseException:
+            self._requests.forget(request_id)  # (not tracked before: reserve checked)
+            raise
+        if adopted is None:
+            return self.resume(request_id, prompt_token_ids, [first_token], params, cache_salt)
+        _, transfer = adopted
+        self.stats.kv_read.add(transfer)
         self.stats.requests += 1
-        self.runner.skip_draws(seq, 1)
-        self.book.released(seq.request_id, [first_token])
         return transfer
+
+    def prefill_answered(self, request_id: str) -> Landing | None:
+        """The remote prefill of reserved ``request_id`` answered: its landing, if one
+        runs, polled at once; the caller may wait on it off this thread
+        (:meth:`kvpool.landing.Landing.settle`, thread-safe) before :meth:`adopt`."""
+        return self.reservations.prefill_answered(request_id)
+
+    def holds(self, request_id: str) -> bool:
+        """Whether a reservation is held for ``request_id``."""
+        return request_id in self.reservations
 
     def abort(self, request_id: str) -> bool:
         """End a request (or release a reservation) wherever it is; False if unknown."""
         if self.reservations.release(request_id):
             return True
         seq = self._requests.get(request_id)
-        if seq is None:
-            return False
-        self.scheduler.finish(seq, FinishReason.ABORT)
-        self._forget(request_id)
-        return True
+        if seq is not None:
+            self._end(seq, FinishReason.ABORT)
+        return seq is not None
 
-    def _forget(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
-        self.book.forget(request_id)
-        self.runner.forget(request_id)
+    def _end(self, seq: Sequence, reason: FinishReason) -> None:
+        """Finish tracked ``seq`` for ``reason``: its pages back, the engine forgets it."""
+        self.scheduler.finish(seq, reason)
+        self._requests.forget(seq.request_id)
 
     def housekeeping(self, now: float | None = None) -> int:
         """Release reservations whose lease ran out and expire this worker's uncollected
@@ -306,21 +232,17 @@ class Engine:
         return self.scheduler.has_work
 
     @property
+    def busy(self) -> bool:
+        """Whether it holds any work: requests queued or running, or reservations."""
+        return self.has_unfinished or bool(self.reservations)
+
+    @property
     def num_free_blocks(self) -> int:
-        return self.scheduler.blocks.pool.num_free
+        return self.scheduler.blocks.num_free
 
-    @property
-    def num_running(self) -> int:
-        return len(self.scheduler.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
-
-    @property
-    def queued_prefill_tokens(self) -> int:
-        """Prompt tokens still to compute, over waiting and running requests."""
-        return self.scheduler.queued_prefill_tokens
+    def load(self) -> EngineLoad:
+        """A snapshot of the queues, counters and pool health (asks the pool client)."""
+        return EngineLoad.of(self.scheduler, self.reservations, self.stats, self.pool)
 
     # -- one step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -331,37 +253,25 @@ class Engine:
             return []
         shape = batch.shape() if self.step_log is not None else None
         t0 = time.perf_counter()
-        prompt_tokens = sum(
-            min(n, max(0, seq.num_prompt_tokens - seq.num_computed_tokens))
-            for seq, n in batch.entries
-        )
+        prompt_tokens = batch.prompt_tokens
         self.stats.prompt_tokens_computed += prompt_tokens
         done = execute_contained(self.runner, self.streamer, batch)
         for step_write, owners in done.writes:
             self.book.account(step_write, owners)
         outputs = [self._fail(seq, error) for seq, error in done.sampled.failed]
-        batch.entries = [(seq, n) for seq, n in batch.entries if not seq.is_finished]
+        batch.entries = [entry for entry in batch.entries if not entry.seq.is_finished]
         self.scheduler.update(batch)
         tokens = done.sampled.tokens
         outputs += [self._append(s, t) for s, t in zip(done.sampled.seqs, tokens, strict=True)]
-        self.stats.steps += 1
-        self.stats.output_tokens += len(tokens)
+        self.stats.record_step(prompt_tokens > 0, len(tokens), time.perf_counter() - t0)
         self.stats.preemptions = self.scheduler.num_preemptions
-        elapsed = time.perf_counter() - t0
-        self.stats.busy_seconds += elapsed
-        if prompt_tokens:
-            self.stats.prefill_seconds += elapsed
-        else:
-            self.stats.decode_steps_seconds += elapsed
-            self.stats.decode_step_tokens += len(tokens)
         if self.step_log is not None and shape is not None:
             self.step_log.record(shape, time.perf_counter() - started)
         return outputs
 
     def _fail(self, seq: Sequence, error: str) -> RequestOutput:
         """End ``seq`` because the engine failed on it alone (its pages go back)."""
-        self.scheduler.finish(seq, FinishReason.ABORT)
-        self._forget(seq.request_id)
+        self._end(seq, FinishReason.ABORT)
         return self.book.failed(seq, error)
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
@@ -373,8 +283,7 @@ class Engine:
             log.exception("finishing the step failed for %s; it fails alone", seq.request_id)
             return self._fail(seq, describe(exc))
         if out.finish_reason is not None:
-            self.scheduler.finish(seq, out.finish_reason)
-            self._forget(seq.request_id)
+            self._end(seq, out.finish_reason)
         return out
 
     def close(self) -> None:
@@ -392,18 +301,9 @@ class Engine:
             self.pool = None
             self.scheduler.remote = None
 
-    # -- offline driver --------------------------------------------------------------------
     def generate(
         self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
     ) -> list[RequestOutput]:
-        """Run ``prompts`` to completion together; outputs in prompt order."""
-        plist = params if isinstance(params, list) else [params] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
-        done: dict[str, RequestOutput] = {}
-        while len(done) < len(ids):
-            for out in self.step():
-                if out.finished:
-                    done[out.request_id] = out
-        if self.streamer is not None:
-            self.streamer.flush()  # their KV is published in the pool when this returns
-        return [done[i] for i in ids]
+        """Run ``prompts`` to completion together; outputs in prompt order (see
+        :func:`workers.offline.generate`)."""
+        return generate(self, prompts, params)

@@ -22,9 +22,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from workers.engine import Engine
+from workers.engine_info import EngineInfo
 from workers.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,20 @@ Sink = Callable[[RequestOutput | None], None]
 HOUSEKEEPING_S = 0.25
 
 
+class _Call(NamedTuple):
+    """A function to run on the engine thread and the future of its result."""
+
+    fn: Callable[[Engine], Any]
+    future: Future[Any]
+
+
 class EngineLoop:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._calls: queue.SimpleQueue[tuple[Callable[[Engine], Any], Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
+        """Owned by the thread once started: only :meth:`call` reaches it from outside."""
+        self.info: EngineInfo = engine.info
+        """The engine's fixed facts, readable from any thread."""
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._stopping = False
@@ -54,7 +63,7 @@ class EngineLoop:
         if self._stopping:
             future.set_exception(RuntimeError("the engine is stopping"))
         else:
-            self._calls.put((fn, future))
+            self._calls.put(_Call(fn, future))
         return future
 
     def start_request(self, request_id: str, sink: Sink, fn: Callable[[Engine], T]) -> Future[T]:
@@ -144,7 +153,7 @@ class EngineLoop:
             except queue.Empty:
                 break
             if item is not None:
-                item[1].set_exception(RuntimeError("the engine stopped"))
+                item.future.set_exception(RuntimeError("the engine stopped"))
         for sink in self._sinks.values():
             sink(None)
         self._sinks.clear()

@@ -27,16 +27,18 @@ import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvpool.block_write import BlockWrite, PendingBlock
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace
 from kvpool.landing import Lander, Landing
 from kvpool.layout import KVLayout
-from kvpool.pool import KVPool
+from kvpool.pool import KVPool, Lease
 from kvpool.store import MooncakeStore, PoolUnavailableError
-from workers.block_manager import BlockManager
+from workers.block_manager import BlockManager, NamedBlock
 from workers.kv_cache import KVCache
+from workers.scheduler import BatchEntry
 from workers.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -98,7 +100,7 @@ class StepWrite:
         write: BlockWrite,
         executor: ThreadPoolExecutor | None,
         owners: dict[str, int],
-        leases: list[tuple[str, float]],
+        leases: list[Lease],
         in_flight: set[str] | None = None,
     ) -> None:
         self.write = write
@@ -119,15 +121,15 @@ class StepWrite:
         """Wait for the layer puts and queue the commit (without streaming: write and commit
         everything now)."""
         t0 = time.perf_counter()
-        for request_id, expires in self.leases:
-            self.write.pool.lease(request_id, expires)
+        for lease in self.leases:
+            self.write.pool.lease(lease.request_id, lease.expires)
         if self.executor is None:
             self.write.write_all()
         else:
             for layer_write in self._pending:
                 layer_write.result()
             if self.write.blocks:
-                keys = {meta for meta, _, _ in self.write.blocks}
+                keys = {block.meta_key for block in self.write.blocks}
                 self.in_flight.update(keys)
                 commit = self.executor.submit(self.write.commit)
                 commit.add_done_callback(lambda f: self._committed(f, keys))
@@ -149,6 +151,14 @@ class StepWrite:
             log.error("committing KV blocks to the pool failed: %s", exc)
 
 
+class WriteCandidate(NamedTuple):
+    """A full block a step may write to the pool: the ``page`` it is read from, and the
+    request that owns the write (``owner``: the first that names the block in the step)."""
+
+    page: int
+    owner: str
+
+
 class KVStreamer:
     """Plans and runs one engine's pool writes. Lifecycle: construct -> per step
     ``plan`` -> ``on_layer``... -> ``finish`` -> :meth:`close` at shutdown."""
@@ -161,32 +171,33 @@ class KVStreamer:
         """Meta keys of blocks whose layers are in and whose commit is queued: present in a
         moment, so never rewritten (nor their layers healed away) meanwhile."""
 
-    def plan(self, entries: list[tuple[Sequence, int]]) -> StepWrite:
-        """The writes of a step that computes ``n`` tokens of each ``seq`` in ``entries``."""
-        candidates: dict[int, tuple[int, str]] = {}  # hash -> (page, owner); first one wins
+    def plan(self, entries: list[BatchEntry]) -> StepWrite:
+        """The writes of a step that computes ``entries`` (the scheduler's batch)."""
+        candidates: dict[int, WriteCandidate] = {}  # by block hash; the first one wins
         partials: list[PendingBlock] = []
-        leases: list[tuple[str, float]] = []
+        leases: list[Lease] = []
         owners: dict[str, int] = {}
         bt = self.blocks.block_tokens
         for seq, n in entries:
             named = self.blocks.upcoming(seq, n)
             if seq.handoff and seq.num_computed_tokens + n == seq.num_prompt_tokens:
-                named = list(zip(seq.block_hashes, seq.block_table, strict=False)) + named
+                full = zip(seq.block_hashes, seq.block_table, strict=False)
+                named = [NamedBlock(h, p) for h, p in full] + named
                 if tail := seq.num_prompt_tokens % bt:
                     page = seq.block_table[seq.num_prompt_tokens // bt]
                     block = self.pool.partial_block(seq.request_id, page, tail)
                     partials.append(block)
-                    leases.append((seq.request_id, block[2]["expires"]))
+                    leases.append(Lease(block.expires, seq.request_id))
                     owners[seq.request_id] = 1
             for block_hash, page in named:
                 if self.pool.keys.meta_key(block_hash) not in self.in_flight:
-                    candidates.setdefault(block_hash, (page, seq.request_id))
+                    candidates.setdefault(block_hash, WriteCandidate(page, seq.request_id))
         hashes = list(candidates)
         todo: list[PendingBlock] = []
         for block_hash, missing in zip(hashes, self.pool.absent(hashes), strict=True):
             if missing:
                 page, owner = candidates[block_hash]
-                todo.append((self.pool.keys.meta_key(block_hash), page, {}))
+                todo.append(PendingBlock(self.pool.keys.meta_key(block_hash), page, {}))
                 owners[owner] = owners.get(owner, 0) + 1
         write = self.pool.begin_write(todo + partials)
         return StepWrite(write, self.executor, owners, leases, self.in_flight)
@@ -201,13 +212,20 @@ class KVStreamer:
             self.executor.shutdown(wait=True)
 
 
-def prompt_targets(blocks: BlockManager, seq: Sequence) -> tuple[list[tuple[int, int]], int | None]:
-    """What reserved ``seq`` needs from the pool: ``(hash, page)`` of its full prompt blocks
-    past its local hits, and the page of its partial last block (None if it has none)."""
+class PromptTargets(NamedTuple):
+    """What a reserved sequence needs from the pool: its full prompt ``blocks`` past its
+    local hits, and the page of its partial last block (``None`` if it has none)."""
+
+    blocks: list[NamedBlock]
+    partial_page: int | None
+
+
+def prompt_targets(blocks: BlockManager, seq: Sequence) -> PromptTargets:
+    """The :class:`PromptTargets` of reserved ``seq``."""
     bt = blocks.block_tokens
     num_full = seq.num_prompt_tokens // bt
     named = blocks.upcoming(seq, num_full * bt - seq.num_computed_tokens)
-    return named, seq.block_table[num_full] if seq.num_prompt_tokens % bt else None
+    return PromptTargets(named, seq.block_table[num_full] if seq.num_prompt_tokens % bt else None)
 
 
 def start_landing(
@@ -215,8 +233,8 @@ def start_landing(
 ) -> Landing:
     """Begin pulling reserved ``seq``'s prompt KV as it lands (see :mod:`kvpool.landing`)."""
     named, partial = prompt_targets(blocks, seq)
-    keys = [pool.keys.meta_key(h) for h, _ in named]
-    pages = [p for _, p in named]
+    keys = [pool.keys.meta_key(block.hash) for block in named]
+    pages = [block.page for block in named]
     if partial is not None:
         keys.append(pool.keys.request_key(seq.request_id))
         pages.append(partial)
@@ -243,14 +261,15 @@ def pull_prompt(
     named, partial_page = prompt_targets(blocks, seq)
     partial: int | None = None
     if landing is None:
-        loaded = pool.load([h for h, _ in named], [p for _, p in named]) if named else 0
+        hashes, pages = [b.hash for b in named], [b.page for b in named]
+        loaded = pool.load(hashes, pages) if named else 0
         if partial_page is not None and loaded == len(named):
             partial = pool.take_partial(seq.request_id, partial_page)
     else:
         metas = landing.wait(0.0)
         loaded = min(len(metas), len(named))
         if partial_page is not None and len(metas) == len(named) + 1:
-            partial = metas[-1].tokens
+            partial = metas[len(named)].tokens
     if partial_page is not None and (partial is None or landing is not None):
         pool.drop_partial(seq.request_id)  # (take_partial already removed it)
     seq.num_pool_tokens = loaded * blocks.block_tokens + (tail if partial == tail else 0)

@@ -26,7 +26,7 @@ from workers.model.attention import AttentionBatch
 from workers.model.llama import LlamaModel
 from workers.model.rope import RotaryTable
 from workers.sampling import make_generator, sample
-from workers.scheduler import ScheduledBatch
+from workers.scheduler import BatchEntry, ScheduledBatch
 from workers.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -105,15 +105,14 @@ class ModelRunner:
         """Flatten ``batch``: decodes first, then chunks over a cached prefix, then chunks
         that start a prompt (the order :class:`AttentionBatch` wants); per-token tensors
         (positions, slots) are computed vectorized from per-sequence ones."""
-        decodes: list[tuple[Sequence, int]] = []
-        paged: list[tuple[Sequence, int]] = []
-        fresh: list[tuple[Sequence, int]] = []
-        for seq, n in batch.entries:
-            start = seq.num_computed_tokens
-            if n == 1 and seq.num_uncomputed == 1:
-                decodes.append((seq, n))
+        decodes: list[BatchEntry] = []
+        paged: list[BatchEntry] = []
+        fresh: list[BatchEntry] = []
+        for entry in batch.entries:
+            if entry.is_decode:
+                decodes.append(entry)
             else:
-                (paged if start else fresh).append((seq, n))
+                (paged if entry.seq.num_computed_tokens else fresh).append(entry)
         order = decodes + paged + fresh
         ids: list[int] = []
         rows: list[int] = []

@@ -52,6 +52,18 @@ class EngineStats:
     kv_write: Transfer = field(default_factory=Transfer)
     kv_read: Transfer = field(default_factory=Transfer)
 
+    def record_step(self, prefill: bool, output_tokens: int, seconds: float) -> None:
+        """Count one step that ran ``seconds`` and sampled ``output_tokens``; ``prefill``:
+        it computed prompt tokens (counted before it ran), else it was a decode step."""
+        self.steps += 1
+        self.output_tokens += output_tokens
+        self.busy_seconds += seconds
+        if prefill:
+            self.prefill_seconds += seconds
+        else:
+            self.decode_steps_seconds += seconds
+            self.decode_step_tokens += output_tokens
+
 
 def resolve_model_dir(model: str) -> Path:
     """The directory for ``--model`` (empty: the default model), or a clear error."""

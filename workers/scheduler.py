@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvpool.hashing import PrefixHasher
 from workers.block_manager import BlockManager, RemotePrefix
@@ -48,18 +49,40 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
+class BatchEntry(NamedTuple):
+    """One sequence of a step and how many of its tokens the step computes (from its
+    ``num_computed_tokens`` on)."""
+
+    seq: Sequence
+    num_tokens: int
+
+    @property
+    def is_decode(self) -> bool:
+        """Whether it computes its sequence's one last uncomputed token (a decode, as the
+        model runner decides; anything else is a prefill chunk)."""
+        return self.num_tokens == 1 and self.seq.num_uncomputed == 1
+
+
 @dataclass
 class ScheduledBatch:
-    """One step: ``(sequence, number of new tokens)`` pairs, decodes first."""
+    """One step: a :class:`BatchEntry` per sequence, decodes first."""
 
-    entries: list[tuple[Sequence, int]] = field(default_factory=list)
+    entries: list[BatchEntry] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     committed: list[tuple[int, int]] = field(default_factory=list)
     """``(hash, page)`` of blocks that became full and named in this step (set by update)."""
 
     @property
     def num_tokens(self) -> int:
-        return sum(n for _, n in self.entries)
+        return sum(entry.num_tokens for entry in self.entries)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens this batch computes (0: a decode-only step)."""
+        return sum(
+            min(n, max(0, seq.num_prompt_tokens - seq.num_computed_tokens))
+            for seq, n in self.entries
+        )
 
     def shape(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
         """``(prefill, decode)`` before the step runs: ``(new tokens, tokens already
@@ -67,11 +90,11 @@ class ScheduledBatch:
         token that is its sequence's last uncomputed one, as the model runner decides)."""
         prefill: list[tuple[int, int]] = []
         decode: list[int] = []
-        for seq, n in self.entries:
-            if n == 1 and seq.num_uncomputed == 1:
-                decode.append(seq.num_computed_tokens)
+        for entry in self.entries:
+            if entry.is_decode:
+                decode.append(entry.seq.num_computed_tokens)
             else:
-                prefill.append((n, seq.num_computed_tokens))
+                prefill.append((entry.num_tokens, entry.seq.num_computed_tokens))
         return tuple(prefill), tuple(decode)
 
     def __bool__(self) -> bool:
@@ -120,8 +143,8 @@ class Scheduler:
         False if the pages are not free now; ``ValueError`` if it could never fit."""
         self.check_fits(seq)
         hits = self.blocks.match_prefix(seq)
-        n = seq.num_prompt_tokens - len(hits[0]) * self.config.block_tokens
-        if not self.blocks.can_allocate(seq, n, hits[0]):
+        n = seq.num_prompt_tokens - len(hits.pages) * self.config.block_tokens
+        if not self.blocks.can_allocate(seq, n, hits.pages):
             return False
         self.blocks.allocate(seq, n, hits)
         seq.status = SeqStatus.RESERVED
@@ -170,11 +193,11 @@ class Scheduler:
             if not self._make_room(seq, n, batch):
                 continue
             self.blocks.allocate(seq, n)
-            batch.entries.append((seq, n))
+            batch.entries.append(BatchEntry(seq, n))
             budget -= n
         if not batch.preempted:
             budget = self._admit(batch, budget)
-        batch.entries.sort(key=lambda e: e[1] != 1 or e[0].num_uncomputed != 1)
+        batch.entries.sort(key=lambda entry: not entry.is_decode)
         return batch
 
     def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
@@ -192,7 +215,7 @@ class Scheduler:
         seq.num_cached_tokens = 0
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
-        batch.entries = [(s, n) for s, n in batch.entries if s is not seq]
+        batch.entries = [entry for entry in batch.entries if entry.seq is not seq]
         batch.preempted.append(seq)
         self.num_preemptions += 1
 
@@ -203,14 +226,14 @@ class Scheduler:
                 pulled = self.blocks.pull_remote(seq, self.remote)
                 seq.num_pool_tokens = pulled * self.config.block_tokens
             hits = self.blocks.match_prefix(seq)
-            n = min(seq.num_uncomputed - len(hits[0]) * self.config.block_tokens, budget)
-            if not self.blocks.can_allocate(seq, n, hits[0]):
+            n = min(seq.num_uncomputed - len(hits.pages) * self.config.block_tokens, budget)
+            if not self.blocks.can_allocate(seq, n, hits.pages):
                 break
             self.waiting.popleft()
             self.blocks.allocate(seq, n, hits)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            batch.entries.append((seq, n))
+            batch.entries.append(BatchEntry(seq, n))
             budget -= n
         return budget
 

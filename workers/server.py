@@ -101,7 +101,7 @@ def serve(
         engine_config = replace(engine_config, step_log_dir=folder)
     engine = Engine(engine_config, pool if worker.use_pool else None, cluster.keyring)
     try:
-        if worker.role != "mixed" and engine.pool is None:
+        if worker.role != "mixed" and not engine.info.pool_attached:
             log.error("the %s role needs the KV pool, which could not be joined", worker.role)
             return 1
         warm_up(engine)  # before registering: the first request pays no one-off costs
@@ -132,9 +132,8 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
     servicer = WorkerServicer(loop, worker.role, lambda: None)
 
     def report(timeout: float = REPORT_WAIT_S) -> pb.LoadReport:
-        call = loop.call(lambda e: load_report(e, servicer.role, servicer.draining))
-        done: pb.LoadReport = call.result(timeout=timeout)
-        return done
+        load = loop.call(lambda e: e.load()).result(timeout=timeout)
+        return load_report(load, servicer.role, servicer.draining)
 
     def load() -> dict[str, object]:  # bounded by the beat: see workers.registration
         return MessageToDict(report(cluster.heartbeat_s), preserving_proto_field_name=True)

@@ -48,7 +48,7 @@ def execute_contained(
         return _execute(runner, streamer, batch)
     except Exception as exc:
         if len(batch.entries) == 1:
-            seq = batch.entries[0][0]
+            seq = batch.entries[0].seq
             log.exception("the engine failed on %s alone; it is blamed and fails", seq.request_id)
             return Executed(Sampled(failed=[(seq, describe(exc))]))
         log.exception("a step of %d requests failed; running them one by one", len(batch.entries))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from proto import worker_pb2 as pb
 from proto.finish import wire_finish
 from proto.limits import logit_bias_count_error, stop_count_error, stop_token_ids_count_error
-from workers.engine import Engine
+from workers.engine_info import EngineLoad
 from workers.kv_transfer import Transfer
 from workers.outputs import RequestOutput
 from workers.sequence import FinishReason, SamplingParams
@@ -66,18 +66,19 @@ def transfer(t: Transfer | None) -> pb.Transfer:
     return pb.Transfer(bytes=t.bytes, seconds=t.seconds, exposed_seconds=t.exposed_seconds)
 
 
-def load_report(engine: Engine, role: str, draining: bool) -> pb.LoadReport:
-    """A snapshot of the engine's queues and counters (call on the engine thread)."""
-    s = engine.stats
+def load_report(load: EngineLoad, role: str, draining: bool) -> pb.LoadReport:
+    """The wire form of an engine's load snapshot (``Engine.load``) for a worker in
+    ``role``."""
+    s = load.stats
     return pb.LoadReport(
         role=role,
         draining=draining,
-        waiting=engine.num_waiting,
-        running=engine.num_running,
-        reserved=len(engine.reservations),
-        queued_prefill_tokens=engine.queued_prefill_tokens,
-        free_pages=engine.num_free_blocks,
-        total_pages=engine.num_blocks,
+        waiting=load.waiting,
+        running=load.running,
+        reserved=load.reserved,
+        queued_prefill_tokens=load.queued_prefill_tokens,
+        free_pages=load.free_pages,
+        total_pages=load.total_pages,
         prefill_tokens_per_s=s.prompt_tokens_computed / s.prefill_seconds
         if s.prefill_seconds
         else 0.0,
@@ -94,12 +95,8 @@ def load_report(engine: Engine, role: str, draining: bool) -> pb.LoadReport:
         kv_read_seconds=s.kv_read.seconds,
         kv_exposed_seconds=s.kv_write.exposed_seconds,
         requests=s.requests,
-        pool_connected=engine.pool is not None
-        and engine.pool.store.available
-        and engine.pool.store.healthy(),
-        pool_outages=engine.pool.store.outages if engine.pool is not None else 0,
-        pool_forged_blocks=engine.pool.stats.forged_blocks if engine.pool is not None else 0,
-        pool_checksum_failures=engine.pool.stats.checksum_failures
-        if engine.pool is not None
-        else 0,
+        pool_connected=load.pool.connected,
+        pool_outages=load.pool.outages,
+        pool_forged_blocks=load.pool.forged_blocks,
+        pool_checksum_failures=load.pool.checksum_failures,
     )

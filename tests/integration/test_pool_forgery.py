@@ -22,7 +22,7 @@ import pytest
 from kvpool.hashing import PrefixHasher
 from kvpool.landing import Lander, Landing
 from kvpool.master import MasterConfig
-from kvpool.pool import KVPool, PoolStats
+from kvpool.pool import KVPool, PendingBlock, PoolStats
 from kvpool.store import MooncakeStore
 from proto.trust import POOL_BLOCK, PREFIX_ROOT, derive
 from tests.integration.pool_fixtures import LAYOUT, NAMESPACE, make_slab, pool_config
@@ -67,7 +67,8 @@ class Members:
         """The attacker replaces the block named ``meta_key`` with its own page ``page``:
         layers and a meta whose digests match them, MAC'd with the attacker's key."""
         self.attacker.store.remove([meta_key, *self.attacker.keys.layer_keys(meta_key)])
-        assert self.attacker.begin_write([(meta_key, page, extra or {})]).write_all() == 1
+        block = PendingBlock(meta_key, page, extra or {})
+        assert self.attacker.begin_write([block]).write_all() == 1
 
     def fresh(self) -> Members:
         """These members as a test starts: the reader's slab zeroed, every counter at 0

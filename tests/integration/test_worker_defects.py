@@ -17,14 +17,14 @@ import grpc
 import pytest
 import torch
 
-import workers.reservations as reservations_module
+import workers.handoff as reservations_module
 from kvpool.landing import Lander
 from proto import worker_pb2 as pb
 from tests.integration.test_exactness import random_prompts
 from tests.integration.worker_harness import ServedWorker, serving_worker
 from workers.config import EngineConfig
 from workers.engine import Engine
-from workers.reservations import Reservations
+from workers.handoff import Reservations
 from workers.sampling import sample as real_sample
 from workers.sequence import SamplingParams
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.hashing import Namespace, PrefixHasher
-from workers.block_manager import BlockManager
+from workers.block_manager import BlockManager, PrefixHit
 from workers.sequence import SamplingParams, Sequence
 
 BT = 4
@@ -172,7 +172,7 @@ def test_hits_on_free_cached_pages_revive_them() -> None:
     assert pages == [0, 1]
     # two revived pages and one fresh one are needed; 4 are free
     assert bm.can_allocate(b, 1, pages)
-    bm.allocate(b, 1, (pages, hashes))
+    bm.allocate(b, 1, PrefixHit(pages, hashes))
     assert b.block_table == [0, 1, 3]
     assert b.num_computed_tokens == 8
     assert b.num_cached_tokens == 8
@@ -200,7 +200,7 @@ def test_revived_pages_count_against_free_pages() -> None:
 def test_hits_ignored_when_empty() -> None:
     bm = BlockManager(4, BT, HASHER)
     s = make_seq("a", list(range(5)))
-    bm.allocate(s, 5, ([], []))
+    bm.allocate(s, 5, PrefixHit([], []))
     assert s.block_table == [0, 1]
     assert s.num_computed_tokens == 0
 
@@ -227,7 +227,7 @@ def test_can_allocate_agrees_with_allocate_after_hits_when_pages_suffice() -> No
     b = make_seq("b", [*range(8), 100, 101, 102, 103, 104, 105, 106, 107])
     pages, hashes = bm.match_prefix(b)
     assert bm.can_allocate(b, 8, pages)
-    bm.allocate(b, 8, (pages, hashes))
+    bm.allocate(b, 8, PrefixHit(pages, hashes))
     assert b.block_table == [0, 1, 3, 4]
     assert bm.pool.num_free == 0
 

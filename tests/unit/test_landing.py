@@ -24,8 +24,8 @@ from kvpool.layout import KVLayout
 from kvpool.meta import digest_bytes
 from kvpool.pool import BlockMeta, KVPool
 from kvpool.store import MooncakeStore
+from workers.handoff import Reservations
 from workers.kv_transfer import pull_prompt
-from workers.reservations import Reservations
 from workers.scheduler import Scheduler, SchedulerConfig
 
 LAYOUT = KVLayout(
@@ -267,7 +267,9 @@ def test_the_decode_side_computes_only_what_never_landed(h: Harness) -> None:
         t0 = time.monotonic()
         land.settle(0.3, OLD_WAIT_S)
         assert time.monotonic() - t0 < OLD_WAIT_S / 2
-        taken, taken_landing = reservations.take("r1", prompt)
+        held = reservations.take("r1", prompt)
+        assert held is not None
+        taken, taken_landing = held.seq, held.landing
         assert taken is seq and taken_landing is land
         pull_prompt(h.pool, reservations.scheduler.blocks, seq, land)
         assert seq.num_pool_tokens == 24 and seq.num_computed_tokens == 24

@@ -1,6 +1,6 @@
-"""Decode-side reservations (workers/reservations.py) as a state machine, under hypothesis.
+"""Decode-side reservations (workers/handoff.py) as a state machine, under hypothesis.
 
-The real :class:`~workers.reservations.Reservations` runs over a real
+The real :class:`~workers.handoff.Reservations` runs over a real
 :class:`~workers.scheduler.Scheduler` (and its :class:`~workers.block_manager.BlockManager`)
 without a pool, its clock replaced by a fake one. Rules make the calls the engine makes:
 reserve (never taking pages the scheduler's queued requests wait for), take-over
@@ -32,10 +32,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-import workers.reservations as reservations_module
+import workers.handoff as reservations_module
 from kvpool.hashing import Namespace, PrefixHasher
 from tests.unit.machine_settings import STATEFUL
-from workers.reservations import Reservations
+from workers.handoff import Reservations
 from workers.scheduler import Scheduler, SchedulerConfig
 from workers.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
 
@@ -52,7 +52,7 @@ SALTS = ("", "", "tenant-b")
 
 
 class FakeClock:
-    """Stands in for the ``time`` module inside workers.reservations."""
+    """Stands in for the ``time`` module inside workers.handoff."""
 
     def __init__(self) -> None:
         self.now = 100.0
@@ -228,7 +228,8 @@ class ReservationMachine(RuleBasedStateMachine):
         prompt = list(held[0].token_ids) if held else [3, 1, 2]
         if not same_prompt:
             prompt = [*prompt, 5]
-        seq, landing = self.res.take(request_id, prompt)
+        taken = self.res.take(request_id, prompt)
+        seq, landing = (taken.seq, taken.landing) if taken is not None else (None, None)
         assert landing is None  # no pool: nothing lands
         assert request_id not in self.res
         event(f"adopt: {'no reservation' if held is None else 'same' if same_prompt else 'other'}")
@@ -398,3 +399,18 @@ def test_close_releases_every_reservation() -> None:
     assert len(res) == 0
     assert sched.blocks.pool.num_free == 10
     assert sched.blocks.pool.ref_counts == [0] * 10
+
+
+def test_an_illegal_transition_raises_and_terminal_states_are_final() -> None:
+    from workers.handoff import TRANSITIONS, HandoffState, IllegalTransitionError, Reservation
+
+    seq = Sequence("t1", [1, 2, 3], SamplingParams(max_tokens=2))
+    held = Reservation(seq, deadline=0.0)
+    with pytest.raises(IllegalTransitionError):
+        held.move(HandoffState.ADOPTED)  # never adopted without landing first
+    held.move(HandoffState.LANDED)
+    held.move(HandoffState.ADOPTED)
+    for state in HandoffState:
+        with pytest.raises(IllegalTransitionError):
+            held.move(state)
+    assert all(not TRANSITIONS[s] for s in (HandoffState.EXPIRED, HandoffState.CANCELLED))

@@ -1,0 +1,275 @@
+"""Decode side of a hand-off: pages held for a prompt whose prefill runs on another worker,
+the prompt's KV landing in them, and the take-over by the request with its first token.
+
+One :class:`Reservation` per request id, owned by :class:`Reservations`; every call runs on
+the engine thread. Its :class:`HandoffState` only moves along :data:`TRANSITIONS` (any
+other move raises :class:`IllegalTransitionError`):
+
+============  =====================================================================
+state         entered by
+============  =====================================================================
+RESERVED      :meth:`Reservations.reserve`: the prompt's local prefix hits and fresh
+              pages for the rest, under a lease (``deadline``). It never takes pages
+              owed to the requests queued in this worker's scheduler (preempted ones,
+              which held pages, and those that came first): while they wait, the
+              reservation is "not now" and the router's request waits its turn
+              (:mod:`router.kv_wait`).
+LANDING       right after RESERVED when a :class:`~kvpool.landing.Landing` started
+              (pool joined, streaming on: :func:`workers.kv_transfer.start_landing`);
+              it reads the prompt's KV into the pages as the prefill worker writes it
+              (one that cannot start is logged: the take-over then reads the pool).
+LANDED        :meth:`Reservations.adopt`, the request came with the same prompt: the
+              landing (if any) is stopped keeping the leading blocks it read in full
+              and verified; nothing writes into the pages any more.
+ADOPTED       the prompt's KV is taken into the pages
+              (:func:`workers.kv_transfer.pull_prompt`, what is missing is left to
+              compute), shared prefix pages deduplicated, the first token appended,
+              the sequence runs in the scheduler and the engine tracks it (``adopt``'s
+              ``on_adopted``); entered only once all of that succeeded. Terminal: the
+              engine owns it.
+EXPIRED       :meth:`Reservations.expire`: the lease ran out (the prefill never came).
+CANCELLED     :meth:`Reservations.release` (abort, or the id superseded by a new
+              request), an ``adopt`` with another prompt, or a take-over that raised.
+============  =====================================================================
+
+EXPIRED and CANCELLED give the pages back (``Scheduler.finish`` with ``ABORT``), only
+after the landing was cancelled (:meth:`kvpool.landing.Lander.cancel`), so nothing writes
+into reused pages. A reservation leaves the set when it leaves RESERVED/LANDING.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvpool.landing import Lander, Landing
+from kvpool.pool import KVPool
+from workers.kv_transfer import Transfer, pull_prompt, start_landing
+from workers.scheduler import Scheduler
+from workers.sequence import FinishReason, SamplingParams, Sequence
+
+log = logging.getLogger(__name__)
+
+
+class HandoffState(enum.Enum):
+    RESERVED = "reserved"
+    LANDING = "landing"
+    LANDED = "landed"
+    ADOPTED = "adopted"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+_S = HandoffState
+TRANSITIONS: dict[HandoffState, frozenset[HandoffState]] = {
+    _S.RESERVED: frozenset({_S.LANDING, _S.LANDED, _S.EXPIRED, _S.CANCELLED}),
+    _S.LANDING: frozenset({_S.LANDED, _S.EXPIRED, _S.CANCELLED}),
+    _S.LANDED: frozenset({_S.ADOPTED, _S.CANCELLED}),
+    _S.ADOPTED: frozenset(),
+    _S.EXPIRED: frozenset(),
+    _S.CANCELLED: frozenset(),
+}
+"""The legal moves of a :class:`Reservation` (see the module docstring)."""
+
+
+class IllegalTransitionError(RuntimeError):
+    """A reservation was asked to move where its state machine has no edge (a bug)."""
+
+
+@dataclass(eq=False)
+class Reservation:
+    """Pages held for one request's prompt: ``seq`` (``SeqStatus.RESERVED`` until adopted),
+    its lease end ``deadline`` (``time.monotonic()``), its ``landing`` if one runs."""
+
+    seq: Sequence
+    deadline: float
+    landing: Landing | None = None
+    state: HandoffState = HandoffState.RESERVED
+
+    @property
+    def request_id(self) -> str:
+        return self.seq.request_id
+
+    def move(self, to: HandoffState) -> None:
+        """Enter ``to``; :class:`IllegalTransitionError` if :data:`TRANSITIONS` has no such edge."""
+        if to not in TRANSITIONS[self.state]:
+            raise IllegalTransitionError(f"{self.request_id}: {self.state.value} -> {to.value}")
+        self.state = to
+
+
+class Reservations:
+    """The live (RESERVED or LANDING) reservations of one engine, by request id.
+
+    Lifecycle: construct (with the pool and streaming: a :class:`Lander` thread) ->
+    ``reserve`` / ``adopt`` / ``release`` / ``expire`` -> :meth:`close` (releases all)."""
+
+    def __init__(self, scheduler: Scheduler, pool: KVPool | None, streaming: bool) -> None:
+        self.scheduler = scheduler
+        self.pool = pool
+        self.lander = Lander() if pool is not None and streaming else None
+        self._held: dict[str, Reservation] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._held
+
+    def landing(self, request_id: str) -> Landing | None:
+        """The pull of a reservation's prompt KV still in progress, if any (the caller may
+        wait for it off the engine thread, :meth:`kvpool.landing.Landing.settle`, before
+        :meth:`adopt`)."""
+        held = self._held.get(request_id)
+        return held.landing if held is not None else None
+
+    def nudge(self) -> None:
+        """A prefill just answered: have the landings poll now (thread-safe)."""
+        if self.lander is not None:
+            self.lander.nudge()
+
+    def prefill_answered(self, request_id: str) -> Landing | None:
+        """The remote prefill of ``request_id`` answered: its :meth:`landing`, if one runs,
+        polled at once (:meth:`nudge`)."""
+        landing = self.landing(request_id)
+        if landing is not None:
+            self.nudge()
+        return landing
+
+    def reserve(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        lease_s: float,
+        hash_root: int | None = None,
+    ) -> Sequence | None:
+        """Hold pages for a prompt (its hash chain rooted at ``hash_root``, the root of the
+        request's cache salt; ``None``: unsalted) for ``lease_s``: the reserved sequence, or
+        ``None`` if the pages are not free now (or owed to the queued requests:
+        :meth:`owed_pages`); ``ValueError`` if the request can never fit."""
+        assert request_id not in self._held, f"{request_id} is already reserved"
+        seq = Sequence(request_id, list(prompt_token_ids), SamplingParams(max_tokens=max_tokens))
+        seq.hash_root = hash_root
+        self.scheduler.check_fits(seq)
+        if self._owed_to_queue(seq) or not self.scheduler.reserve(seq):
+            return None
+        held = self._held[request_id] = Reservation(seq, time.monotonic() + lease_s)
+        if self.lander is not None and self.pool is not None:
+            try:
+                landing = start_landing(
+                    self.pool, self.lander, self.scheduler.blocks, seq, held.deadline
+                )
+            except Exception:  # the reservation stands; adopt reads the pool then instead
+                log.exception("could not start landing the KV of %s", request_id)
+            else:
+                held.landing = landing
+                held.move(HandoffState.LANDING)
+        return seq
+
+    def owed_pages(self) -> int:
+        """Pages the requests waiting in the scheduler's queue need to run (all of their
+        tokens, prefix hits not deducted: an upper bound)."""
+        blocks = self.scheduler.blocks
+        return sum(blocks.blocks_for(seq.num_tokens) for seq in self.scheduler.waiting)
+
+    def _owed_to_queue(self, seq: Sequence) -> bool:
+        """Whether reserving ``seq`` (all of its prompt's pages, at most) would take pages
+        the queued requests wait for."""
+        if not self.scheduler.waiting:
+            return False
+        need = self.scheduler.blocks.blocks_for(seq.num_prompt_tokens)
+        return self.scheduler.blocks.num_free < need + self.owed_pages()
+
+    def take(self, request_id: str, prompt_token_ids: list[int]) -> Reservation | None:
+        """The reservation of ``request_id``, LANDED (its landing stopped, keeping what it
+        verified), leaving this set; ``None`` if there is none, or if it was for another
+        prompt (then CANCELLED: its pages are back)."""
+        held = self._held.pop(request_id, None)
+        if held is None:
+            return None
+        if held.seq.token_ids != list(prompt_token_ids):
+            self._end(held, HandoffState.CANCELLED)
+            return None
+        self._stop_landing(held, keep=True)
+        held.move(HandoffState.LANDED)
+        return held
+
+    def adopt(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        first_token: int,
+        params: SamplingParams,
+        on_adopted: Callable[[Sequence, Transfer], None] | None = None,
+    ) -> tuple[Sequence, Transfer] | None:
+        """Run reserved ``request_id`` after its remote prefill produced ``first_token``
+        (:meth:`take`, then ADOPTED: see the module docstring): the running sequence and the
+        KV read for it; ``None`` without a reservation for this prompt.
+
+        ``on_adopted(seq, transfer)``: the caller's own bookkeeping of the take-over (the
+        engine tracks the request), run last, before the record is ADOPTED. A take-over that
+        raises, ``on_adopted`` included, is CANCELLED (its pages back) and re-raised, so a
+        record is ADOPTED only once the take-over succeeded in full; undoing what
+        ``on_adopted`` did before it raised is the caller's."""
+        held = self.take(request_id, prompt_token_ids)
+        if held is None:
+            return None
+        seq = held.seq
+        try:
+            seq.params = params
+            transfer = Transfer()
+            if self.pool is not None:
+                try:
+                    transfer = pull_prompt(self.pool, self.scheduler.blocks, seq, held.landing)
+                except Exception:  # the pool is a cache: what did not arrive is computed
+                    log.exception("reading the prompt KV of %s failed", request_id)
+            self.scheduler.blocks.commit(seq, share=True)  # one copy of a shared prefix
+            seq.token_ids.append(first_token)
+            self.scheduler.resume(seq)
+            if on_adopted is not None:
+                on_adopted(seq, transfer)
+        except BaseException:  # nothing half-adopted stays: its pages go back
+            self._end(held, HandoffState.CANCELLED)
+            raise
+        held.move(HandoffState.ADOPTED)
+        return seq, transfer
+
+    def release(self, request_id: str) -> bool:
+        """CANCEL a reservation (abort, or its id superseded); False if there is none."""
+        held = self._held.pop(request_id, None)
+        if held is not None:
+            self._end(held, HandoffState.CANCELLED)
+        return held is not None
+
+    def expire(self, now: float | None = None) -> int:
+        """EXPIRE every reservation whose lease ran out by ``now``; returns how many."""
+        now = time.monotonic() if now is None else now
+        due = [held for held in self._held.values() if held.deadline <= now]
+        for held in due:
+            del self._held[held.request_id]
+            self._end(held, HandoffState.EXPIRED)
+        return len(due)
+
+    def _end(self, held: Reservation, state: HandoffState) -> None:
+        """Move ``held`` to ``state`` (EXPIRED or CANCELLED) and give its pages back, its
+        landing cancelled first."""
+        held.move(state)
+        self._stop_landing(held, keep=False)
+        self.scheduler.finish(held.seq, FinishReason.ABORT)
+
+    def _stop_landing(self, held: Reservation, keep: bool) -> None:
+        """Cancel ``held``'s landing (``keep``: verify what it read in full, for a
+        take-over; see :meth:`kvpool.landing.Lander.cancel`)."""
+        if held.landing is not None and self.lander is not None:
+            self.lander.cancel(held.landing, keep)
+
+    def close(self) -> None:
+        """Release every reservation and stop the lander thread."""
+        for request_id in list(self._held):
+            self.release(request_id)
+        if self.lander is not None:
+            self.lander.close()
+            self.lander = None

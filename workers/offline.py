@@ -1,0 +1,35 @@
+"""Driving an engine to completion on the calling thread: offline use (``kvserve generate``,
+warm-up, benchmarks, chaos checks) and tests. Nothing served uses it: a served engine is
+stepped by :class:`workers.engine_loop.EngineLoop`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from workers.outputs import RequestOutput
+from workers.sequence import SamplingParams
+
+if TYPE_CHECKING:
+    from workers.engine import Engine
+
+
+def generate(
+    engine: Engine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+) -> list[RequestOutput]:
+    """Add ``prompts`` (one ``params`` for all, or one each) and step ``engine`` until all of
+    them finished; their final outputs, in prompt order. Other requests the engine holds
+    are stepped along. When it returns, the prompts' KV is published in the pool (queued
+    writes flushed), so a later reader finds it. ``ValueError`` as
+    :meth:`Engine.add_request <workers.engine.Engine.add_request>` (the prompts before the
+    refused one stay queued)."""
+    plist = params if isinstance(params, list) else [params] * len(prompts)
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+    done: dict[str, RequestOutput] = {}
+    while len(done) < len(ids):
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    if engine.streamer is not None:
+        engine.streamer.flush()
+    return [done[i] for i in ids]
