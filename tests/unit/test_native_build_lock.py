@@ -9,10 +9,12 @@ builder knows the baton is stale and removes it at once.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from workers.model import native
 from workers.model.native import _build_lock
 
 HOLD = """
@@ -49,3 +51,21 @@ def test_the_build_lock_can_be_taken_again_after_it_is_left(tmp_path: Path) -> N
             (tmp_path / "lock").touch()  # a baton of a live build, left on a crash below
     with _build_lock(tmp_path):
         assert not (tmp_path / "lock").exists()
+
+
+def test_a_built_kernel_is_loaded_as_it_is(tmp_path: Path) -> None:
+    """A binary built for the key loads without cpp_extension (which would rebuild it for a
+    checkout at another path); a broken one (a build killed while linking) is refused, so
+    it is built again."""
+    native.build()
+    key = native.cache_key()
+    name = f"kvserve_paged_attention_{key}.so"
+    shutil.copy(native.build_dir(key) / name, tmp_path / name)
+    loaded = native._load_built(key, tmp_path)
+    assert loaded is not None and callable(loaded.paged_attention)
+    assert not (tmp_path / "build.ninja").exists()  # loaded, not built
+    broken = tmp_path / "broken"  # elsewhere: the loaded one stays mapped and cached
+    broken.mkdir()
+    (broken / name).write_bytes(b"\x7fELF truncated")
+    assert native._load_built(key, broken) is None
+    assert native._load_built(key, tmp_path / "nothing-here") is None

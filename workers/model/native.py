@@ -11,6 +11,11 @@ the cache, builds anew instead of loading a binary that may not run there. Concu
 folder, taken before cpp_extension runs: the kernel releases it when its holder dies, so
 whoever holds it knows that any cpp_extension baton (``lock``) still there was left by a
 killed build and removes it at once (a stale baton used to stall every later worker).
+A binary already built for the key is loaded as it is, without cpp_extension: the key
+covers everything it was built from, so it fits whichever checkout built it (cpp_extension
+would rebuild it for a checkout at another path, holding the lock for minutes while every
+worker starting meanwhile waits); one that does not load (a build killed while linking) is
+built again.
 
 Nothing is built or loaded at import: :func:`available` (for callers that can fall back to
 the torch path) and :func:`build` (for the setup script) do it once per process, under a
@@ -30,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
@@ -137,7 +143,25 @@ def _load() -> ModuleType:
     folder = build_dir(key)
     folder.mkdir(parents=True, exist_ok=True)
     with _build_lock(folder):
-        return _compile(key, folder)
+        built = _load_built(key, folder)
+        return built if built is not None else _compile(key, folder)
+
+
+def _load_built(key: str, folder: Path) -> ModuleType | None:
+    """The extension built in ``folder`` for ``key``, loaded as it is; None when there is
+    none, or it does not load (then it is built again). Call under the build lock."""
+    name = _module_name(key)
+    path = folder / f"{name}.so"
+    spec = importlib.util.spec_from_file_location(name, path) if path.is_file() else None
+    if spec is None or spec.loader is None:
+        return None
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError as exc:
+        log.warning("the kernels built in %s do not load (%s): building them again", folder, exc)
+        return None
+    return module
 
 
 def _compile(key: str, folder: Path) -> ModuleType:
