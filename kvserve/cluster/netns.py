@@ -212,8 +212,9 @@ class NetHosts:
     def place(self, spec: ClusterSpec) -> ClusterSpec:
         """``spec`` with every process on its own host; Redis, now reachable from other
         hosts, gets a password made up for this run if ``spec`` has none."""
-        password = spec.redis_password or new_password()
-        return dataclasses.replace(spec, hosts=self.hosts(), redis_password=password)
+        password = spec.cluster.redis_password or new_password()
+        cluster = dataclasses.replace(spec.cluster, redis_password=password)
+        return dataclasses.replace(spec, hosts=self.hosts(), cluster=cluster)
 
     # -- lifecycle -------------------------------------------------------------------------
 
