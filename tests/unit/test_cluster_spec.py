@@ -296,7 +296,9 @@ def test_argv_round_trips_through_the_real_cli(monkeypatch: pytest.MonkeyPatch) 
 
 def granted(s: ClusterSpec, holder: str) -> ClusterConfig:
     """``s``'s cluster settings as ``holder`` is given them."""
-    return dataclasses.replace(s.cluster_config, cluster_secret=grant(s.cluster.cluster_secret, holder))
+    return dataclasses.replace(
+        s.cluster_config, cluster_secret=grant(s.cluster.cluster_secret, holder)
+    )
 
 
 def test_secrets_are_made_up_per_spec_and_travel_only_in_the_environment() -> None:
