@@ -11,7 +11,7 @@ import pytest
 import kvserve.cli as cli
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
-from kvserve.cluster.plan import Host, ProcessPlan, config_argv, split_cores
+from kvserve.cluster.plan import ProcessPlan, config_argv, split_cores
 from kvserve.cluster.redis import RedisConfig, redis_auth_conf, redis_command
 from kvserve.cluster.spec import ClusterSpec, new_cluster_config
 from kvserve.settings import config_from_args
@@ -223,51 +223,6 @@ def test_redis_and_the_pool_stay_on_loopback_whatever_host_says() -> None:
 def test_no_pool_ports_are_checked_without_the_pool() -> None:
     s = spec(prefill=0, mixed=1, decode=0, use_pool=False, master=MasterConfig(master_port=8000))
     assert s.plan([0]).workers[0].name == "mixed-0"
-
-
-def test_hosts_place_each_process_on_its_own_address_and_prefix() -> None:
-    """Each placed process binds to, advertises and is reached at its own address, and
-    starts under its prefix; the pool's services move together; the rest stay on host."""
-    hosts = {
-        "mooncake_master": Host("10.9.0.2", ("ns", "m")),
-        "redis": Host("10.9.0.3"),
-        "decode-0": Host("10.9.0.4", ("ns", "d")),
-        "router": Host("10.9.0.5", ("ns", "r")),
-    }
-    s = spec(hosts=hosts, redis_password="pw")
-    plan = s.plan([0, 1])
-    prefill, decode = plan.workers
-    assert (prefill.host, prefill.prefix) == ("127.0.0.1", ())
-    assert (decode.address, decode.prefix) == ("10.9.0.4:50062", ("ns", "d"))
-    assert flag(decode.argv, "--worker-host") == "10.9.0.4"
-    assert flag(decode.argv, "--pool-local-hostname") == "10.9.0.4"
-    assert flag(decode.argv, "--pool-master") == "10.9.0.2:50051"
-    assert flag(decode.argv, "--pool-metadata-server") == "http://10.9.0.2:8080/metadata"
-    assert flag(decode.argv, "--redis-url") == "redis://10.9.0.3:6379/0"
-    assert flag(prefill.argv, "--pool-local-hostname") == "127.0.0.1"
-    assert (plan.router.host, plan.router.prefix) == ("10.9.0.5", ("ns", "r"))
-    assert flag(plan.router.argv, "--router-host") == "10.9.0.5"
-    assert flag(plan.router.argv, "--pool-local-hostname") == "10.9.0.5"
-    assert flag(plan.router.argv, "--master-metrics-url") == "http://10.9.0.2:9003/metrics"
-    assert s.router_url == "http://10.9.0.5:8000"
-    assert s.pool_master.master_host == "10.9.0.2" and s.redis_config.host == "10.9.0.3"
-    assert s.prefix_of("mooncake_master") == ("ns", "m") and s.prefix_of("redis") == ()
-
-
-@pytest.mark.parametrize(
-    ("hosts", "error"),
-    [
-        ({"decode-7": Host("10.9.0.4")}, "not in"),
-        ({"router": Host("0.0.0.0")}, "router must be an address"),
-        ({"redis": Host("")}, "redis must be an address"),
-        ({"redis": Host("10.9.0.3")}, "reachable from other hosts: set a password"),
-    ],
-)
-def test_hosts_must_name_real_processes_and_reachable_addresses(
-    hosts: dict[str, Host], error: str
-) -> None:
-    with pytest.raises(ValueError, match=error):
-        spec(hosts=hosts, redis_password="")
 
 
 def _parse(p: ProcessPlan, monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
