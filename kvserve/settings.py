@@ -174,11 +174,12 @@ def _add_flag(
     value = FileLayer.current().take(dest, kind, default)  # checked even when overridden
     if env in os.environ:
         value = kind.from_env(env, os.environ[env])
+    required = value is dataclasses.MISSING
     shown = "(secret)" if not f.repr else repr(value if value is not None else default)
     choices = f"; one of {', '.join(map(str, kind.choices))}" if kind.choices else ""
-    help_text = _escape(f"{doc.rstrip(';')} (env {env}{choices}; default {shown})".lstrip())
+    said = "required" if required else f"default {shown}"
+    help_text = _escape(f"{doc.rstrip(';')} (env {env}{choices}; {said})".lstrip())
     flags = [flag_name(dest), *meta.get("aliases", ())]
-    required = value is dataclasses.MISSING
     common: dict[str, Any] = {"dest": dest, "help": help_text, "default": value}
     if required:
         common = {"dest": dest, "help": help_text, "required": True}

@@ -11,6 +11,7 @@ the key.
 from __future__ import annotations
 
 import tomllib
+from argparse import ArgumentTypeError
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,7 +54,7 @@ class FileLayer:
         value = self.values[key]
         try:
             return kind.check(value)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, ArgumentTypeError):
             raise SettingError(f"{self.path}: {key} = {value!r} is not {kind.what()}") from None
 
     def check_all_taken(self) -> None:

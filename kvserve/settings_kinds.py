@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 import typing
+from argparse import ArgumentTypeError
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,7 @@ class Kind:
             return self.from_text(text)
         except _NotAChoiceError as exc:
             raise SettingError(f"{env}={exc.value!r} is not {self.what()}") from None
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, ArgumentTypeError):
             raise SettingError(f"{env}={text!r} is not {self.what()}") from None
 
     def check(self, value: Any) -> Any:

@@ -6,12 +6,16 @@ Every field is also a CLI flag (``--kv-cache-mib``) and an environment variable
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from proto.records import ROLES
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("auto", "native", "torch")
+CACHE_DIR_ENV = "KVSERVE_CACHE_DIR"
+"""The variable of :attr:`CacheConfig.cache_dir`."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,26 @@ class EngineConfig:
             raise ValueError(
                 "max_model_len, num_kv_blocks and threads must be >= 0 (0 means automatic)"
             )
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """What this machine builds once and keeps (read from the environment by every process
+    that needs it, the launcher and its workers alike: :meth:`from_env`).
+
+    - ``cache_dir``: the cache of converted models (``models/``), built kernels
+      (``kernels/``) and ``kvserve bench peer``'s vLLM (``peer/``).
+    """
+
+    cache_dir: Path = Path("~/.cache/kvserve")
+
+    @classmethod
+    def from_env(cls) -> CacheConfig:
+        """``$KVSERVE_CACHE_DIR`` (:data:`CACHE_DIR_ENV`) if set, else the default; ``~``
+        is this user's home. (``workers`` cannot import :mod:`kvserve.settings`, which
+        reads every other setting's variable.)"""
+        path = Path(os.environ[CACHE_DIR_ENV]) if CACHE_DIR_ENV in os.environ else cls().cache_dir
+        return cls(cache_dir=path.expanduser())
 
 
 @dataclass(frozen=True)

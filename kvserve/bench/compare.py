@@ -23,13 +23,15 @@ import copy
 import re
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvpool.config import PoolConfig
+from kvserve.bench.settings import BENCH_ENV, SegmentConfig
 from kvserve.loadgen import options as opt
 from kvserve.report import emit, log
-from kvserve.settings import add_config_args, config_from_args
+from kvserve.settings import config_from_args, setting
 from workers.config import EngineConfig
 
 if TYPE_CHECKING:
@@ -47,17 +49,23 @@ def parse_deployment(text: str) -> tuple[int, int, int]:
     return prefill, decode, mixed
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--deployments", nargs="+", default=["1p1d", "2m"])
-    parser.add_argument("--policy", default="cache_aware", help="router policy")
-    parser.add_argument(
-        "--disagg-threshold-tokens", type=int, default=None, help="router's (default 256)"
-    )
-    parser.add_argument("--segment-mib", type=int, default=256, help="pool memory per worker")
-    opt.add_workload_arguments(parser)
-    opt.add_load_arguments(parser)
-    opt.add_report_arguments(parser)
-    add_config_args(parser, EngineConfig)
+@dataclass(frozen=True)
+class CompareConfig:
+    """The deployments ``kvserve bench compare`` starts.
+
+    - ``deployments``: splits to start in turn (``<n>p<m>d<k>m``), the first against the
+      second;
+    - ``policy``: router policy;
+    - ``disagg_threshold_tokens``: the router's (default: the router's, 256).
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    deployments: list[str] = setting(["1p1d", "2m"])
+    policy: str = "cache_aware"
+    disagg_threshold_tokens: int | None = None
+
+
+SETTINGS = (CompareConfig, SegmentConfig, *opt.LOAD_SETTINGS, EngineConfig)
 
 
 def _serve_args(args: argparse.Namespace, url: str, name: str) -> argparse.Namespace:

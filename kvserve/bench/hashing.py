@@ -29,9 +29,10 @@ import argparse
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import xxhash
@@ -39,21 +40,41 @@ import xxhash
 from kvpool.hashing import ALGORITHMS, Namespace, PrefixHasher
 from kvpool.layout import ELEMENT_BYTES
 from kvpool.meta import LayerDigest, layer_digest
+from kvserve.bench.settings import BENCH_ENV
 from kvserve.report import emit, log, median
+from kvserve.settings import add_config_args, setting
 from workers.config import EngineConfig
 
 PER = 1000
 """Figures are per this many tokens."""
 
 
+@dataclass(frozen=True)
+class HashingConfig:
+    """What ``kvserve bench hashing`` times.
+
+    - ``prompt_tokens``: tokens of the chained prompt;
+    - ``block_tokens``: block sizes of the chain, one row each;
+    - ``dtype``: the KV's element type, for the digests;
+    - ``prefill_tokens``: tokens of the prefill compared with;
+    - ``prefill_smollm2``: also time SmolLM2's prefill;
+    - ``repeat``: runs per measurement (the median is reported);
+    - ``seed``: seed of the random tokens and data.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    prompt_tokens: int = 8192
+    block_tokens: list[int] = setting([16, EngineConfig.block_tokens])
+    dtype: str = setting(EngineConfig.dtype, choices=tuple(sorted(ELEMENT_BYTES)))
+    prefill_tokens: int = PER
+    prefill_smollm2: bool = False
+    repeat: int = 5
+    seed: int = 0
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompt-tokens", type=int, default=8192, help="tokens of the chained prompt")
-    p.add_argument("--block-tokens", type=int, nargs="+", default=[16, EngineConfig.block_tokens])
-    p.add_argument("--dtype", default=EngineConfig.dtype, choices=sorted(ELEMENT_BYTES))
-    p.add_argument("--prefill-tokens", type=int, default=PER)
-    p.add_argument("--prefill-smollm2", action="store_true", help="also time its prefill")
-    p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    """The flags of ``kvserve bench hashing``."""
+    add_config_args(p, HashingConfig)
 
 
 def legacy_chain(token_ids: Sequence[int], block_tokens: int, seed: int) -> list[int]:

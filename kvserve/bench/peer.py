@@ -36,58 +36,66 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, ClassVar
 
 from kvserve.bench import peer_client as pc
 from kvserve.bench import peer_results as pr
 from kvserve.bench import peer_vllm as pv
+from kvserve.bench.settings import BENCH_ENV, SegmentConfig
 from kvserve.loadgen.options import json_rate
 from kvserve.report import emit, log
-from kvserve.settings import add_config_args
+from kvserve.settings import add_config_args, setting
 from workers.config import EngineConfig
 
-UP_POOL_SEGMENT_MIB = 256  # what ``kvserve up`` gives each worker (kvserve.cluster.up)
 ENGINE_FIELDS = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "model"]
 
 
+@dataclass(frozen=True)
+class PeerConfig:
+    """The models, servers and runs of ``kvserve bench peer``.
+
+    - ``model``: default (SmolLM2-135M), tiny (random Llama, 8 layers x 512) or a HF model
+      directory; repeat it or separate with commas for several (default: default);
+    - ``servers``: comma-separated servers to run, or all;
+    - ``workloads``: comma-separated workloads to run, or all;
+    - ``rates``: request rates, req/s, Poisson; inf: all at once;
+    - ``num_prompts``: requests per run;
+    - ``seed``: run i of the plan uses seed+i;
+    - ``vllm_venv``: vLLM virtualenv dir (default: one in the cache, installed on first use);
+    - ``vllm_kvcache_gib``: vLLM's KV cache;
+    - ``vllm_max_model_len``: vLLM's longest prompt + output;
+    - ``startup_timeout_s``: seconds for a server to start;
+    - ``run_timeout_s``: seconds per client run;
+    - ``log_dir``: server logs (default: a temporary folder);
+    - ``out``: throughput plot (PNG);
+    - ``install_only``: install vLLM if needed, print its venv.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    model: list[str] | None = setting(None, append=True)
+    servers: str = "all"
+    workloads: str = "all"
+    rates: list[float] = setting([0.5, 1.0, math.inf])
+    num_prompts: int = 50
+    seed: int = 0
+    vllm_venv: Path | None = None
+    vllm_kvcache_gib: float = 2.0
+    vllm_max_model_len: int = 2048
+    startup_timeout_s: float = 600.0
+    run_timeout_s: float = 3600.0
+    log_dir: Path | None = None
+    out: Path | None = None
+    install_only: bool = False
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``kvserve bench peer``; kvserve's engine flags (``--kv-cache-mib``...) as
-    ``kvserve up`` has them, for every kvserve worker."""
-    parser.add_argument(
-        "--model",
-        action="append",
-        default=None,
-        help="default (SmolLM2-135M), tiny (random Llama, 8 layers x 512) or a HF model "
-        "directory; repeat it or separate with commas for several (default: default)",
-    )
-    parser.add_argument(
-        "--servers", default="all", help=f"comma-separated, of {list(pr.SERVERS)} (default all)"
-    )
-    parser.add_argument(
-        "--workloads", default="all", help=f"comma-separated, of {list(pc.WORKLOADS)}"
-    )
-    parser.add_argument(
-        "--rates",
-        type=float,
-        nargs="+",
-        default=[0.5, 1.0, math.inf],
-        help="request rates, req/s, Poisson; inf: all at once (default 0.5 1 inf)",
-    )
-    parser.add_argument("--num-prompts", type=int, default=50, help="requests per run")
-    parser.add_argument("--seed", type=int, default=0, help="run i of the plan uses seed+i")
-    parser.add_argument("--vllm-venv", type=Path, default=None, help="vLLM virtualenv dir")
-    parser.add_argument("--vllm-kvcache-gib", type=float, default=2.0)
-    parser.add_argument("--vllm-max-model-len", type=int, default=2048)
-    parser.add_argument("--startup-timeout-s", type=float, default=600.0, help="per server")
-    parser.add_argument("--run-timeout-s", type=float, default=3600.0, help="per client run")
-    parser.add_argument("--segment-mib", type=int, default=UP_POOL_SEGMENT_MIB)
-    parser.add_argument("--log-dir", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=None, help="throughput plot (PNG)")
-    parser.add_argument(
-        "--install-only", action="store_true", help="install vLLM if needed, print its venv"
-    )
+    """Flags of ``kvserve bench peer``; kvserve's engine flags (``--kv-cache-mib``...) and
+    pool segment as ``kvserve up`` has them, for every kvserve worker."""
+    add_config_args(parser, PeerConfig)
+    add_config_args(parser, SegmentConfig)
     add_config_args(parser, EngineConfig, only=ENGINE_FIELDS)
 
 

@@ -30,11 +30,13 @@ import queue
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvpool.landing import STALL_S, Lander, Landing
 from kvpool.master import master_stats
 from kvserve.bench.handoff import scratch_pool
+from kvserve.bench.settings import BENCH_ENV, SegmentConfig
 from kvserve.report import emit, log, median
 from kvserve.settings import add_config_args, config_from_args
 from workers.config import EngineConfig
@@ -57,17 +59,33 @@ class KeepNothingLander(Lander):
         super().cancel(landing, keep=False)
 
 
+@dataclass(frozen=True)
+class PressureConfig:
+    """The load of ``kvserve bench pressure``.
+
+    - ``requests``: requests per phase;
+    - ``phases``: phases, modes alternating;
+    - ``prompt_len``: prompt tokens per request;
+    - ``interval``: seconds between arrivals;
+    - ``stall_s``: new mode's stall time;
+    - ``cap_s``: hard cap, both modes (default: the servicer's);
+    - ``seed``: seed of the prompts.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    requests: int = 8
+    phases: int = 4
+    prompt_len: int = 2048
+    interval: float = 2.0
+    stall_s: float = STALL_S
+    cap_s: float | None = None
+    seed: int = 0
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--requests", type=int, default=8, help="requests per phase")
-    p.add_argument("--phases", type=int, default=4, help="phases, modes alternating")
-    p.add_argument("--prompt-len", type=int, default=2048)
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between arrivals")
-    p.add_argument("--segment-mib", type=int, default=96, help="pool memory per engine")
-    p.add_argument("--stall-s", type=float, default=STALL_S, help="new mode's stall time")
-    p.add_argument(
-        "--cap-s", type=float, default=None, help="hard cap, both modes (default: the servicer's)"
-    )
-    p.add_argument("--seed", type=int, default=0)
+    """The load's flags, a small pool (96 MiB per engine) and the engine's."""
+    add_config_args(p, PressureConfig)
+    add_config_args(p, SegmentConfig, defaults={"segment_mib": 96})
     add_config_args(p, EngineConfig)
 
 

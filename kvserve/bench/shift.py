@@ -22,17 +22,18 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 
+from kvserve.bench.settings import BENCH_ENV
 from kvserve.loadgen.metrics import RequestRecord, summarize
 from kvserve.loadgen.shift import Phase, attainment_over_time, parse_phase, phase_starts
 from kvserve.loadgen.slo import AbsoluteSlo, SloTargets
 from kvserve.report import emit, log
-from kvserve.settings import add_config_args, config_from_args, flag_name
+from kvserve.settings import add_config_args, config_from_args, flag_name, setting
 from router.config import CONTROLLER_PREFIX, RouterConfig
 from router.ratio import RatioConfig
 
@@ -43,24 +44,58 @@ CONTROLLER_NAMES = (
     *(CONTROLLER_PREFIX + f.name for f in fields(RatioConfig)),
 )
 """The router's ``controller_*`` settings: flags here, passed on to the live router."""
+CONTROLLER_DEFAULTS = {
+    "controller_ttft_slo_s": 8.0,
+    "controller_tpot_slo_s": 0.3,
+    "controller_cooldown_s": 30.0,
+}
+"""The shift's own defaults of the controller's SLO (the benchmark's too) and cooldown."""
+
+
+@dataclass(frozen=True)
+class ShiftConfig:
+    """The changing load of ``bench shift`` and ``sim shift``.
+
+    - ``phases``: INPUT:OUTPUT@RATExSECONDS, in order;
+    - ``spread``: lengths uniform in mean*(1±s);
+    - ``seed``: seed of the requests and arrivals;
+    - ``vocab``: token ids in [100, vocab);
+    - ``modes``: controller off and/or on;
+    - ``window_s``: attainment-over-time window;
+    - ``tick_s``: attainment-over-time step;
+    - ``out``: folder for the plot.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    phases: list[str] = setting(DEFAULT_PHASES)
+    spread: float = 0.25
+    seed: int = 0
+    vocab: int = 49152
+    modes: list[str] = setting(list(MODES), choices=MODES)
+    window_s: float = 30.0
+    tick_s: float = 5.0
+    out: Path | None = None
+
+
+@dataclass(frozen=True)
+class ShiftLiveConfig:
+    """The live cluster of ``bench shift``.
+
+    - ``workers``: starting split, e.g. 1p1d;
+    - ``timeout_s``: per-request timeout.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    workers: str = "1p1d"
+    timeout_s: float = 600.0
 
 
 def add_shift_arguments(p: argparse.ArgumentParser) -> None:
     """Workload, SLO and controller flags (shared with ``kvserve sim shift``)."""
-    p.add_argument(
-        "--phases", nargs="+", default=DEFAULT_PHASES, help="INPUT:OUTPUT@RATExSECONDS, in order"
+    add_config_args(p, ShiftConfig)
+    add_config_args(
+        p, RouterConfig, only=("controller_interval_s", "ratio"), defaults=CONTROLLER_DEFAULTS
     )
-    p.add_argument("--spread", type=float, default=0.25)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vocab", type=int, default=49152)
-    p.add_argument(
-        "--modes", nargs="+", choices=MODES, default=list(MODES), help="controller off and/or on"
-    )
-    p.add_argument("--window-s", type=float, default=30.0, help="attainment-over-time window")
-    p.add_argument("--tick-s", type=float, default=5.0)
-    p.add_argument("--out", type=Path, default=None, help="folder for the plot")
-    add_config_args(p, RouterConfig, only=("controller_interval_s", "ratio"))
-    p.set_defaults(controller_ttft_slo_s=8.0, controller_tpot_slo_s=0.3, controller_cooldown_s=30.0)
 
 
 def phases_of(args: argparse.Namespace) -> list[Phase]:
@@ -172,12 +207,13 @@ def headline(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 # -- the live run ------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The shift's flags, the live cluster's, its pool and its workers' engine."""
+    from kvserve.bench.settings import SegmentConfig
     from workers.config import EngineConfig
 
     add_shift_arguments(p)
-    p.add_argument("--workers", default="1p1d", help="starting split, e.g. 1p1d")
-    p.add_argument("--segment-mib", type=int, default=256, help="pool memory per worker")
-    p.add_argument("--timeout-s", type=float, default=600.0)
+    add_config_args(p, ShiftLiveConfig)
+    add_config_args(p, SegmentConfig)
     add_config_args(p, EngineConfig)
 
 

@@ -19,51 +19,64 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from kvserve.bench.settings import BENCH_ENV
 from kvserve.bench.tracecluster import HINT_SUFFIX, cluster_replay
 from kvserve.bench.tracesim import BLOCK_TOKENS, block_chain, load_trace, lru_replay
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.report import emit, log
+from kvserve.settings import add_config_args, setting
 
 POLICIES = ("random", "round_robin", "least_loaded", "cache_aware", "cache_aware" + HINT_SUFFIX)
 UNBOUNDED = 1 << 62
 
 
+@dataclass(frozen=True)
+class TraceBenchConfig:
+    """The trace, pool and cluster of ``kvserve bench trace``.
+
+    - ``trace``: Mooncake-format JSON lines, plain or .gz (default: the shipped Mooncake
+      trace);
+    - ``max_requests``: requests replayed (0: the whole trace);
+    - ``capacities``: cache capacities, in blocks;
+    - ``block_bytes``: bytes of each pool object of a block;
+    - ``layers``: layer objects per block besides its meta object;
+    - ``eviction_high_watermark``: the pool's eviction high watermark;
+    - ``eviction_ratio``: the share the pool evicts at once;
+    - ``put_retries``: per failed put batch;
+    - ``pool``: replay on a real pool (--no-pool: skip the real-pool replay);
+    - ``workers``: worker counts of the cluster replay;
+    - ``policies``: router policies of the cluster replay;
+    - ``prefill_tokens_per_s``: modelled prefill speed of each worker (queue model of the
+      cluster replay); the default lets 2 workers keep up with the trace's ~60k prompt
+      tokens/s;
+    - ``seed``: seed of the random policy;
+    - ``out``: folder for PNG plots.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    trace: Path = SHIPPED
+    max_requests: int = 0
+    capacities: list[int] = setting([1000, 4000, 16000])
+    block_bytes: int = 65536
+    layers: int = 0
+    eviction_high_watermark: float = 0.9
+    eviction_ratio: float = 0.05
+    put_retries: int = 5
+    pool: bool = True
+    workers: list[int] = setting([2, 4])
+    policies: list[str] = setting(list(POLICIES), choices=POLICIES)
+    prefill_tokens_per_s: float = 50000.0
+    seed: int = 0
+    out: Path | None = None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``kvserve bench trace``."""
-    parser.add_argument(
-        "--trace",
-        type=Path,
-        default=SHIPPED,
-        help="Mooncake-format JSON lines, plain or .gz (default: the shipped Mooncake trace)",
-    )
-    parser.add_argument("--max-requests", type=int, default=0, help="0: the whole trace")
-    parser.add_argument(
-        "--capacities", type=int, nargs="+", default=[1000, 4000, 16000], help="in blocks"
-    )
-    parser.add_argument(
-        "--block-bytes", type=int, default=65536, help="bytes of each pool object of a block"
-    )
-    parser.add_argument(
-        "--layers", type=int, default=0, help="layer objects per block besides its meta object"
-    )
-    parser.add_argument("--eviction-high-watermark", type=float, default=0.9)
-    parser.add_argument("--eviction-ratio", type=float, default=0.05)
-    parser.add_argument("--put-retries", type=int, default=5, help="per failed put batch")
-    parser.add_argument("--no-pool", action="store_true", help="skip the real-pool replay")
-    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
-    parser.add_argument(
-        "--prefill-tokens-per-s",
-        type=float,
-        default=50000.0,
-        help="modelled prefill speed of each worker (queue model of the cluster replay); "
-        "the default lets 2 workers keep up with the trace's ~60k prompt tokens/s",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random policy")
-    parser.add_argument("--out", type=Path, default=None, help="folder for PNG plots")
+    add_config_args(parser, TraceBenchConfig)
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -85,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     ceiling, _ = lru_replay(requests, chains, UNBOUNDED)
     rows: list[dict[str, Any]] = [{"section": "ceiling", "lru": ceiling.row()}]
     settings = None
-    if not args.no_pool:
+    if args.pool:
         from kvserve.bench.tracepool import PoolReplaySettings
 
         settings = PoolReplaySettings(

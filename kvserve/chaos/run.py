@@ -44,9 +44,9 @@ WAIT_S = 60.0
 def _model_dir(arg: str) -> Path:
     if arg:
         return Path(arg)
-    from workers.model.prepare import make_tiny_model
+    from workers.model.prepare import cache_dir, make_tiny_model
 
-    target = Path.home() / ".cache" / "kvserve" / "models" / "tiny-llama"
+    target = cache_dir() / "models" / "tiny-llama"
     return target if (target / "config.json").is_file() else make_tiny_model(target)
 
 

@@ -14,9 +14,10 @@ Lifecycle of :class:`NetHosts`:
    the bridge, the namespaces (loopback up) and the links, and brings all up; on any
    failure it removes what it made;
 3. :meth:`hosts` gives each name its :class:`~kvserve.cluster.plan.Host` (address, and the
-   ``ip netns exec`` prefix that runs a command there, as the :class:`RunAs` account when
-   one is given: ``kvserve up --hosts`` always gives one, so no process runs as root) for
-   a :class:`~kvserve.cluster.spec.ClusterSpec`;
+   ``ip netns exec`` prefix that runs a command there, as the
+   :class:`~kvserve.cluster.runas.RunAs` account when one is given: ``kvserve up --hosts``
+   always gives one, so no process runs as root) for a
+   :class:`~kvserve.cluster.spec.ClusterSpec`;
 4. :meth:`link_down` / :meth:`link_up` pull and replug one host's cable (its bridge-side
    veth): packets to and from it are dropped, its sockets stay open;
 5. ``destroy()`` (also on leaving ``with hosts.made():``) deletes the namespaces (their
@@ -35,19 +36,27 @@ import ipaddress
 import itertools
 import logging
 import os
-import pwd
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 
 from kvserve.cluster.plan import Host
-from kvserve.cluster.processes import child_environment
 from kvserve.cluster.redis import new_password
+from kvserve.cluster.runas import PREFLIGHT, RunAs
 from kvserve.cluster.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
+__all__ = [
+    "DEFAULT_SUBNET",
+    "DEFAULT_TAG",
+    "PREFLIGHT",
+    "NetHosts",
+    "NetnsError",
+    "RunAs",
+    "ip",
+    "unavailable",
+]
 
 DEFAULT_SUBNET = "198.51.100.0/24"
 DEFAULT_TAG = "kvs"
@@ -70,87 +79,6 @@ def ip(*args: str) -> str:
         hint = " (needs root: CAP_NET_ADMIN)" if "ermission" in done.stderr else ""
         raise NetnsError(f"ip {' '.join(args)} failed{hint}: {done.stderr.strip()}")
     return done.stdout
-
-
-PREFLIGHT = """
-import os, sys
-import kvserve.cli
-from workers.model.prepare import default_model_dir
-model = os.path.abspath(sys.argv[1] or default_model_dir())
-if not os.access(os.path.join(model, "config.json"), os.R_OK):
-    sys.exit(f"cannot read the model {model} (set KVSERVE_CACHE_DIR or --model)")
-print(model)
-"""
-"""What :meth:`RunAs.model_dir` runs: prints the model directory (``argv[1]``, empty: the
-default one) when this project imports and that model is readable, else exits non-zero
-naming what is not."""
-
-
-@dataclass(frozen=True)
-class RunAs:
-    """The unprivileged account processes run as on a namespace host: :meth:`prefix` goes
-    after ``ip netns exec <ns>`` (which needs root) and switches to it with ``setpriv``
-    (real and effective uid and gid, the account's groups, no new privileges, the
-    parent-death signal kept), then sets HOME, USER and LOGNAME to the account's. Never
-    root (ValueError)."""
-
-    name: str
-    uid: int
-    gid: int
-    home: str
-
-    def __post_init__(self) -> None:
-        if self.uid == 0 or self.gid == 0:
-            raise ValueError(f"processes must not run as root (user {self.name!r})")
-
-    @classmethod
-    def of(cls, user: str) -> RunAs:
-        """The account ``user``: a name or a numeric uid (ValueError if there is none)."""
-        try:
-            entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
-        except KeyError:
-            raise ValueError(f"no such user: {user!r}") from None
-        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
-
-    @classmethod
-    def invoker(cls, environ: Mapping[str, str] | None = None, euid: int | None = None) -> RunAs:
-        """Whoever started this process: under sudo the invoking user (``SUDO_UID``, and
-        ``SUDO_GID`` as its group), as root itself ``nobody``, else its own user.
-        ``environ`` / ``euid`` default to this process's."""
-        env = os.environ if environ is None else environ
-        euid = os.geteuid() if euid is None else euid
-        sudo_uid, sudo_gid = env.get("SUDO_UID", ""), env.get("SUDO_GID", "")
-        if euid != 0:
-            return cls.of(str(euid))
-        if not sudo_uid.isdigit() or int(sudo_uid) == 0:
-            return cls.of("nobody")
-        who = cls.of(sudo_uid)
-        return dataclasses.replace(who, gid=int(sudo_gid)) if sudo_gid.isdigit() else who
-
-    def prefix(self) -> tuple[str, ...]:
-        """The argv prefix that runs a command as this account (started as root)."""
-        creds = (f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups")
-        keep = ("--no-new-privs", "--pdeathsig", "keep", "--")
-        account = (f"HOME={self.home}", f"USER={self.name}", f"LOGNAME={self.name}")
-        return ("setpriv", *creds, *keep, "env", *account)
-
-    def model_dir(self, python: str, model: str, timeout: float = 120.0) -> str:
-        """The model directory the processes use when run as this account: ``model``, or
-        when empty the default model in the account's own cache, as an absolute path;
-        found out by running :data:`PREFLIGHT` as the account with the environment a child
-        would get (call as root). ValueError, saying why, when the account cannot start
-        ``python`` with this project or read that model."""
-        argv = [*self.prefix(), python, "-c", PREFLIGHT, model]
-        done = subprocess.run(
-            argv, capture_output=True, text=True, env=child_environment({}), timeout=timeout
-        )
-        if done.returncode == 0:
-            return done.stdout.strip()
-        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise ValueError(
-            f"processes run as {self.name} (uid {self.uid}), which cannot start {python} "
-            f"with kvserve: {why} (run through sudo as a user who can, or --hosts-user)"
-        )
 
 
 class NetHosts:
@@ -212,8 +140,9 @@ class NetHosts:
     def place(self, spec: ClusterSpec) -> ClusterSpec:
         """``spec`` with every process on its own host; Redis, now reachable from other
         hosts, gets a password made up for this run if ``spec`` has none."""
-        password = spec.redis_password or new_password()
-        return dataclasses.replace(spec, hosts=self.hosts(), redis_password=password)
+        password = spec.cluster.redis_password or new_password()
+        cluster = dataclasses.replace(spec.cluster, redis_password=password)
+        return dataclasses.replace(spec, hosts=self.hosts(), cluster=cluster)
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -122,7 +122,7 @@ def plan_cluster(spec: ClusterSpec, cores: Sequence[int]) -> ClusterPlan:
 def _own_env(spec: ClusterSpec, holder: str, *own: tuple[str, str]) -> tuple[tuple[str, str], ...]:
     """A worker's or the router's own environment: unbuffered output, the cluster's
     secrets with the secret cut down to ``holder``'s grant, then ``own``."""
-    granted = grant(spec.cluster_secret, holder)
+    granted = grant(spec.cluster.cluster_secret, holder)
     cluster = dataclasses.replace(spec.cluster_config, cluster_secret=granted)
     return (("PYTHONUNBUFFERED", "1"), *secret_env(cluster), *own)
 

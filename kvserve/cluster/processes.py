@@ -58,7 +58,7 @@ INHERITED = frozenset(
         *("TMPDIR", "TMP", "TEMP", "VIRTUAL_ENV", "XDG_CACHE_HOME"),
         *("LD_LIBRARY_PATH", "LD_PRELOAD", "CC", "CXX", "MAX_JOBS"),
         *("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"),
-        "KVSERVE_CACHE_DIR",  # the model and kernel cache (workers.model.prepare), no setting
+        "KVSERVE_CACHE_DIR",  # the model and kernel cache (workers.config.CacheConfig): no flag
     }
 )
 """Variables of the launcher every child gets (when set): what locates programs, files,

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
@@ -42,6 +43,14 @@ PRIVATE = ("redis", "mooncake_master")
 """Processes that stay on loopback unless placed on a host of their own (:attr:`hosts`)."""
 
 
+def new_cluster_config(**fields: Any) -> ClusterConfig:
+    """A :class:`ClusterConfig` of ``fields`` whose Redis password and cluster secret, unless
+    given, are made up for this run (given as ``""``: none)."""
+    fields.setdefault("redis_password", new_password())
+    fields.setdefault("cluster_secret", new_secret())
+    return ClusterConfig(**fields)
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """A cluster on this machine.
@@ -55,15 +64,14 @@ class ClusterSpec:
       ``mooncake_master`` for the pool's services, or a worker's name): each binds to and
       advertises its :class:`Host`'s address and starts under its prefix (e.g. in its own
       network namespace: :mod:`kvserve.cluster.netns`); the others run on ``host``.
-    - ``redis_username`` / ``redis_password``: Redis is started with these credentials
-      (:class:`kvserve.cluster.redis.RedisConfig`) and every process gets them; by default
-      a password made up for this spec (``""``: none, allowed on loopback only).
-    - ``cluster_secret`` / ``hash_algorithm``: every worker's and the router's
-      (:class:`proto.registry.ClusterConfig`); by default a secret made up for this spec
-      (``""``: none). ``api_key``: the router's API keys (``""``: none; router only).
-    - ``peer_timeout_s`` / ``grpc_tls_cert`` / ``grpc_tls_key`` / ``grpc_tls_ca``: gRPC
-      liveness and TLS of every worker, the router and the health checks
-      (:class:`proto.registry.ClusterConfig`).
+    - ``cluster``: the :class:`proto.registry.ClusterConfig` every worker, the router and
+      the health checks share (cluster name, heartbeats, Redis credentials, gRPC liveness
+      and TLS, cluster secret, hash algorithm); its ``redis_url`` is replaced by this
+      cluster's Redis (:attr:`cluster_config`). Redis is started with its credentials
+      (:class:`kvserve.cluster.redis.RedisConfig`). By default (:func:`new_cluster_config`)
+      a Redis password and a cluster secret made up for this spec (``""`` given: none; no
+      password is allowed on loopback only).
+    - ``api_key``: the router's API keys (``""``: none; router only).
     - ``router_port``, ``worker_base_port`` (or explicit ``worker_ports``), ``redis_port``,
       ``master`` (mooncake_master's ports and policy): see :meth:`with_free_ports`.
     - ``engine``: forwarded to every worker (the router reads the tokenizer from the same
@@ -87,22 +95,12 @@ class ClusterSpec:
     worker_base_port: int = 50061
     worker_ports: tuple[int, ...] = ()
     redis_port: int = 6379
-    redis_username: str = ""
-    redis_password: str = field(default_factory=new_password, repr=False)
-    cluster_secret: str = field(default_factory=new_secret, repr=False)
-    hash_algorithm: str = "sha256"
+    cluster: ClusterConfig = field(default_factory=new_cluster_config)
     api_key: str = field(default="", repr=False)
-    peer_timeout_s: float = 5.0
-    grpc_tls_cert: str = ""
-    grpc_tls_key: str = ""
-    grpc_tls_ca: str = ""
     master: MasterConfig = field(default_factory=MasterConfig)
     use_pool: bool = True
     engine: EngineConfig = field(default_factory=EngineConfig)
     pool: PoolConfig = field(default_factory=lambda: PoolConfig(pool_segment_mib=256))
-    cluster_name: str = "kvserve"
-    heartbeat_s: float = 1.0
-    heartbeat_ttl_s: float = 3.0
     policy: str = ""
     disagg_threshold_tokens: int | None = None
     router_args: tuple[str, ...] = ()
@@ -143,7 +141,7 @@ class ClusterSpec:
         if self.startup_timeout_s <= 0 or self.stop_grace_s <= 0:
             raise ValueError("startup_timeout_s and stop_grace_s must be positive")
         self._check_hosts()
-        _ = self.cluster_config  # validates cluster_name, heartbeats, credentials, TLS, secret
+        _ = self.cluster_config  # validates the credentials against this cluster's Redis
         parse_api_keys(self.api_key)  # raises, without the key, when malformed
 
     def _check_hosts(self) -> None:
@@ -223,24 +221,14 @@ class ClusterSpec:
         return RedisConfig(
             host=self.host_of("redis"),
             port=self.redis_port,
-            username=self.redis_username,
-            password=self.redis_password,
+            username=self.cluster.redis_username,
+            password=self.cluster.redis_password,
         )
 
     @property
     def cluster_config(self) -> ClusterConfig:
-        return dataclasses.replace(
-            self.redis_config.cluster_config,
-            cluster=self.cluster_name,
-            heartbeat_s=self.heartbeat_s,
-            heartbeat_ttl_s=self.heartbeat_ttl_s,
-            peer_timeout_s=self.peer_timeout_s,
-            grpc_tls_cert=self.grpc_tls_cert,
-            grpc_tls_key=self.grpc_tls_key,
-            grpc_tls_ca=self.grpc_tls_ca,
-            cluster_secret=self.cluster_secret,
-            hash_algorithm=self.hash_algorithm,
-        )
+        """:attr:`cluster` reaching this cluster's Redis."""
+        return dataclasses.replace(self.cluster, redis_url=self.redis_config.url)
 
     @property
     def pool_master(self) -> MasterConfig:

@@ -58,7 +58,7 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 def _announce(cluster: Cluster, seconds: float) -> None:
     spec = cluster.spec
     counts = ", ".join(f"{len(a)} {role}" for role, a in cluster.worker_addresses.items())
-    lines = [f"kvserve up: cluster {spec.cluster_name!r} ready in {seconds:.1f}s ({counts})"]
+    lines = [f"kvserve up: cluster {spec.cluster.cluster!r} ready in {seconds:.1f}s ({counts})"]
     lines += [f"  {what:<12} {cluster.router_url}{path}" for what, path in ROUTER_PATHS.items()]
     for name in cluster.worker_names:
         scheme = "grpcs" if spec.cluster_config.grpc_tls else "grpc"

@@ -12,7 +12,7 @@ from typing import ClassVar
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvserve.cluster.netns import DEFAULT_SUBNET, DEFAULT_TAG
-from kvserve.cluster.spec import ClusterSpec
+from kvserve.cluster.spec import ClusterSpec, new_cluster_config
 from kvserve.settings import add_config_args, config_from_args
 from proto.registry import ClusterConfig
 from router.config import RouterConfig
@@ -26,7 +26,7 @@ TRANSPORT_SETTINGS = (
 )
 """The :class:`ClusterConfig` settings of ``kvserve up`` (the rest is the cluster's own)."""
 MADE_UP_WHEN_EMPTY = ("redis_password", "cluster_secret")
-"""Settings that, left empty, :class:`ClusterSpec` makes up for the run."""
+"""Settings that, left empty, :func:`new_cluster_config` makes up for the run."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
     empty)."""
     up = config_from_args(UpConfig, args)
     router = config_from_args(UpRouterConfig, args)
-    transport = {name: getattr(args, name) for name in TRANSPORT_SETTINGS if name != "cluster"}
+    transport = {name: getattr(args, name) for name in TRANSPORT_SETTINGS}
     transport = {k: v for k, v in transport.items() if v or k not in MADE_UP_WHEN_EMPTY}
     spec = ClusterSpec(
         prefill=up.prefill,
@@ -125,8 +125,7 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
         use_pool=up.use_pool,
         engine=config_from_args(EngineConfig, args),
         pool=config_from_args(PoolConfig, args),
-        cluster_name=args.cluster,
-        **transport,
+        cluster=new_cluster_config(**transport),
         api_key=args.api_key,
         policy=router.policy,
         disagg_threshold_tokens=router.disagg_threshold_tokens,

@@ -1,6 +1,8 @@
-"""The flags of ``kvserve bench serve`` and what they build: the workload and its conditions.
+"""The settings of ``kvserve bench serve`` (:data:`SETTINGS`; the load's, :data:`LOAD_SETTINGS`,
+are shared with ``bench compare``, ``sim serve`` and ``sim validate``) and what they build:
+the workload and its conditions.
 
-Every length, rate, scale and seed is a flag, and :func:`workload_conditions` records each
+Every length, rate, scale and seed is a setting, and :func:`workload_conditions` records each
 one that shaped the run in the JSON's ``conditions``.
 """
 
@@ -10,8 +12,9 @@ import argparse
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from kvserve.bench.settings import BENCH_ENV
 from kvserve.loadgen.arrivals import PROCESSES
 from kvserve.loadgen.mooncake_trace import SHIPPED, load_trace
 from kvserve.loadgen.slo import AbsoluteSlo, SloTargets
@@ -26,92 +29,148 @@ from kvserve.loadgen.workloads import (
     synthetic_requests,
     trace_requests,
 )
+from kvserve.settings import add_config_args, setting
 
 WORKLOADS = (*SYNTHETIC_KINDS, "shared-prefix", "trace")
 DEFAULT_REQUESTS = 48
 
 
-def add_workload_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=WORKLOADS, default="mixed")
-    p.add_argument(
-        "--num-requests",
-        "--max-requests",
-        dest="num_requests",
-        type=int,
-        default=0,
-        help=f"requests per rate (default {DEFAULT_REQUESTS}; for trace: the first N, 0 = all)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help="token ids in [100, vocab)")
-    p.add_argument("--spread", type=float, default=0.25, help="lengths uniform in mean*(1±s)")
-    p.add_argument("--prefill-heavy-input", type=int, default=512)
-    p.add_argument("--prefill-heavy-output", type=int, default=16)
-    p.add_argument("--decode-heavy-input", type=int, default=64)
-    p.add_argument("--decode-heavy-output", type=int, default=128)
-    p.add_argument("--prefix-groups", type=int, default=4, help="shared-prefix: groups G")
-    p.add_argument("--prefix-len", type=int, default=256, help="shared-prefix: prefix tokens P")
-    p.add_argument("--suffix-len", type=int, default=32, help="shared-prefix: unique suffix")
-    p.add_argument("--prefix-output-len", type=int, default=16, help="shared-prefix: output")
-    p.add_argument(
-        "--trace",
-        type=Path,
-        default=SHIPPED,
-        help="Mooncake trace, JSON lines, plain or .gz (default: the shipped Mooncake trace)",
-    )
-    p.add_argument("--trace-block-size", type=int, default=512, help="tokens per hash id")
-    p.add_argument("--length-scale", type=float, default=1.0, help="trace: prompt lengths x")
-    p.add_argument("--output-scale", type=float, default=1.0, help="trace: output lengths x")
-    p.add_argument("--output-cap", type=int, default=0, help="trace: output cap (0: none)")
+@dataclass(frozen=True)
+class ServerConfig:
+    """The server ``kvserve bench serve`` loads.
+
+    - ``url``: server base URL;
+    - ``model``: model name to ask for (default: the first of /v1/models).
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    url: str = "http://127.0.0.1:8000"
+    model: str = ""
 
 
-def add_load_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--arrival", choices=PROCESSES, default=None, help="default: trace or poisson")
-    p.add_argument(
-        "--rates",
-        type=float,
-        nargs="+",
-        default=None,
-        help="request rates to sweep (req/s, 'inf' = all at once); trace arrivals are "
-        "rescaled to each rate (default: trace timing, or inf)",
-    )
-    p.add_argument("--burstiness-cv", type=float, default=1.0, help="gamma: CV of gaps")
-    p.add_argument("--time-scale", type=float, default=1.0, help="trace timestamps x")
-    p.add_argument("--concurrency", type=int, default=0, help="requests in flight cap (0: none)")
-    p.add_argument("--warmup", type=int, default=2, help="warm-up requests (not counted)")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout")
-    p.add_argument("--prompt-format", choices=["ids", "text"], default="ids")
-    p.add_argument("--tokenizer", default="", help="text prompts: HF tokenizer to decode with")
-    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """The requests of a serving benchmark (bench serve, bench compare, sim serve, sim
+    validate).
+
+    - ``workload``: the kind of requests;
+    - ``num_requests``: requests per rate (0: 48; for trace: the first N, 0 = all);
+    - ``seed``: seed of the requests and arrivals;
+    - ``vocab``: token ids in [100, vocab);
+    - ``spread``: lengths uniform in mean*(1±s);
+    - ``prefill_heavy_input`` / ``prefill_heavy_output``: prefill-heavy mean prompt and
+      output tokens;
+    - ``decode_heavy_input`` / ``decode_heavy_output``: decode-heavy mean prompt and output
+      tokens;
+    - ``prefix_groups``: shared-prefix: groups G;
+    - ``prefix_len``: shared-prefix: prefix tokens P;
+    - ``suffix_len``: shared-prefix: unique suffix;
+    - ``prefix_output_len``: shared-prefix: output;
+    - ``trace``: Mooncake trace, JSON lines, plain or .gz (default: the shipped Mooncake
+      trace);
+    - ``trace_block_size``: trace: tokens per hash id;
+    - ``length_scale``: trace: prompt lengths x;
+    - ``output_scale``: trace: output lengths x;
+    - ``output_cap``: trace: output cap (0: none).
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    workload: str = setting("mixed", choices=WORKLOADS)
+    num_requests: int = setting(0, aliases=("--max-requests",))
+    seed: int = 0
+    vocab: int = DEFAULT_VOCAB
+    spread: float = 0.25
+    prefill_heavy_input: int = 512
+    prefill_heavy_output: int = 16
+    decode_heavy_input: int = 64
+    decode_heavy_output: int = 128
+    prefix_groups: int = 4
+    prefix_len: int = 256
+    suffix_len: int = 32
+    prefix_output_len: int = 16
+    trace: Path = SHIPPED
+    trace_block_size: int = 512
+    length_scale: float = 1.0
+    output_scale: float = 1.0
+    output_cap: int = 0
 
 
-def add_report_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--slo-ttft-s", type=float, default=None)
-    p.add_argument("--slo-tpot-s", type=float, default=None)
-    p.add_argument("--slo-tbt-s", type=float, default=None)
-    p.add_argument(
-        "--slo-relative",
-        type=float,
-        nargs=2,
-        metavar=("TTFT_FACTOR", "TBT_FACTOR"),
-        default=None,
-        help="targets = factor x median unloaded TTFT/TBT per input-length bucket",
-    )
-    p.add_argument("--calibration-requests", type=int, default=8, help="for --slo-relative")
-    p.add_argument("--goodput-threshold", type=float, default=0.9)
-    p.add_argument("--input-buckets", type=int, nargs="+", default=[128, 512, 2048])
-    p.add_argument("--output-buckets", type=int, nargs="+", default=[32, 128])
-    p.add_argument("--deployment", nargs="*", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", type=Path, default=None, help="folder for the JSON and PNG plots")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+@dataclass(frozen=True)
+class LoadConfig:
+    """How a serving benchmark sends its requests.
+
+    - ``arrival``: arrival process (default: trace for the trace workload, else poisson);
+    - ``rates``: request rates to sweep (req/s, 'inf' = all at once); trace arrivals are
+      rescaled to each rate (default: trace timing, or inf);
+    - ``burstiness_cv``: gamma: CV of gaps;
+    - ``time_scale``: trace timestamps x;
+    - ``concurrency``: requests in flight cap (0: none);
+    - ``warmup``: warm-up requests (not counted);
+    - ``timeout_s``: per-request timeout;
+    - ``prompt_format``: send token ids or text;
+    - ``tokenizer``: text prompts: HF tokenizer to decode with;
+    - ``ignore_eos``: generate every output token asked for.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    arrival: str | None = setting(None, choices=PROCESSES)
+    rates: list[float] | None = None
+    burstiness_cv: float = 1.0
+    time_scale: float = 1.0
+    concurrency: int = 0
+    warmup: int = 2
+    timeout_s: float = 300.0
+    prompt_format: str = setting("ids", choices=("ids", "text"))
+    tokenizer: str = ""
+    ignore_eos: bool = True
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """What a serving benchmark reports: SLOs, goodput, buckets, labels, files.
+
+    - ``slo_ttft_s``: absolute SLO on time to first token;
+    - ``slo_tpot_s``: absolute SLO on time per output token;
+    - ``slo_tbt_s``: absolute SLO on time between tokens;
+    - ``slo_relative``: targets = factor x median unloaded TTFT/TBT per input-length bucket;
+    - ``calibration_requests``: unloaded requests per bucket for --slo-relative;
+    - ``goodput_threshold``: SLO attainment a rate needs to count for goodput;
+    - ``input_buckets`` / ``output_buckets``: bucket bounds of prompt and output lengths;
+    - ``deployment``: labels of the deployment in the JSON;
+    - ``out``: folder for the JSON and PNG plots;
+    - ``progress``: show a progress bar.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    slo_tbt_s: float | None = None
+    slo_relative: tuple[float, float] | None = setting(None, metavar=("TTFT_FACTOR", "TBT_FACTOR"))
+    calibration_requests: int = 8
+    goodput_threshold: float = 0.9
+    input_buckets: list[int] = setting([128, 512, 2048])
+    output_buckets: list[int] = setting([32, 128])
+    deployment: list[str] = setting([], nargs="*", metavar="KEY=VALUE")
+    out: Path | None = None
+    progress: bool = True
+
+
+LOAD_SETTINGS = (WorkloadConfig, LoadConfig, ReportConfig)
+"""The serving load's settings, shared by every tool that sends it."""
+SETTINGS = (ServerConfig, *LOAD_SETTINGS)
+"""Every setting of ``kvserve bench serve``."""
+
+
+def add_load_settings(parser: argparse.ArgumentParser) -> None:
+    """The flags of :data:`LOAD_SETTINGS` (one group each)."""
+    for cls in LOAD_SETTINGS:
+        add_config_args(parser, cls)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag of ``kvserve bench serve``."""
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
-    parser.add_argument("--model", default="", help="default: the first of /v1/models")
-    add_workload_arguments(parser)
-    add_load_arguments(parser)
-    add_report_arguments(parser)
+    for cls in SETTINGS:
+        add_config_args(parser, cls)
 
 
 @dataclass(frozen=True)

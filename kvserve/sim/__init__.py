@@ -4,3 +4,6 @@ The simulator runs the project's real policy code (the router's conductor, the r
 controller, the workers' scheduler and block accounting) against modelled costs
 (:mod:`kvserve.sim.costs`), so a P:D question can be asked at any scale in seconds.
 """
+
+SIM_ENV = "KVSERVE_SIM_"
+"""The prefix of the ``kvserve sim`` settings' variables."""

@@ -1,5 +1,5 @@
-"""What the cost analyses (``sim crossover``, ``sim hidden``) share: their flags for a
-hardware/model/cost, and the step times of one chunked prefill.
+"""What the cost analyses (``sim crossover``, ``sim hidden``) share: their settings for a
+hardware/model/cost (:class:`CostConfig`), and the step times of one chunked prefill.
 
 The cost is the roofline of ``--hardware`` and ``--model`` on ``--tp`` devices unless
 ``--cost FILE`` names a calibrated :class:`~kvserve.sim.costs.LinearCost` (which carries
@@ -13,29 +13,34 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from kvserve.sim import SIM_ENV
 from kvserve.sim.costs import RooflineCost, StepCost, StepShape, load_cost
 from kvserve.sim.modelshape import ModelShape
 
 GB = 1e9
 
 
-def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--hardware --model --tp --cost --latency-us --out``."""
-    parser.add_argument("--hardware", default="h100", help="profile: a100, h100, h200, cpu")
-    parser.add_argument(
-        "--model", default="llama3-8b", help="preset (llama3-8b, ...) or a model directory"
-    )
-    parser.add_argument("--tp", type=int, default=1, help="tensor parallel degree (roofline)")
-    parser.add_argument(
-        "--cost",
-        type=Path,
-        default=None,
-        help="a calibrated LinearCost JSON file instead of the hardware's roofline",
-    )
-    parser.add_argument("--latency-us", type=float, default=10.0, help="one-way link latency")
-    parser.add_argument("--out", type=Path, default=None, help="folder for the PNG plot")
+@dataclass(frozen=True)
+class CostConfig:
+    """The cost of an analysis: a hardware's roofline for a model, or a calibrated file.
+
+    - ``hardware``: profile: a100, h100, h200, cpu;
+    - ``model``: preset (llama3-8b, ...) or a model directory;
+    - ``tp``: tensor parallel degree (roofline);
+    - ``cost``: a calibrated LinearCost JSON file instead of the hardware's roofline;
+    - ``latency_us``: one-way link latency;
+    - ``out``: folder for the PNG plot.
+    """
+
+    env_prefix: ClassVar[str] = SIM_ENV
+    hardware: str = "h100"
+    model: str = "llama3-8b"
+    tp: int = 1
+    cost: Path | None = None
+    latency_us: float = 10.0
+    out: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ def resolve_cost(spec: str, tp: int = 1) -> CostSetup:
 
 
 def cost_setup(args: argparse.Namespace) -> CostSetup:
-    """The :class:`CostSetup` the flags of :func:`add_cost_arguments` describe."""
+    """The :class:`CostSetup` the flags of :class:`CostConfig` describe."""
     if args.cost is not None:
         return resolve_cost(str(args.cost))
     return resolve_cost(f"roofline:{args.hardware}:{args.model}", args.tp)

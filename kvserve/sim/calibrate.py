@@ -21,10 +21,11 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from kvserve.report import base_conditions, emit, log
-from kvserve.settings import add_config_args, config_from_args
+from kvserve.settings import add_config_args, config_from_args, setting
+from kvserve.sim import SIM_ENV
 from kvserve.sim.costs import LinearCost, StepShape
 from kvserve.sim.engine import shape_of
 from kvserve.sim.modelshape import from_hf_config
@@ -107,20 +108,28 @@ def read_step_logs(paths: list[Path], skip: int = 2) -> list[tuple[StepShape, fl
     return samples
 
 
+@dataclass(frozen=True)
+class CalibrateConfig:
+    """What ``kvserve sim calibrate`` fits and where it writes.
+
+    - ``output``: the cost file to write;
+    - ``from_step_logs``: fit on steps logged by workers in service (--step-log-dir)
+      instead of running the engine here;
+    - ``repeat``: runs of the whole script;
+    - ``pin``: core to pin to (-1: no pinning).
+    """
+
+    env_prefix: ClassVar[str] = SIM_ENV
+    output: Path = setting()
+    from_step_logs: list[Path] | None = None
+    repeat: int = 2
+    pin: int = 0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", type=Path, required=True, help="the cost file to write")
-    parser.add_argument(
-        "--from-step-logs",
-        type=Path,
-        nargs="+",
-        default=None,
-        help="fit on steps logged by workers in service (--step-log-dir) instead of running "
-        "the engine here",
-    )
-    parser.add_argument("--repeat", type=int, default=2, help="runs of the whole script")
-    parser.add_argument("--pin", type=int, default=0, help="core to pin to (-1: no pinning)")
-    add_config_args(parser, EngineConfig)
-    parser.set_defaults(threads=1)
+    """The calibration's settings and the engine's (one thread unless set)."""
+    add_config_args(parser, CalibrateConfig)
+    add_config_args(parser, EngineConfig, defaults={"threads": 1})
 
 
 def run_scenarios(

@@ -41,6 +41,7 @@ SIM = (
     Verb(
         "ratio",
         "goodput of every P:D split of N instances, prompt- to answer-heavy mixes (JSON, PNG)",
+        "kvserve.sim.ratio_settings",
         "kvserve.sim.ratio",
     ),
 )

@@ -28,13 +28,16 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from kvserve.report import emit, log
+from kvserve.settings import setting
+from kvserve.sim import SIM_ENV
 from kvserve.sim.analysis_common import (
     GB,
+    CostConfig,
     CostSetup,
-    add_cost_arguments,
     chunk_shapes,
     cost_setup,
     steps_s,
@@ -50,14 +53,27 @@ REFERENCE_LINKS_GBPS: dict[str, float] = {
 """Common links, GB/s, for the plot's reference lines and the headline's target."""
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lengths", type=int, nargs="+", default=[512 * 2**i for i in range(9)])
-    parser.add_argument("--chunk-tokens", type=int, default=2048, help="0: one step")
-    parser.add_argument("--decode-batch", type=int, default=64)
-    parser.add_argument("--decode-context", type=int, default=2048)
-    parser.add_argument("--min-gbps", type=float, default=0.01)
-    parser.add_argument("--max-gbps", type=float, default=10_000.0)
-    add_cost_arguments(parser)
+@dataclass(frozen=True)
+class CrossoverConfig:
+    """The prompts, batch and links of ``kvserve sim crossover``.
+
+    - ``lengths``: prompt lengths, one crossover each;
+    - ``chunk_tokens``: prefill chunk tokens (0: one step);
+    - ``decode_batch``: sequences decoding alongside the prefill;
+    - ``decode_context``: context tokens of each of them;
+    - ``min_gbps`` / ``max_gbps``: the link bandwidths searched, GB/s.
+    """
+
+    env_prefix: ClassVar[str] = SIM_ENV
+    lengths: list[int] = setting([512 * 2**i for i in range(9)])
+    chunk_tokens: int = 2048
+    decode_batch: int = 64
+    decode_context: int = 2048
+    min_gbps: float = 0.01
+    max_gbps: float = 10_000.0
+
+
+SETTINGS = (CrossoverConfig, CostConfig)
 
 
 def crossover_gbps(

@@ -1,6 +1,7 @@
-"""The simulated deployment: its flags, and the :class:`~kvserve.sim.cluster.SimCluster` they
-describe (workers of each role with the engine settings of a real worker, the pool, the link,
-the router's policy and timing, optionally the ratio controller).
+"""The simulated deployment: its settings (:class:`SimDeployConfig`), and the
+:class:`~kvserve.sim.cluster.SimCluster` they describe (workers of each role with the engine
+settings of a real worker, the pool, the link, the router's policy and timing, optionally
+the ratio controller).
 
 Engine flags carry the names and defaults of :class:`workers.config.EngineConfig`, so one
 command line describes a real worker and its simulated twin alike. The cost is
@@ -13,9 +14,13 @@ of the device memory less the weights.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from kvserve.bench.compare import parse_deployment
+from kvserve.settings import add_config_args
+from kvserve.sim import SIM_ENV
 from kvserve.sim.analysis_common import GB, CostSetup, resolve_cost
 from kvserve.sim.cluster import SimCluster
 from kvserve.sim.engine import KVCosts, SimEngine, SimPool
@@ -30,39 +35,58 @@ GPU_MEMORY_SHARE = 0.9
 DEFAULT_COST = "roofline:h100:llama3-8b"
 
 
-def add_arguments(p: argparse.ArgumentParser, engine_flags: bool = True) -> None:
+@dataclass(frozen=True)
+class SimDeployConfig:
+    """The simulated deployment (``sim serve``, ``shift``, ``validate``, ``ratio``).
+
+    - ``workers``: split, e.g. 1p1d, 2p6d, 4m;
+    - ``cost``: roofline:HW:MODEL or calibrated JSON;
+    - ``decode_cost``: another cost for decode and mixed workers (e.g. calibrated on a
+      decode worker's step log; default: --cost);
+    - ``tp``: tensor-parallel devices per instance;
+    - ``policy``: router placement policy;
+    - ``disagg_threshold_tokens``: the router's: prompts with at most this many uncached
+      tokens may be prefilled by the decode worker;
+    - ``link_gbps``: KV link GB/s (per worker);
+    - ``link_latency_s``: KV link latency;
+    - ``hop_s``: one message between processes;
+    - ``heartbeat_s``: load report period;
+    - ``pool_capacity_blocks``: pool capacity in blocks (0: unbounded).
+    """
+
+    env_prefix: ClassVar[str] = SIM_ENV
+    workers: str = "1p1d"
+    cost: str = DEFAULT_COST
+    decode_cost: str = ""
+    tp: int = 1
+    policy: str = "cache_aware"
+    disagg_threshold_tokens: int = 256
+    link_gbps: float = 12.5
+    link_latency_s: float = 1e-5
+    hop_s: float = 1e-3
+    heartbeat_s: float = 1.0
+    pool_capacity_blocks: int = 0
+
+
+ENGINE_FIELDS = (
+    *("block_tokens", "kv_cache_mib", "num_kv_blocks", "max_num_seqs"),
+    *("max_num_batched_tokens", "max_model_len", "kv_streaming"),
+)
+"""The :class:`EngineConfig` settings a simulated worker reads (``--kv-cache-mib 0`` with a
+roofline cost: 90% of the device memory less the weights; ``--max-model-len 0``: 128k)."""
+
+
+def add_arguments(
+    p: argparse.ArgumentParser,
+    engine_flags: bool = True,
+    defaults: Mapping[str, Any] | None = None,
+) -> None:
     """The deployment's flags (``engine_flags=False`` when the caller already added every
-    :class:`EngineConfig` flag, as ``kvserve sim validate`` does)."""
-    p.add_argument("--workers", default="1p1d", help="split, e.g. 1p1d, 2p6d, 4m")
-    p.add_argument("--cost", default=DEFAULT_COST, help="roofline:HW:MODEL or calibrated JSON")
-    p.add_argument(
-        "--decode-cost",
-        default="",
-        help="another cost for decode and mixed workers (e.g. calibrated on a decode worker's "
-        "step log; default: --cost)",
-    )
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices per instance")
-    p.add_argument("--policy", default="cache_aware", help="router placement policy")
-    p.add_argument("--disagg-threshold-tokens", type=int, default=256)
-    p.add_argument("--link-gbps", type=float, default=12.5, help="KV link GB/s (per worker)")
-    p.add_argument("--link-latency-s", type=float, default=1e-5)
-    p.add_argument("--hop-s", type=float, default=1e-3, help="one message between processes")
-    p.add_argument("--heartbeat-s", type=float, default=1.0, help="load report period")
-    p.add_argument("--pool-capacity-blocks", type=int, default=0, help="0: unbounded")
+    :class:`EngineConfig` flag, as ``kvserve sim validate`` does), ``defaults`` replacing
+    the fields' defaults (below variables and flags)."""
+    add_config_args(p, SimDeployConfig, defaults=defaults)
     if engine_flags:
-        d = EngineConfig()
-        p.add_argument("--block-tokens", type=int, default=d.block_tokens)
-        p.add_argument(
-            "--kv-cache-mib",
-            type=int,
-            default=d.kv_cache_mib,
-            help="per worker (0 with a roofline cost: 90%% of memory - weights)",
-        )
-        p.add_argument("--num-kv-blocks", type=int, default=d.num_kv_blocks)
-        p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-        p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
-        p.add_argument("--max-model-len", type=int, default=0, help="0: 128k")
-        p.add_argument("--kv-streaming", action=argparse.BooleanOptionalAction, default=True)
+        add_config_args(p, EngineConfig, only=ENGINE_FIELDS, defaults=defaults)
 
 
 def num_blocks(args: argparse.Namespace, setup: CostSetup) -> int:

@@ -25,25 +25,35 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from kvserve.report import emit, log
-from kvserve.sim.analysis_common import GB, CostSetup, add_cost_arguments, cost_setup
+from kvserve.settings import setting
+from kvserve.sim import SIM_ENV
+from kvserve.sim.analysis_common import GB, CostConfig, CostSetup, cost_setup
 from kvserve.sim.costs import RooflineCost, StepShape
 from kvserve.sim.link import Link, exposed_transfer_s, hidden_share
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompt-len", type=int, default=8192)
-    parser.add_argument("--layers", type=int, nargs="+", default=[8, 16, 32, 64, 80, 126])
-    parser.add_argument("--gbps", type=float, nargs="+", default=[1, 3, 12.5, 50, 200])
-    parser.add_argument(
-        "--headline-gbps",
-        type=float,
-        default=12.5,
-        help="the headline's link (added to --gbps); its layers are the model's own",
-    )
-    add_cost_arguments(parser)
+@dataclasses.dataclass(frozen=True)
+class HiddenConfig:
+    """The prompt, models and links of ``kvserve sim hidden``.
+
+    - ``prompt_len``: prompt tokens, prefilled in one step;
+    - ``layers``: layer counts, one row each;
+    - ``gbps``: link bandwidths, GB/s;
+    - ``headline_gbps``: the headline's link (added to --gbps); its layers are the model's
+      own.
+    """
+
+    env_prefix: ClassVar[str] = SIM_ENV
+    prompt_len: int = 8192
+    layers: list[int] = setting([8, 16, 32, 64, 80, 126])
+    gbps: list[float] = setting([1, 3, 12.5, 50, 200])
+    headline_gbps: float = 12.5
+
+
+SETTINGS = (HiddenConfig, CostConfig)
 
 
 def prefill_s(setup: CostSetup, layers: int, prompt_len: int) -> float:

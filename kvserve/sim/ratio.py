@@ -60,8 +60,6 @@ import argparse
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvserve.bench.compare import parse_deployment
@@ -77,53 +75,9 @@ from kvserve.loadgen.workloads import (
 )
 from kvserve.report import emit, log
 from kvserve.sim import deploy
+from kvserve.sim.ratio_settings import Mix, add_arguments, parse_mix
 
-DEFAULT_RATES = [float(2**i) for i in range(1, 8)]
-
-
-@dataclass(frozen=True)
-class Mix:
-    """Mean prompt and answer lengths of one workload."""
-
-    input: int
-    output: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.input}:{self.output}"
-
-
-def parse_mix(text: str) -> Mix:
-    """``"8192:32"`` -> ``Mix(8192, 32)``."""
-    parts = text.split(":")
-    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"a mix is INPUT:OUTPUT token counts > 0, got {text!r}")
-    return Mix(int(parts[0]), int(parts[1]))
-
-
-DEFAULT_MIXES = [parse_mix(m) for m in ("8192:32", "4096:64", "2048:128", "1024:256", "512:512")]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--instances", type=int, default=8, help="instances N to split")
-    parser.add_argument("--mixes", type=parse_mix, nargs="+", default=DEFAULT_MIXES,
-                        help="INPUT:OUTPUT mean lengths, prompt-heavy first")  # fmt: skip
-    parser.add_argument("--spread", type=float, default=0.25, help="lengths uniform mean*(1±s)")
-    parser.add_argument("--rates", type=float, nargs="+", default=DEFAULT_RATES,
-                        help="req/s offered to the whole cluster")  # fmt: skip
-    parser.add_argument("--num-requests", type=int, default=128, help="per mix, split, rate")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--slo-ttft-s", type=float, default=2.0)
-    parser.add_argument("--slo-tpot-s", type=float, default=0.03)
-    parser.add_argument("--goodput-threshold", type=float, default=0.9)
-    parser.add_argument("--band-share", type=float, default=0.9,
-                        help="band: splits with goodput >= this share of the best")  # fmt: skip
-    parser.add_argument("--colocated", action=argparse.BooleanOptionalAction, default=True,
-                        help="also run N mixed instances (the baseline)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=None, help="folder for ratio.png")
-    deploy.add_arguments(parser)
-    parser.set_defaults(concurrency=0, kv_cache_mib=0, max_num_batched_tokens=2048,
-                        max_num_seqs=256, policy="round_robin")  # fmt: skip
+__all__ = ["Mix", "add_arguments", "best_and_band", "first_failing", "parse_mix", "run", "splits"]
 
 
 def splits(instances: int, colocated: bool) -> list[str]:

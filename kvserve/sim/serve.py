@@ -32,9 +32,8 @@ from kvserve.sim.cluster import SimCluster
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    opt.add_workload_arguments(parser)
-    opt.add_load_arguments(parser)
-    opt.add_report_arguments(parser)
+    """``bench serve``'s load settings and the simulated deployment's."""
+    opt.add_load_settings(parser)
     deploy.add_arguments(parser)
 
 

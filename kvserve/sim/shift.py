@@ -20,9 +20,10 @@ from router.ratio import RatioController
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``bench shift``'s workload and controller settings and the simulated deployment's."""
     shift.add_shift_arguments(parser)
     deploy.add_arguments(parser)
-    parser.set_defaults(concurrency=0)
+    parser.set_defaults(concurrency=0)  # not a setting here: the phases set the load
 
 
 def move_of(event: RoleEvent) -> dict[str, Any]:

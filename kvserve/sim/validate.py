@@ -16,6 +16,7 @@ import argparse
 from typing import Any
 
 from kvserve.bench.compare import run_deployment
+from kvserve.bench.settings import SegmentConfig
 from kvserve.loadgen import options as opt
 from kvserve.report import emit, log
 from kvserve.settings import add_config_args, config_from_args
@@ -29,11 +30,11 @@ QUANTILES = ("p50", "p90")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    opt.add_workload_arguments(parser)
-    opt.add_load_arguments(parser)
-    opt.add_report_arguments(parser)
+    """``bench serve``'s load settings, the real workers' engine and pool, and the simulated
+    deployment's settings (its engine settings are the real workers')."""
+    opt.add_load_settings(parser)
     add_config_args(parser, EngineConfig)
-    parser.add_argument("--segment-mib", type=int, default=256, help="pool memory per worker")
+    add_config_args(parser, SegmentConfig)
     deploy.add_arguments(parser, engine_flags=False)
 
 

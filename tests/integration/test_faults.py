@@ -137,10 +137,10 @@ def test_redis_outage_and_empty_restart(client: openai.OpenAI, cluster: Cluster)
     prompt = prompt_of(30, 5)
     reference = complete(client, prompt, 8)
     faults.kill(cluster, "redis")
-    time.sleep(cluster.spec.heartbeat_ttl_s + 1)  # every registry record would be stale now
+    time.sleep(cluster.spec.cluster.heartbeat_ttl_s + 1)  # every registry record would be stale now
     assert complete(client, prompt, 8) == reference  # served on workers heard from directly
     cluster.restart("redis")  # empty: nothing is persisted
-    deadline = time.monotonic() + 10 * cluster.spec.heartbeat_s
+    deadline = time.monotonic() + 10 * cluster.spec.cluster.heartbeat_s
     while registered(cluster) != set(cluster.worker_names):
         assert time.monotonic() < deadline, "workers did not re-register"
         time.sleep(0.1)

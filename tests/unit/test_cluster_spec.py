@@ -11,9 +11,9 @@ import pytest
 import kvserve.cli as cli
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
-from kvserve.cluster.plan import Host, ProcessPlan, config_argv, split_cores
+from kvserve.cluster.plan import ProcessPlan, config_argv, split_cores
 from kvserve.cluster.redis import RedisConfig, redis_auth_conf, redis_command
-from kvserve.cluster.spec import ClusterSpec
+from kvserve.cluster.spec import ClusterSpec, new_cluster_config
 from kvserve.settings import config_from_args
 from proto.grants import grant
 from proto.registry import ClusterConfig
@@ -38,9 +38,17 @@ def flag(argv: tuple[str, ...], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
+CLUSTER_FIELDS = {f.name for f in dataclasses.fields(ClusterConfig)}
+
+
 def spec(**kw: Any) -> ClusterSpec:
+    """A spec of ``kw``: its :class:`ClusterConfig` fields (``cluster_name`` for its
+    ``cluster``) go to the spec's held config, the rest to the spec."""
     kw.setdefault("engine", EngineConfig(model="/m"))
-    return ClusterSpec(python="py", **kw)
+    held = {k: kw.pop(k) for k in list(kw) if k in CLUSTER_FIELDS}
+    if "cluster_name" in kw:
+        held["cluster"] = kw.pop("cluster_name")
+    return ClusterSpec(python="py", cluster=new_cluster_config(**held), **kw)
 
 
 def worker_argv(role: str, port: int, name: str, threads: int) -> list[str]:
@@ -72,8 +80,8 @@ def test_two_cores_one_prefill_one_decode_pins_one_core_each() -> None:
     assert (prefill.cores, decode.cores) == ((0,), (1,))
     assert dict(decode.env) == {
         **{"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
-        "KVSERVE_REDIS_PASSWORD": s.redis_password,
-        "KVSERVE_CLUSTER_SECRET": grant(s.cluster_secret, "worker"),
+        "KVSERVE_REDIS_PASSWORD": s.cluster.redis_password,
+        "KVSERVE_CLUSTER_SECRET": grant(s.cluster.cluster_secret, "worker"),
     }
     assert decode.address == "127.0.0.1:50062"
     assert not plan.shared_cores and plan.notes == ()
@@ -217,51 +225,6 @@ def test_no_pool_ports_are_checked_without_the_pool() -> None:
     assert s.plan([0]).workers[0].name == "mixed-0"
 
 
-def test_hosts_place_each_process_on_its_own_address_and_prefix() -> None:
-    """Each placed process binds to, advertises and is reached at its own address, and
-    starts under its prefix; the pool's services move together; the rest stay on host."""
-    hosts = {
-        "mooncake_master": Host("10.9.0.2", ("ns", "m")),
-        "redis": Host("10.9.0.3"),
-        "decode-0": Host("10.9.0.4", ("ns", "d")),
-        "router": Host("10.9.0.5", ("ns", "r")),
-    }
-    s = spec(hosts=hosts, redis_password="pw")
-    plan = s.plan([0, 1])
-    prefill, decode = plan.workers
-    assert (prefill.host, prefill.prefix) == ("127.0.0.1", ())
-    assert (decode.address, decode.prefix) == ("10.9.0.4:50062", ("ns", "d"))
-    assert flag(decode.argv, "--worker-host") == "10.9.0.4"
-    assert flag(decode.argv, "--pool-local-hostname") == "10.9.0.4"
-    assert flag(decode.argv, "--pool-master") == "10.9.0.2:50051"
-    assert flag(decode.argv, "--pool-metadata-server") == "http://10.9.0.2:8080/metadata"
-    assert flag(decode.argv, "--redis-url") == "redis://10.9.0.3:6379/0"
-    assert flag(prefill.argv, "--pool-local-hostname") == "127.0.0.1"
-    assert (plan.router.host, plan.router.prefix) == ("10.9.0.5", ("ns", "r"))
-    assert flag(plan.router.argv, "--router-host") == "10.9.0.5"
-    assert flag(plan.router.argv, "--pool-local-hostname") == "10.9.0.5"
-    assert flag(plan.router.argv, "--master-metrics-url") == "http://10.9.0.2:9003/metrics"
-    assert s.router_url == "http://10.9.0.5:8000"
-    assert s.pool_master.master_host == "10.9.0.2" and s.redis_config.host == "10.9.0.3"
-    assert s.prefix_of("mooncake_master") == ("ns", "m") and s.prefix_of("redis") == ()
-
-
-@pytest.mark.parametrize(
-    ("hosts", "error"),
-    [
-        ({"decode-7": Host("10.9.0.4")}, "not in"),
-        ({"router": Host("0.0.0.0")}, "router must be an address"),
-        ({"redis": Host("")}, "redis must be an address"),
-        ({"redis": Host("10.9.0.3")}, "reachable from other hosts: set a password"),
-    ],
-)
-def test_hosts_must_name_real_processes_and_reachable_addresses(
-    hosts: dict[str, Host], error: str
-) -> None:
-    with pytest.raises(ValueError, match=error):
-        spec(hosts=hosts, redis_password="")
-
-
 def _parse(p: ProcessPlan, monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
     """``p``'s argv as the real CLI parses it in ``p``'s own environment."""
     assert p.argv[:3] == ("py", "-m", "kvserve")
@@ -288,7 +251,9 @@ def test_argv_round_trips_through_the_real_cli(monkeypatch: pytest.MonkeyPatch) 
 
 def granted(s: ClusterSpec, holder: str) -> ClusterConfig:
     """``s``'s cluster settings as ``holder`` is given them."""
-    return dataclasses.replace(s.cluster_config, cluster_secret=grant(s.cluster_secret, holder))
+    return dataclasses.replace(
+        s.cluster_config, cluster_secret=grant(s.cluster.cluster_secret, holder)
+    )
 
 
 def test_secrets_are_made_up_per_spec_and_travel_only_in_the_environment() -> None:
@@ -297,16 +262,17 @@ def test_secrets_are_made_up_per_spec_and_travel_only_in_the_environment() -> No
     the environment only; the router alone gets the API keys (set to '' when there are
     none, so nothing else can stand in)."""
     a, b = spec(api_key="t1=k1,k2"), spec()
-    assert a.cluster_secret != b.cluster_secret and a.redis_password != b.redis_password
-    assert len(a.cluster_secret) == 64 and len(a.redis_password) >= 32
+    assert a.cluster.cluster_secret != b.cluster.cluster_secret
+    assert a.cluster.redis_password != b.cluster.redis_password
+    assert len(a.cluster.cluster_secret) == 64 and len(a.cluster.redis_password) >= 32
     assert spec(cluster_secret="x" * 40).cluster_config.cluster_secret == "x" * 40
-    secrets = (a.cluster_secret, a.redis_password, "k1", "k2")
+    secrets = (a.cluster.cluster_secret, a.cluster.redis_password, "k1", "k2")
     plan = a.plan([0, 1])
     for p in (*plan.workers, plan.router):
         env = dict(p.env)
         holder = "router" if p is plan.router else "worker"
-        assert env["KVSERVE_CLUSTER_SECRET"] == grant(a.cluster_secret, holder)
-        assert env["KVSERVE_REDIS_PASSWORD"] == a.redis_password
+        assert env["KVSERVE_CLUSTER_SECRET"] == grant(a.cluster.cluster_secret, holder)
+        assert env["KVSERVE_REDIS_PASSWORD"] == a.cluster.redis_password
         text = " ".join(p.argv) + repr(p) + repr(a) + repr(a.cluster_config)
         assert not any(secret in text for secret in secrets)
     assert all("KVSERVE_API_KEY" not in dict(w.env) for w in plan.workers)

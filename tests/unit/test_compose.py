@@ -42,7 +42,7 @@ from tests.unit.compose_files import (
 )
 from workers.config import EngineConfig, WorkerConfig
 
-NOT_FLAGS = {"KVSERVE_CACHE_DIR"}  # read by workers.model.prepare, not a setting
+NOT_FLAGS = {"KVSERVE_CACHE_DIR"}  # workers.config.CacheConfig: read from the environment
 SETTINGS = (EngineConfig, PoolConfig, ClusterConfig, MasterConfig)
 ENV_IN_HELP = re.compile(r"\(env (KVSERVE_[A-Z0-9_]+);")
 

@@ -37,9 +37,11 @@ def test_up_hosts_puts_every_process_on_its_own_address() -> None:
     }
     run_as = RunAs.invoker()
     assert placed.prefix_of("decode-1") == ("ip", "netns", "exec", "kvq-decode-1", *run_as.prefix())
-    assert placed.redis_password == spec.redis_password  # made up for the run by the spec
-    no_password = dataclasses.replace(spec, redis_password="")
-    assert net.place(no_password).redis_password  # never without one off loopback
+    assert placed.cluster.redis_password == spec.cluster.redis_password  # made up by the spec
+    no_password = dataclasses.replace(
+        spec, cluster=dataclasses.replace(spec.cluster, redis_password="")
+    )
+    assert net.place(no_password).cluster.redis_password  # never without one off loopback
     assert placed.router_url == "http://10.77.0.7:8000"
 
 
@@ -67,14 +69,15 @@ def test_bad_plans_are_refused(names: list[str], subnet: str, tag: str, error: s
 
 def test_up_makes_up_secrets_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
     made_up = spec_from_args(cli.build_parser().parse_args(["up"]))
-    assert made_up.cluster_secret and made_up.redis_password and made_up.api_key == ""
+    held = made_up.cluster
+    assert held.cluster_secret and held.redis_password and made_up.api_key == ""
     monkeypatch.setenv("KVSERVE_CLUSTER_SECRET", "s" * 32)
     monkeypatch.setenv("KVSERVE_REDIS_PASSWORD", "pw")
     monkeypatch.setenv("KVSERVE_API_KEY", "alice=k1")
     ns = cli.build_parser().parse_args(["up", "--hash-algorithm", "xxh3"])
     given = spec_from_args(ns)
-    assert (given.cluster_secret, given.redis_password) == ("s" * 32, "pw")
-    assert (given.api_key, given.hash_algorithm) == ("alice=k1", "xxh3")
+    assert (given.cluster.cluster_secret, given.cluster.redis_password) == ("s" * 32, "pw")
+    assert (given.api_key, given.cluster.hash_algorithm) == ("alice=k1", "xxh3")
     router = given.plan([0, 1]).router.argv
     assert router[router.index("--hash-algorithm") + 1] == "xxh3"
     assert [client_key(k) for k in ("alice=k1,k2", "k2, alice=k1", "")] == ["k1", "k2", ""]

@@ -127,7 +127,7 @@ def test_the_launcher_forwards_transport_settings(tmp_path: Path) -> None:
         grpc_tls_ca=str(pem),
         redis_username="kv",
         redis_password="pw",
-        cluster_secret=spec.cluster_secret,
+        cluster_secret=spec.cluster.cluster_secret,
     )
     assert spec.cluster_config == expected
-    assert len(spec.cluster_secret) == 64  # made up, since none was given
+    assert len(spec.cluster.cluster_secret) == 64  # made up, since none was given

