@@ -6,7 +6,7 @@ Fields are flags and ``KVSERVE_*`` environment variables through :mod:`kvserve.s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PROTOCOLS = ("tcp", "rdma")
 
@@ -34,7 +34,7 @@ class PoolConfig:
 
     pool_master: str = "127.0.0.1:50051"
     pool_metadata_server: str = ""
-    pool_protocol: str = "tcp"
+    pool_protocol: str = field(default="tcp", metadata={"choices": PROTOCOLS})
     pool_rdma_devices: str = ""
     pool_local_hostname: str = "127.0.0.1"
     pool_confine: bool = True

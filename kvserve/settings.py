@@ -79,6 +79,8 @@ def setting(default: Any = dataclasses.MISSING, **metadata: Any) -> Any:
     return dataclasses.field(default=default, metadata=metadata)
 
 
+_ROLE = re.compile(r":\w+:`~?([^`]+)`")
+"""A Sphinx cross-reference (``:data:`X```): its target is what a reader of ``--help`` sees."""
 _BULLET = re.compile(r"^\s*- ((?:``\w+``(?:\s*(?:/|,|and)\s*)?)+):\s*(.*)$")
 
 
@@ -98,7 +100,7 @@ def field_docs(cls: type[Any]) -> dict[str, str]:
                 docs[name] += " " + line.strip()
         else:
             names = []
-    return {name: text.replace("``", "") for name, text in docs.items()}
+    return {name: _ROLE.sub(r"\1", text.replace("``", "")) for name, text in docs.items()}
 
 
 def group_text(cls: type[Any]) -> tuple[str, str]:

@@ -131,7 +131,7 @@ class ClusterConfig:
     grpc_tls_key: str = ""
     grpc_tls_ca: str = ""
     cluster_secret: str = field(default="", repr=False)
-    hash_algorithm: str = "sha256"
+    hash_algorithm: str = field(default="sha256", metadata={"choices": HASH_ALGORITHMS})
 
     def __post_init__(self) -> None:
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):

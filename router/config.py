@@ -27,7 +27,7 @@ class RouterConfig:
     """How the router serves and places requests.
 
     - ``router_host`` / ``router_port``: where the OpenAI-compatible HTTP API listens.
-    - ``policy``: placement policy of the conductor (one of :data:`POLICIES`).
+    - ``policy``: placement policy of the conductor.
     - ``disagg_threshold_tokens``: when the part of a prompt that is not in the pool is at
       most this many tokens, the decode worker may prefill it itself (conditional
       disaggregation: it does unless a prefill worker would give the first token sooner,
@@ -87,7 +87,7 @@ class RouterConfig:
 
     router_host: str = "127.0.0.1"
     router_port: int = 8000
-    policy: str = "cache_aware"
+    policy: str = field(default="cache_aware", metadata={"choices": POLICIES})
     disagg_threshold_tokens: int = 256
     reserve_lease_s: float = 30.0
     request_timeout_s: float = 600.0

@@ -7,7 +7,7 @@ Every field is also a CLI flag (``--kv-cache-mib``) and an environment variable
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from proto.records import ROLES
@@ -46,7 +46,7 @@ class EngineConfig:
     """
 
     model: str = ""
-    dtype: str = "float32"
+    dtype: str = field(default="float32", metadata={"choices": DTYPES})
     device: str = "cpu"
     block_tokens: int = 64
     kv_cache_mib: int = 1024
@@ -56,7 +56,7 @@ class EngineConfig:
     max_model_len: int = 0
     prefix_caching: bool = True
     threads: int = 0
-    attention: str = "auto"
+    attention: str = field(default="auto", metadata={"choices": ATTENTION})
     kv_streaming: bool = True
     step_log_dir: str = ""
 
@@ -116,7 +116,7 @@ class WorkerConfig:
     - ``use_pool``: join the KV pool (prefill and decode roles need it).
     """
 
-    role: str = "mixed"
+    role: str = field(default="mixed", metadata={"choices": ROLES})
     worker_host: str = "127.0.0.1"
     worker_port: int = 50061
     worker_advertise: str = ""

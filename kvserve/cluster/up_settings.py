@@ -1,5 +1,6 @@
-"""The settings of ``kvserve up`` (:class:`UpConfig`, :class:`UpRouterConfig`, and the
-engine, pool, master and transport settings every process of the cluster shares) and the
+"""The settings of ``kvserve up`` (:class:`UpConfig`, the router's placement settings and
+API keys, and the engine, pool, master and transport settings every process of the cluster
+shares) and the
 :class:`ClusterSpec` they describe (:func:`spec_from_args`)."""
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from router.config import RouterConfig
 from workers.config import EngineConfig
 
 UP_POOL_SEGMENT_MIB = 256  # per worker: 2 workers + KV caches fit a 2-core, 24 GiB machine
+ROUTER_SETTINGS = ("policy", "disagg_threshold_tokens", "api_key")
+"""The router's settings ``kvserve up`` takes (:class:`RouterConfig`'s own flags and variables)."""
 TRANSPORT_SETTINGS = (
     *("cluster", "redis_username", "redis_password", "peer_timeout_s"),
     *("grpc_tls_cert", "grpc_tls_key", "grpc_tls_ca"),
@@ -78,27 +81,12 @@ class UpConfig:
     exit_after_ask: bool = False
 
 
-@dataclass(frozen=True)
-class UpRouterConfig:
-    """The router options of ``kvserve up``.
-
-    - ``policy``: router placement policy (default: the router's);
-    - ``disagg_threshold_tokens``: prompts with at most this many uncached tokens may be
-      prefilled by the decode worker (default: the router's).
-    """
-
-    env_prefix: ClassVar[str] = "KVSERVE_UP_"
-    policy: str = ""
-    disagg_threshold_tokens: int | None = None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag of ``kvserve up``, one group per settings class (the secrets: prefer
     KVSERVE_CLUSTER_SECRET, KVSERVE_REDIS_PASSWORD and KVSERVE_API_KEY to the flags; the
     first two are made up when empty)."""
     add_config_args(parser, UpConfig)
-    add_config_args(parser, UpRouterConfig)
-    add_config_args(parser, RouterConfig, only=("api_key",))
+    add_config_args(parser, RouterConfig, only=ROUTER_SETTINGS)
     add_config_args(parser, ClusterConfig, only=TRANSPORT_SETTINGS)
     add_config_args(parser, EngineConfig)
     add_config_args(parser, PoolConfig, defaults={"pool_segment_mib": UP_POOL_SEGMENT_MIB})
@@ -110,7 +98,6 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
     the cluster's own master; the settings of :data:`MADE_UP_WHEN_EMPTY` are made up when
     empty)."""
     up = config_from_args(UpConfig, args)
-    router = config_from_args(UpRouterConfig, args)
     transport = {name: getattr(args, name) for name in TRANSPORT_SETTINGS}
     transport = {k: v for k, v in transport.items() if v or k not in MADE_UP_WHEN_EMPTY}
     spec = ClusterSpec(
@@ -127,8 +114,8 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
         pool=config_from_args(PoolConfig, args),
         cluster=new_cluster_config(**transport),
         api_key=args.api_key,
-        policy=router.policy,
-        disagg_threshold_tokens=router.disagg_threshold_tokens,
+        policy=args.policy,
+        disagg_threshold_tokens=args.disagg_threshold_tokens,
         pin_cores=up.pin_cores,
         log_dir=Path(up.log_dir) if up.log_dir else None,
         startup_timeout_s=up.startup_timeout_s,
