@@ -23,6 +23,7 @@ from tests.integration.test_handoff import make_engine as make_pool_engine
 from tests.integration.test_handoff import master  # noqa: F401  (a fixture)
 from tests.integration.worker_harness import serving_worker
 from tests.unit.test_router_openai_models import PROCESSING_CASES
+from workers import engine as engine_module
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.outputs import RequestOutput
@@ -277,7 +278,7 @@ def test_a_failing_processor_fails_its_request_alone(
     prompts = random_prompts((9, 14, 11), seed=30)
     params = [MIXED[1], MIXED[3], MIXED[2]]
     clean = engine.generate(prompts, params)
-    monkeypatch.setattr(engine, "_check_params", lambda params: None)
+    monkeypatch.setattr(engine_module, "check_params", lambda params, vocab: None)
     broken = greedy(8, logit_bias={VOCAB + 5: 1.0})
     outs = engine.generate(prompts, [params[0], broken, params[2]])
     assert outs[1].finish_reason is FinishReason.ABORT and outs[1].error
