@@ -40,6 +40,7 @@ from kvserve.settings_file import FileLayer
 from kvserve.settings_kinds import Kind, SettingError, kind_of, parse_bool
 
 __all__ = [
+    "BENCH_ENV",
     "ENV_PREFIX",
     "SettingError",
     "add_config_args",
@@ -54,6 +55,9 @@ __all__ = [
 ENV_PREFIX = "KVSERVE_"
 ENV_PREFIX_ATTR = "env_prefix"
 """The class attribute that replaces :data:`ENV_PREFIX` for one settings class."""
+BENCH_ENV = "KVSERVE_BENCH_"
+"""The :data:`ENV_PREFIX_ATTR` of the benchmarks' settings and of the load settings they
+share with the simulator (:mod:`kvserve.loadgen.options`)."""
 FLAG_PREFIX = "flag_prefix"
 """The field metadata key naming a nested settings dataclass's flags (module docstring)."""
 T = TypeVar("T")

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import contextlib
 import copy
-import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,25 +27,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvpool.config import PoolConfig
-from kvserve.bench.settings import BENCH_ENV, SegmentConfig
+from kvserve.cluster.deployment import SegmentConfig, parse_deployment
 from kvserve.loadgen import options as opt
 from kvserve.report import emit, log
-from kvserve.settings import config_from_args, setting
+from kvserve.settings import BENCH_ENV, config_from_args, setting
 from workers.config import EngineConfig
 
 if TYPE_CHECKING:
     from kvserve.cluster.launch import Cluster
-
-SPLIT = re.compile(r"^(?:(\d+)p)?(?:(\d+)d)?(?:(\d+)m)?$")
-
-
-def parse_deployment(text: str) -> tuple[int, int, int]:
-    """``"1p1d"`` -> (prefill, decode, mixed) = (1, 1, 0); ``"2m"`` -> (0, 0, 2)."""
-    match = SPLIT.match(text)
-    if not match or not text:
-        raise ValueError(f"deployment must look like 1p1d, 2m or 1p1d1m, got {text!r}")
-    prefill, decode, mixed = (int(g) if g else 0 for g in match.groups())
-    return prefill, decode, mixed
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,8 @@ import xxhash
 from kvpool.hashing import ALGORITHMS, Namespace, PrefixHasher
 from kvpool.layout import ELEMENT_BYTES
 from kvpool.meta import LayerDigest, layer_digest
-from kvserve.bench.settings import BENCH_ENV
 from kvserve.report import emit, log, median
-from kvserve.settings import add_config_args, setting
+from kvserve.settings import BENCH_ENV, add_config_args, setting
 from workers.config import EngineConfig
 
 PER = 1000

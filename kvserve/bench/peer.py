@@ -44,10 +44,10 @@ from typing import Any, ClassVar
 from kvserve.bench import peer_client as pc
 from kvserve.bench import peer_results as pr
 from kvserve.bench import peer_vllm as pv
-from kvserve.bench.settings import BENCH_ENV, SegmentConfig
+from kvserve.cluster.deployment import SegmentConfig
 from kvserve.loadgen.options import json_rate
 from kvserve.report import emit, log
-from kvserve.settings import add_config_args, setting
+from kvserve.settings import BENCH_ENV, add_config_args, setting
 from workers.config import EngineConfig
 
 ENGINE_FIELDS = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "model"]

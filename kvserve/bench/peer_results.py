@@ -36,7 +36,7 @@ class Server:
 
     @property
     def deployment(self) -> str:
-        """The ``<n>p<m>d<k>m`` name of :func:`kvserve.bench.compare.parse_deployment`."""
+        """The ``<n>p<m>d<k>m`` name of :func:`kvserve.cluster.deployment.parse_deployment`."""
         parts = zip((self.prefill, self.decode, self.mixed), "pdm", strict=True)
         return "".join(f"{n}{letter}" for n, letter in parts if n)
 

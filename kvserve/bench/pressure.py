@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from kvpool.landing import STALL_S, Lander, Landing
 from kvpool.master import master_stats
 from kvserve.bench.handoff import scratch_pool
-from kvserve.bench.settings import BENCH_ENV, SegmentConfig
+from kvserve.cluster.deployment import SegmentConfig
 from kvserve.report import emit, log, median
-from kvserve.settings import add_config_args, config_from_args
+from kvserve.settings import BENCH_ENV, add_config_args, config_from_args
 from workers.config import EngineConfig
 
 if TYPE_CHECKING:  # the engine's modules are imported by run(): `kvserve --help` stays fast

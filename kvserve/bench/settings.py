@@ -1,18 +1,17 @@
 """The settings of the engine-level ``kvserve bench`` verbs (``engine``, ``profile``,
-``overlap``, ``prefix``, ``pool``) and the pool segment of the verbs that start a cluster
-(:class:`SegmentConfig`); the others declare theirs in their own modules. Their variables
-are ``KVSERVE_BENCH_*``, apart from the engine settings they share with ``kvserve
-worker``."""
+``overlap``, ``prefix``, ``pool``); the others declare theirs in their own modules, and the
+pool segment of the verbs that start a cluster is
+:class:`kvserve.cluster.deployment.SegmentConfig`. Their variables are ``KVSERVE_BENCH_*``
+(:data:`kvserve.settings.BENCH_ENV`), apart from the engine settings they share with
+``kvserve worker``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvserve.settings import setting
+from kvserve.settings import BENCH_ENV, setting
 from workers.config import EngineConfig
-
-BENCH_ENV = "KVSERVE_BENCH_"
 
 
 @dataclass(frozen=True)
@@ -105,18 +104,6 @@ class PoolBenchConfig:
     max_batch_mib: int = 256
     repeat: int = 3
     seed: int = 0
-
-
-@dataclass(frozen=True)
-class SegmentConfig:
-    """The pool of the clusters a benchmark starts (``bench compare``, ``shift``,
-    ``pressure``, ``peer``, ``sim validate``).
-
-    - ``segment_mib``: pool memory per worker.
-    """
-
-    env_prefix: ClassVar[str] = BENCH_ENV
-    segment_mib: int = 256
 
 
 ENGINE = (EngineBenchConfig, EngineConfig)

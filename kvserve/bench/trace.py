@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from kvserve.bench.settings import BENCH_ENV
 from kvserve.bench.tracecluster import HINT_SUFFIX, cluster_replay
 from kvserve.bench.tracesim import BLOCK_TOKENS, block_chain, load_trace, lru_replay
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.report import emit, log
-from kvserve.settings import add_config_args, setting
+from kvserve.settings import BENCH_ENV, add_config_args, setting
 
 POLICIES = ("random", "round_robin", "least_loaded", "cache_aware", "cache_aware" + HINT_SUFFIX)
 UNBOUNDED = 1 << 62

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvserve.bench.tracesim import HitCount, TraceRequest, leading
+from kvserve.bench.tracesim import HitCount, TraceRequest
+from kvserve.sim.lru import leading
 from router.conductor import PlacementRequest, WorkerLoad, make_policy
 from workers.block_pool import BlockPool
 

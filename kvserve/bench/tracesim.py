@@ -16,13 +16,13 @@ the engine itself would recompute a partial last block).
 Hit semantics everywhere (LRU, real pool, local caches): a request's hits are the longest
 run of its *leading* blocks present before it runs; tokens are weighted 512 per block except
 the last, which carries ``input_length - 512 * (blocks - 1)``. Then every block of the
-request is inserted or refreshed, in chain order (as the engine frees a block table).
+request is inserted or refreshed, in chain order (as the engine frees a block table). The
+LRU and the leading-hit count are the simulator's (:mod:`kvserve.sim.lru`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from typing import Any
 from kvpool.hashing import Namespace, PrefixHasher
 from kvserve.loadgen import mooncake_trace
 from kvserve.loadgen.mooncake_trace import TraceEntry
+from kvserve.sim.lru import LRUCache, leading
 
 BLOCK_TOKENS = 512
 """Tokens per trace block (the Mooncake trace's fixed block size)."""
@@ -111,40 +112,6 @@ class HitCount:
             "hit_tokens": self.hit_tokens,
             "token_hit_rate": round(self.token_hit_rate, 4),
         }
-
-
-def leading(chain: Sequence[int], present: Callable[[int], bool]) -> int:
-    """How many leading hashes of ``chain`` satisfy ``present``."""
-    return next((i for i, h in enumerate(chain) if not present(h)), len(chain))
-
-
-class LRUCache:
-    """An exact LRU set of block hashes holding at most ``capacity`` of them."""
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be positive, got {capacity}")
-        self.capacity = capacity
-        self.evictions = 0
-        self._order: OrderedDict[int, None] = OrderedDict()
-
-    def __contains__(self, block_hash: int) -> bool:
-        return block_hash in self._order
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def touch(self, chain: Iterable[int]) -> None:
-        """Insert or refresh each hash in order (the last is the most recent), evicting the
-        least recently used beyond capacity."""
-        for h in chain:
-            if h in self._order:
-                self._order.move_to_end(h)
-            else:
-                self._order[h] = None
-                if len(self._order) > self.capacity:
-                    self._order.popitem(last=False)
-                    self.evictions += 1
 
 
 def lru_replay(

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from kvserve.bench.settings import BENCH_ENV
 from kvserve.loadgen.arrivals import PROCESSES
 from kvserve.loadgen.mooncake_trace import SHIPPED, load_trace
 from kvserve.loadgen.slo import AbsoluteSlo, SloTargets
@@ -29,7 +28,7 @@ from kvserve.loadgen.workloads import (
     synthetic_requests,
     trace_requests,
 )
-from kvserve.settings import add_config_args, setting
+from kvserve.settings import BENCH_ENV, add_config_args, setting
 
 WORKLOADS = (*SYNTHETIC_KINDS, "shared-prefix", "trace")
 DEFAULT_REQUESTS = 48

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kvserve.bench.compare import parse_deployment
+from kvserve.cluster.deployment import parse_deployment
 from kvserve.settings import add_config_args
 from kvserve.sim import SIM_ENV
 from kvserve.sim.analysis_common import GB, CostSetup, resolve_cost

@@ -23,9 +23,9 @@ import zlib
 from dataclasses import dataclass, field
 
 from kvpool.hashing import Namespace, PrefixHasher
-from kvserve.bench.tracesim import LRUCache, leading
 from kvserve.sim.costs import StepCost, StepShape
 from kvserve.sim.link import Link, exposed_transfer_s
+from kvserve.sim.lru import LRUCache, leading
 from router.conductor import WorkerLoad
 from workers.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from workers.sequence import FinishReason, Sequence

@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvserve.bench.compare import parse_deployment
+from kvserve.cluster.deployment import parse_deployment
 from kvserve.loadgen.arrivals import poisson_arrivals
 from kvserve.loadgen.metrics import span_s, summarize
 from kvserve.loadgen.slo import AbsoluteSlo, SloTargets, sweep_goodput

@@ -2,7 +2,7 @@
 
 The same flags build the same requests (workload, seed, salting per rate, arrivals), the
 simulated deployment (:mod:`kvserve.sim.deploy`) serves them, and the same code turns the
-records into the same JSON rows (:func:`kvserve.bench.serve.rate_row`), so a simulated and
+records into the same JSON rows (:func:`kvserve.loadgen.sweep.rate_row`), so a simulated and
 a measured run compare line by line. One cluster serves the warm-up and then every rate in
 turn, as a real server does. SLOs must be absolute (a relative SLO is calibrated on a
 server).
@@ -13,7 +13,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvserve.bench.serve import (
+from kvserve.loadgen import options as opt
+from kvserve.loadgen.metrics import RequestRecord
+from kvserve.loadgen.slo import sweep_goodput
+from kvserve.loadgen.sweep import (
     WARMUP_SALT,
     load_conditions,
     rate_row,
@@ -22,9 +25,6 @@ from kvserve.bench.serve import (
     timed,
     write_out,
 )
-from kvserve.loadgen import options as opt
-from kvserve.loadgen.metrics import RequestRecord
-from kvserve.loadgen.slo import sweep_goodput
 from kvserve.loadgen.workloads import salted, with_arrivals
 from kvserve.report import base_conditions, emit, log
 from kvserve.sim import deploy

@@ -3,7 +3,7 @@
 The same flags build the same requests and the same controller settings; the simulated
 deployment (:mod:`kvserve.sim.deploy`, any scale and cost) serves them with the ratio
 controller off and on (:class:`router.ratio.RatioController`, the router's own), and the
-rows and plot are :mod:`kvserve.bench.shift`'s.
+rows and plot are :mod:`kvserve.loadgen.shift_scenario`'s, as ``bench shift``'s are.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvserve.bench import shift
+from kvserve.loadgen import shift_scenario as scenario
 from kvserve.loadgen.shift import shift_requests
 from kvserve.report import emit, log
 from kvserve.sim import deploy
@@ -21,7 +21,7 @@ from router.ratio import RatioController
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``bench shift``'s workload and controller settings and the simulated deployment's."""
-    shift.add_shift_arguments(parser)
+    scenario.add_shift_arguments(parser)
     deploy.add_arguments(parser)
     parser.set_defaults(concurrency=0)  # not a setting here: the phases set the load
 
@@ -39,31 +39,31 @@ def move_of(event: RoleEvent) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    specs = shift_requests(shift.phases_of(args), args.seed, args.vocab)
+    specs = shift_requests(scenario.phases_of(args), args.seed, args.vocab)
     rows = []
     conditions: dict[str, Any] = {}
     for mode in args.modes:
-        controller = RatioController(shift.ratio_config(args)) if mode == "on" else None
+        controller = RatioController(scenario.ratio_config(args)) if mode == "on" else None
         cluster, conditions = deploy.build(args, controller)
         records = cluster.run(specs)
         moves = [move_of(e) for e in cluster.role_events]
-        rows.append(shift.shift_row(args, mode, records, moves))
+        rows.append(scenario.shift_row(args, mode, records, moves))
         log(
             f"sim shift: controller {mode}: attainment {rows[-1]['slo_attainment']}, "
             f"{len(moves)} moves"
         )
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        shift.plot(
+        scenario.plot(
             rows,
-            shift.phases_of(args),
+            scenario.phases_of(args),
             args.out / "shift_sim.png",
             f"P:D controller, simulated ({args.workers} at start, {args.cost})",
         )
     emit(
         "sim shift",
-        {**shift.conditions_of(args), "deployment": conditions},
+        {**scenario.conditions_of(args), "deployment": conditions},
         rows,
-        shift.headline(rows),
+        scenario.headline(rows),
     )
     return 0

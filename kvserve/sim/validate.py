@@ -16,7 +16,7 @@ import argparse
 from typing import Any
 
 from kvserve.bench.compare import run_deployment
-from kvserve.bench.settings import SegmentConfig
+from kvserve.cluster.deployment import SegmentConfig
 from kvserve.loadgen import options as opt
 from kvserve.report import emit, log
 from kvserve.settings import add_config_args, config_from_args

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.bench.compare import parse_deployment
+from kvserve.cluster.deployment import parse_deployment
 
 
 def test_deployment_names() -> None:

@@ -22,9 +22,9 @@ import pytest
 from kvserve.bench import peer_client as pc
 from kvserve.bench import peer_results as pr
 from kvserve.bench import peer_vllm as pv
-from kvserve.bench.compare import parse_deployment
 from kvserve.bench.peer import ENGINE_FIELDS, add_arguments, cluster_options, engine_config
 from kvserve.bench.peer_models import model_shape, safetensors_parameters
+from kvserve.cluster.deployment import parse_deployment
 
 DATA = Path(__file__).parent / "data"
 

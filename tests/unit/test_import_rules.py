@@ -4,6 +4,9 @@ lazy import inside a function counts the same as one at the top).
 - ``kvpool`` imports no project package; ``proto`` only ``kvpool.keyring``;
 - ``workers`` and ``router`` import ``proto`` and ``kvpool``, never each other or ``kvserve``;
 - nothing outside ``kvserve`` imports ``kvserve``;
+- within ``kvserve``, the simulator and the load generator import no benchmark
+  (``kvserve.bench``): what they share lives with them, apart from the live run
+  ``sim validate`` checks the simulator against (:data:`BENCH_ALLOWED`);
 - the pure bookkeeping modules import nothing that computes on tensors or does I/O.
 """
 
@@ -36,22 +39,46 @@ PURE = (
     "router/ratio_config.py",
 )
 IMPURE = ("torch", "numpy", "grpc", "redis", "socket", "subprocess", "urllib", "mooncake")
+NO_BENCH = ("kvserve/sim", "kvserve/loadgen")
+"""Folders whose modules may not import ``kvserve.bench``."""
+BENCH = "kvserve.bench"
+BENCH_ALLOWED = {("kvserve/sim/validate.py", "kvserve.bench.compare", "run_deployment")}
+"""``(file, module, name)``: the one benchmark piece the simulator takes, the live run that
+``sim validate`` compares the simulation with."""
 
 
 def imports(path: Path, root: Path = ROOT) -> set[str]:
     """Every module ``path`` (under ``root``) imports, absolute (relative imports resolved)."""
+    return {module for module, _ in imported_names(path, root)}
+
+
+def imported_names(path: Path, root: Path = ROOT) -> set[tuple[str, str | None]]:
+    """``(module, name)`` for each ``from module import name`` in ``path`` (relative imports
+    resolved) and ``(module, None)`` for each ``import module``."""
     package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
-    found = set()
+    found: set[tuple[str, str | None]] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
+            found |= {(alias.name, None) for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parts, base] if base else parts)
-            found.add(base)
+            found |= {(base, alias.name) for alias in node.names}
     return found
+
+
+def bench_imports(path: Path, root: Path = ROOT) -> set[str]:
+    """What ``path`` takes from ``kvserve.bench`` beyond :data:`BENCH_ALLOWED`, as text."""
+    relative = path.relative_to(root).as_posix()
+    return {
+        f"{relative} imports {target}"
+        for module, name in imported_names(path, root)
+        if (relative, module, name) not in BENCH_ALLOWED
+        for target in [module if name is None else f"{module}.{name}"]
+        if within(target, (BENCH,))
+    }
 
 
 def project(module: str) -> bool:
@@ -75,6 +102,41 @@ def test_each_package_imports_only_what_its_rule_allows(package: str) -> None:
         if project(module) and not within(module, ALLOWED[package])
     }
     assert not broken, sorted(broken)
+
+
+@pytest.mark.parametrize("folder", NO_BENCH)
+def test_the_simulator_and_load_generator_import_no_benchmark(folder: str) -> None:
+    broken = {
+        line for path in sorted((ROOT / folder).rglob("*.py")) for line in bench_imports(path)
+    }
+    assert not broken, sorted(broken)
+
+
+def test_the_bench_rule_allows_only_the_named_import(tmp_path: Path) -> None:
+    """The exception names one import of one file: another name beside it, the module
+    itself, the same import elsewhere, and ``from kvserve import bench`` all count."""
+    sim = tmp_path / "kvserve" / "sim"
+    sim.mkdir(parents=True)
+    validate, other = sim / "validate.py", sim / "other.py"
+    validate.write_text("from kvserve.bench.compare import run_deployment\n")
+    assert bench_imports(validate, tmp_path) == set()
+    validate.write_text("from kvserve.bench.compare import run_deployment, started\n")
+    assert bench_imports(validate, tmp_path) == {
+        "kvserve/sim/validate.py imports kvserve.bench.compare.started"
+    }
+    validate.write_text("def f():\n    import kvserve.bench.compare\n")
+    assert bench_imports(validate, tmp_path) == {
+        "kvserve/sim/validate.py imports kvserve.bench.compare"
+    }
+    other.write_text("from kvserve.bench.compare import run_deployment\n")
+    assert bench_imports(other, tmp_path) == {
+        "kvserve/sim/other.py imports kvserve.bench.compare.run_deployment"
+    }
+    other.write_text("from kvserve import bench\nfrom ..bench.serve import timed\n")
+    assert bench_imports(other, tmp_path) == {
+        "kvserve/sim/other.py imports kvserve.bench",
+        "kvserve/sim/other.py imports kvserve.bench.serve.timed",
+    }
 
 
 @pytest.mark.parametrize("path", PURE)

@@ -14,7 +14,6 @@ from kvserve.bench.tracesim import (
     TRACE_HASHER,
     TRACE_NAMESPACE,
     HitCount,
-    LRUCache,
     TraceRequest,
     block_chain,
     load_trace,
@@ -22,6 +21,7 @@ from kvserve.bench.tracesim import (
     parse_trace,
 )
 from kvserve.loadgen.mooncake_trace import SHIPPED
+from kvserve.sim.lru import LRUCache
 
 
 def req(ids: list[int], tokens: int | None = None, t_ms: int = 0) -> TraceRequest:
