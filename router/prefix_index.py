@@ -128,7 +128,7 @@ class PrefixIndex:
         hashes = (event.hash for event in batch.events)
         if batch.part == 0:
             worker.pending = set(hashes)
-        elif contiguous and worker.pending is not None and batch.part == worker.pending_part + 1:
+        elif worker.pending is not None and batch.part == worker.pending_part + 1:
             worker.pending.update(hashes)
         else:  # earlier parts were missed (a gap), or out of protocol (the set stands)
             worker.pending = None
@@ -151,6 +151,7 @@ class PrefixIndex:
         worker = self._workers.pop(worker_id, None)
         if worker is not None:
             self._drop(worker)
+            self._synced_mask &= ~(1 << worker.bit)
             del self._ids[worker.bit]
             self._free_bits.append(worker.bit)
 

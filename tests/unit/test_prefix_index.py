@@ -74,25 +74,33 @@ class SimWorker:
         self.seq += 1
 
 
+Op = tuple[int, str, list[tuple[bool, int]]]
 OPS = st.lists(
     st.tuples(
         st.integers(0, len(IDS) - 1),
-        st.sampled_from(["store", "store", "store", "remove", "flush", "flush", "snapshot",
-                         "restart"]),
-        st.sampled_from(UNIVERSE),
+        st.sampled_from(["step"] * 6 + ["edit", "snapshot", "restart"]),
+        st.lists(st.tuples(st.booleans(), st.sampled_from(UNIVERSE)), max_size=4),
     ),
-    max_size=60,
-)  # fmt: skip
+    min_size=12,
+    max_size=50,
+)
+"""Per op, one worker: a ``step`` stores (True) or removes names then publishes them, an
+``edit`` only changes its cache (published with its next step, or lost by a restart)."""
 CHAINS = st.lists(st.lists(st.sampled_from(UNIVERSE), max_size=8, unique=True), max_size=3)
 
 
-def run(workers: dict[str, SimWorker], ops: Iterable[tuple[int, str, int]]) -> None:
-    for i, op, h in ops:
+def run(workers: dict[str, SimWorker], ops: Iterable[Op]) -> None:
+    for i, kind, changes in ops:
         worker = workers[IDS[i]]
-        if op in ("store", "remove"):
-            getattr(worker, op)(h)
-        else:
-            getattr(worker, op)()
+        for store, h in changes if kind in ("step", "edit") else ():
+            if store:
+                worker.store(h)
+            else:
+                worker.remove(h)
+        if kind == "step":
+            worker.flush()
+        elif kind in ("snapshot", "restart"):
+            getattr(worker, kind)()
 
 
 def fleet() -> tuple[dict[str, SimWorker], list[EventBatch], Truth]:
@@ -106,7 +114,9 @@ def leading(chain: list[int], held: Iterable[int]) -> int:
     return next((i for i, h in enumerate(chain) if h not in held), len(chain))
 
 
-def check_safe(index: PrefixIndex, newest: dict[str, float], truth: Truth, chains: list[list[int]]) -> None:  # fmt: skip
+def check_safe(
+    index: PrefixIndex, newest: dict[str, float], truth: Truth, chains: list[list[int]]
+) -> None:
     """Every claim of the index holds of the model (module docstring)."""
     for worker_id, incarnation in newest.items():
         position = index.position(worker_id)
@@ -126,7 +136,9 @@ def check_safe(index: PrefixIndex, newest: dict[str, float], truth: Truth, chain
 
 @settings(max_examples=300, deadline=None)
 @given(ops=OPS, data=st.data(), chains=CHAINS)
-def test_any_delivery_leaves_the_index_true_or_silent(ops: list[tuple[int, str, int]], data: st.DataObject, chains: list[list[int]]) -> None:  # fmt: skip
+def test_any_delivery_leaves_the_index_true_or_silent(
+    ops: list[Op], data: st.DataObject, chains: list[list[int]]
+) -> None:
     workers, wire, truth = fleet()
     run(workers, ops)
     plan = data.draw(
@@ -156,7 +168,7 @@ def test_any_delivery_leaves_the_index_true_or_silent(ops: list[tuple[int, str, 
     for batch in wire[after:]:
         index.apply(batch)
     assert index.wanting_snapshot() == []
-    for worker_id, worker in workers.items():
+    for worker in workers.values():
         settled(index, worker)
 
 
@@ -175,7 +187,9 @@ def settled(index: PrefixIndex, worker: SimWorker) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(ops=OPS, replays=st.lists(st.tuples(st.integers(0, 200), st.integers(0, 200))))
-def test_in_order_delivery_with_replays_never_needs_a_snapshot(ops: list[tuple[int, str, int]], replays: list[tuple[int, int]]) -> None:  # fmt: skip
+def test_in_order_delivery_with_replays_never_needs_a_snapshot(
+    ops: list[Op], replays: list[tuple[int, int]]
+) -> None:
     workers, wire, _ = fleet()
     run(workers, ops)
     for worker in workers.values():
@@ -194,3 +208,85 @@ def test_in_order_delivery_with_replays_never_needs_a_snapshot(ops: list[tuple[i
     assert stats.gaps == 0 and stats.unsynced == [] and stats.batches == len(arrivals)
     for worker in workers.values():
         settled(index, worker)
+
+
+def delta(seq: int, *events: KVEvent, worker: str = "w0", incarnation: float = 1.0) -> EventBatch:
+    return EventBatch(worker, incarnation, seq, events)
+
+
+def snap(seq: int, part: int, final: bool, *names: int, worker: str = "w0") -> EventBatch:
+    events = tuple(Stored(h, 0) for h in names)
+    return EventBatch(worker, 1.0, seq, events, snapshot=True, part=part, final=final)
+
+
+def test_a_snapshot_replaces_what_the_index_knew() -> None:
+    """A synced worker that resyncs (its snapshot differs: events it could not publish)."""
+    index = PrefixIndex()
+    assert index.apply(delta(0, Stored(1, 0), Stored(2, 1), Stored(3, 2))) is Outcome.APPLIED
+    assert index.apply(snap(1, 0, False, 1, 4)) is Outcome.APPLIED
+    assert index.matched("w0", [1, 2, 3]) == 3  # still answers while the parts come
+    assert index.apply(snap(2, 1, True, 5)) is Outcome.SNAPSHOT
+    assert index.blocks("w0") == {1, 4, 5}
+    assert index.matched_all([1, 2]) == {"w0": 1}
+    assert index.matched_all([4, 5]) == {"w0": 2}
+    assert index.matched_all([2, 3]) == {"w0": 0}
+    assert index.stats().snapshots == 1
+
+
+def test_a_gap_silences_a_worker_until_its_snapshot() -> None:
+    index = PrefixIndex()
+    index.apply(delta(0, Stored(1, 0), Stored(2, 1)))
+    index.apply(delta(0, Stored(1, 0), Stored(2, 1), worker="w1"))
+    assert index.apply(delta(2, Stored(3, 2))) is Outcome.GAP
+    assert index.apply(delta(3, Stored(4, 3))) is Outcome.IGNORED
+    assert index.wanting_snapshot() == ["w0"] and not index.synced("w0")
+    assert index.matched("w0", [1, 2]) == 0
+    assert index.matched_all([1, 2]) == {"w0": 0, "w1": 2}
+    assert index.apply(snap(1, 0, True, 1, 2)) is Outcome.STALE  # older than seen
+    assert index.apply(snap(4, 0, False, 1, 2)) is Outcome.APPLIED
+    assert index.matched("w0", [1, 2]) == 0  # not before the final part
+    assert index.apply(snap(5, 1, True, 3, 4)) is Outcome.SNAPSHOT
+    assert index.matched_all([1, 2, 3, 4, 9]) == {"w0": 4, "w1": 2}
+    stats = index.stats()
+    assert (stats.gaps, stats.snapshots, stats.stale, stats.unsynced) == (1, 1, 1, [])
+    assert stats.blocks == {"w0": 4, "w1": 2} and stats.batches == 7
+
+
+def test_snapshot_parts_out_of_protocol_are_not_believed() -> None:
+    index = PrefixIndex()
+    index.apply(delta(0, Stored(1, 0)))
+    assert index.apply(snap(1, 1, True, 7)) is Outcome.IGNORED  # a part 1 without part 0
+    assert index.apply(snap(2, 0, False, 1)) is Outcome.APPLIED
+    assert index.apply(snap(3, 2, True, 8)) is Outcome.IGNORED  # part 2 after part 0
+    assert index.apply(snap(4, 1, True, 9)) is Outcome.IGNORED  # that snapshot is abandoned
+    assert index.blocks("w0") == {1} and index.synced("w0")
+    assert index.apply(snap(5, 0, False, 1)) is Outcome.APPLIED
+    assert index.apply(snap(7, 2, True, 6)) is Outcome.GAP  # part 1 missed
+    assert index.blocks("w0") == set() and index.wanting_snapshot() == ["w0"]
+
+
+def test_a_restart_drops_the_old_process_and_its_late_batches() -> None:
+    index = PrefixIndex()
+    index.apply(delta(0, Stored(1, 0), Stored(2, 1)))
+    index.apply(delta(1, Removed(2)))
+    assert index.apply(delta(0, Stored(5, 0), incarnation=2.0)) is Outcome.APPLIED
+    assert index.blocks("w0") == {5} and index.position("w0") == (2.0, 0)
+    assert index.apply(delta(2, Stored(1, 0), incarnation=1.0)) is Outcome.STALE
+    assert index.matched_all([1]) == {"w0": 0} and index.matched_all([5]) == {"w0": 1}
+    assert index.apply(delta(3, Stored(6, 5), incarnation=3.0)) is Outcome.GAP  # joined late
+    assert index.stats().restarts == 2 and index.blocks("w0") == set()
+
+
+def test_forget_drops_a_worker_and_its_slot_is_reused_clean() -> None:
+    index = PrefixIndex()
+    index.apply(delta(0, Stored(1, 0), Stored(2, 1), worker="a"))
+    index.apply(delta(0, Stored(1, 0), worker="b"))
+    index.forget("a")
+    index.forget("nobody")
+    assert index.matched_all([1, 2]) == {"b": 1}
+    assert index.position("a") is None and index.matched("a", [1]) == 0
+    index.apply(delta(0, Stored(9, 0), worker="c"))  # takes a's slot
+    assert index.matched_all([1, 2]) == {"b": 1, "c": 0}
+    assert index.matched_all([9]) == {"b": 0, "c": 1}
+    assert index.matched_all([]) == {"b": 0, "c": 0}
+    assert index.stats().blocks == {"b": 1, "c": 1}
