@@ -245,8 +245,9 @@ def publish_batch(
     client: redis.Redis, keys: Keys, batch: EventBatch, maxlen: int = DEFAULT_MAXLEN
 ) -> bytes:
     """XADD ``batch`` to the cluster's stream, trimming it to about ``maxlen`` entries;
-    returns the entry id. Redis failures propagate (the caller counts a lost batch as a
-    gap: its next batch must be a snapshot, or the router will ask for one)."""
+    returns the entry id. Redis failures propagate; the failed batch keeps its seq (the
+    next one gets the following seq), so readers see the gap, and the worker's next
+    publication should be a snapshot."""
     entry: dict[Any, Any] = {STREAM_FIELD: encode_batch(keys, batch)}
     entry_id = client.xadd(stream_name(keys), entry, maxlen=maxlen, approximate=True)
     return entry_id if isinstance(entry_id, bytes) else str(entry_id).encode()

@@ -147,7 +147,9 @@ class PrefixIndex:
         return self._count(Outcome.SNAPSHOT)
 
     def forget(self, worker_id: str) -> None:
-        """Drop everything known of ``worker_id`` (it left the cluster); unknown: no-op."""
+        """Drop everything known of ``worker_id`` (it left the registry); unknown: no-op. A
+        batch of it that arrives later makes it known again as a worker never seen (so the
+        caller applies only batches of workers in the registry)."""
         worker = self._workers.pop(worker_id, None)
         if worker is not None:
             self._drop(worker)

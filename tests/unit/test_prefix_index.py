@@ -260,8 +260,12 @@ def test_snapshot_parts_out_of_protocol_are_not_believed() -> None:
     assert index.apply(snap(3, 2, True, 8)) is Outcome.IGNORED  # part 2 after part 0
     assert index.apply(snap(4, 1, True, 9)) is Outcome.IGNORED  # that snapshot is abandoned
     assert index.blocks("w0") == {1} and index.synced("w0")
-    assert index.apply(snap(5, 0, False, 1)) is Outcome.APPLIED
-    assert index.apply(snap(7, 2, True, 6)) is Outcome.GAP  # part 1 missed
+    assert index.apply(snap(5, 0, False, 1, 7)) is Outcome.APPLIED
+    assert index.apply(snap(6, 0, False, 1)) is Outcome.APPLIED  # the worker began again
+    assert index.apply(snap(7, 1, True, 2)) is Outcome.SNAPSHOT
+    assert index.blocks("w0") == {1, 2}
+    assert index.apply(snap(8, 0, False, 1)) is Outcome.APPLIED
+    assert index.apply(snap(10, 2, True, 6)) is Outcome.GAP  # part 1 missed
     assert index.blocks("w0") == set() and index.wanting_snapshot() == ["w0"]
 
 
