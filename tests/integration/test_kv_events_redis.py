@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from kvpool.master import free_local_ports
+from kvpool.net import free_local_ports
 from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto.kv_events import (
     STREAM_FIELD,
