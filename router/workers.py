@@ -23,7 +23,9 @@ Lifecycle of :class:`WorkerView`:
    answering leaves routing within that time); a registry restarted empty is refilled by
    the workers' next heartbeats meanwhile;
 4. a channel whose address has not been seen for ``channel_grace_s`` is closed (in-flight
-   calls to a vanished worker get that long to end by themselves);
+   calls to a vanished worker get that long to end by themselves), and so is one replaced
+   by a restarted worker's that long ago (a flow placed with it just before still calls
+   an open channel);
 5. ``stop()`` ends polling and closes every channel.
 
 :class:`router.live_worker.LiveWorker` is a worker of the view and its stub.
@@ -104,6 +106,8 @@ class WorkerView:
             cluster, socket_timeout=cluster.heartbeat_ttl_s, socket_connect_timeout=1.0
         )
         self._channels: dict[str, _Channel] = {}
+        self._retired: list[tuple[float, grpc.aio.Channel]] = []
+        """Channels replaced by a restarted worker's, with when: closed after the grace."""
         self._seen: dict[str, tuple[float, WorkerRecord]] = {}
         self._holds: dict[str, str] = {}  # worker id -> the role that ends its hold
         self._task: asyncio.Task[None] | None = None
@@ -125,7 +129,10 @@ class WorkerView:
                 await self._polling
         for entry in self._channels.values():
             await entry.channel.close(None)
+        for _, channel in self._retired:
+            await channel.close(None)
         self._channels.clear()
+        self._retired.clear()
         self._seen.clear()
         self._redis.close()
 
@@ -241,7 +248,7 @@ class WorkerView:
         process that died, failing every call at once with UNAVAILABLE for up to a second."""
         entry = self._channels.get(record.address)
         if entry is not None and entry.started_at != record.started_at:
-            await entry.channel.close(None)  # its process is gone: its calls failed already
+            self._retired.append((now, entry.channel))  # flows placed before may still call
             entry = None
         if entry is None:
             channel = channels.channel(record.address, self._cluster)
@@ -250,9 +257,18 @@ class WorkerView:
         entry.seen_at = now
 
     async def _close_stale(self, now: float) -> None:
+        """Close the channels of addresses unseen for ``channel_grace_s``, and the channels
+        replaced that long ago: a flow placed with the old stub just before the new process
+        was seen gets UNAVAILABLE from it (or reaches the new process at the same address),
+        never a closed channel."""
         stale = [a for a, e in self._channels.items() if now - e.seen_at > self._grace_s]
         for address in stale:
             await self._channels.pop(address).channel.close(None)
+        keep = [(t, c) for t, c in self._retired if now - t <= self._grace_s]
+        for t, channel in self._retired:
+            if now - t > self._grace_s:
+                await channel.close(None)
+        self._retired = keep
 
 
 def _with_load(record: WorkerRecord, report: pb.LoadReport) -> WorkerRecord | None:

@@ -7,11 +7,13 @@ Lifecycle:
    load the model and size the KV cache (:class:`workers.engine.Engine`), join the KV pool
    (a pool that cannot be joined is logged: a ``mixed`` worker serves without it, the other
    roles refuse to start); run one throwaway request (:func:`workers.warmup.warm_up`);
-2. check the worker's KV contract against the cluster's and publish its record (Redis):
-   a mismatch stops the worker with the reason;
-3. start the engine thread, the gRPC server (``Worker`` and the standard health service,
-   SERVING from here on; keepalive and TLS from :mod:`proto.channels`) and the heartbeat
-   thread;
+2. start the engine thread and the gRPC server (``Worker`` and the standard health
+   service, NOT_SERVING yet; keepalive and TLS from :mod:`proto.channels`);
+3. check the worker's KV contract against the cluster's and publish its record (Redis):
+   a mismatch stops the worker with the reason. The port is open before the record is
+   out: a router that reads the record connects at once (a router that tried a port not
+   yet open would back off, and fail calls meanwhile). Then health SERVING and the
+   heartbeat thread;
 4. on SIGTERM or SIGINT: health NOT_SERVING, withdraw the record, stop accepting RPCs and
    give running ones a grace period, stop the engine thread, leave the pool.
 """
@@ -126,6 +128,18 @@ def registry_admits(cluster: ClusterConfig) -> bool:
     return True
 
 
+def _join(heartbeat: Heartbeat, cluster: ClusterConfig) -> str | None:
+    """Publish the worker's record the first time (its KV contract checked against the
+    cluster's); why it could not be, or None."""
+    try:
+        heartbeat.beat()
+    except (ContractMismatchError, RegistryAccessError) as exc:
+        return str(exc)
+    except (redis.RedisError, OSError) as exc:
+        return explain(cluster, exc)
+    return None
+
+
 async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -> int:
     loop = EngineLoop(engine)
     record = make_record(worker, engine, advertised(worker))
@@ -140,16 +154,6 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
 
     heartbeat = Heartbeat(cluster, record, load)
     loop.start()
-    try:
-        heartbeat.beat()
-    except (ContractMismatchError, RegistryAccessError) as exc:
-        log.error("cannot join cluster %r: %s", cluster.cluster, exc)
-        loop.stop()
-        return 1
-    except (redis.RedisError, OSError) as exc:
-        log.error("cannot join cluster %r: %s", cluster.cluster, explain(cluster, exc))
-        loop.stop()
-        return 1
 
     def republish() -> None:  # a role or drain change is visible at once, not a beat later
         heartbeat.record = replace(heartbeat.record, role=servicer.role)
@@ -170,9 +174,18 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
     server = channels.server(cluster)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_servicer = health_aio.HealthServicer()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     channels.add_port(server, f"{worker.worker_host}:{worker.worker_port}", cluster)
-    await server.start()
+    await server.start()  # listening before the record is published: see the docstring
+    failure = _join(heartbeat, cluster)
+    if failure is not None:
+        log.error("cannot join cluster %r: %s", cluster.cluster, failure)
+        await server.stop(None)
+        if metrics is not None:
+            metrics.shutdown()
+        loop.stop()
+        return 1
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     heartbeat.start()
     log.info(

@@ -1,5 +1,6 @@
 """The router's worker view against a real Redis: a restarted worker is seen at once when a
-flow asks (``WorkerView.renewed``), and concurrent refreshes share one registry poll."""
+flow asks (``WorkerView.renewed``), concurrent refreshes share one registry poll, and the
+channel a restarted worker's replaced stays open for flows placed with it before."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import redis
 
+from proto import worker_pb2 as pb
 from proto.registry import ClusterConfig, WorkerRecord, publish
 from router.live_worker import LiveWorker
 from router.workers import WorkerView
@@ -45,6 +48,9 @@ def test_a_restarted_worker_is_renewed_at_once(redis_url: str, tmp_path: Path) -
             before = len(polls)
             await asyncio.gather(view.refresh(), view.refresh(), view.refresh())
             shared = len(polls) - before
+            with pytest.raises(grpc.aio.AioRpcError) as old_call:  # not a closed channel
+                await old.stub.GetLoad(pb.LoadRequest(), timeout=2)
+            assert old_call.value.code() == grpc.StatusCode.UNAVAILABLE
             return old, same, await view.renewed(old), shared
         finally:
             await view.stop()
