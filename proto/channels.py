@@ -42,13 +42,8 @@ from typing import Any
 
 import grpc
 
-from proto.grpc_auth import (
-    MONITOR,
-    ROUTER,
-    aio_interceptors,
-    server_interceptors,
-    sync_interceptors,
-)
+from proto.grpc_auth import MONITOR, ROUTER, server_interceptors
+from proto.grpc_client_auth import aio_interceptors, sync_interceptors
 from proto.registry import ClusterConfig
 
 log = logging.getLogger(__name__)

@@ -30,10 +30,8 @@ and runs the method otherwise. A refused call never reaches the servicer: its re
 not even parsed. With an empty secret there are no checks at all (:func:`server_interceptors`
 returns none; :mod:`proto.channels` logs that once when the server is built).
 
-Client side, :func:`aio_interceptors` and :func:`sync_interceptors` add the entry to every
-call of a channel (gRPC refuses call credentials on a plaintext channel, so this is done
-with interceptors, which work the same with and without TLS). The token authorizes the
-verb; it is no transport security: across an untrusted network run TLS as well
+Client side, :mod:`proto.grpc_client_auth` adds the entry to every call of a channel. The token
+authorizes the verb; it is no transport security: across an untrusted network run TLS as well
 (:mod:`proto.channels`), or a sniffed token is as good as the secret for its verbs.
 """
 
@@ -206,107 +204,3 @@ def server_interceptors(
 ) -> list[grpc.aio.ServerInterceptor]:  # type: ignore[type-arg]
     """The interceptors of a worker's server: :class:`ServerAuth`, or none without a secret."""
     return [ServerAuth(credentials)] if credentials.secured else []
-
-
-# -- clients ---------------------------------------------------------------------------------
-
-
-def with_header(metadata: Metadata | None, entry: tuple[str, str]) -> list[tuple[str, Any]]:
-    """``metadata`` with ``entry`` as its only authorization entry (one a caller set is
-    replaced, so a call never carries two)."""
-    kept = [(k, v) for k, v in (metadata or ()) if k.lower() != AUTHORIZATION]
-    return [*kept, entry]
-
-
-class _AioToken:
-    """Adds the token to the calls of an asyncio channel: one subclass per call kind, since
-    an asyncio channel files an interceptor under the first kind it implements only."""
-
-    def __init__(self, entry: tuple[str, str]) -> None:
-        self._entry = entry
-
-    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*with_header(d.metadata, self._entry))
-        return grpc.aio.ClientCallDetails(
-            d.method, d.timeout, metadata, d.credentials, d.wait_for_ready
-        )
-
-
-class _AioUnaryUnary(_AioToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-class _AioUnaryStream(_AioToken, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-class _AioStreamUnary(_AioToken, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[type-arg]
-    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(self._details(details), requests)
-
-
-class _AioStreamStream(_AioToken, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[type-arg]
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(self._details(details), requests)
-
-
-_AIO_KINDS = (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)
-
-
-@dataclass(frozen=True)
-class _CallDetails(grpc.ClientCallDetails):
-    method: str
-    timeout: float | None
-    metadata: Any
-    credentials: grpc.CallCredentials | None
-    wait_for_ready: bool | None
-    compression: grpc.Compression | None
-
-
-class _SyncToken(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
-    grpc.StreamUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.StreamStreamClientInterceptor,  # type: ignore[type-arg]
-):
-    """Adds the token to every call of a blocking channel (:func:`grpc.intercept_channel`)."""
-
-    def __init__(self, entry: tuple[str, str]) -> None:
-        self._entry = entry
-
-    def _details(self, d: grpc.ClientCallDetails) -> _CallDetails:
-        metadata = with_header(d.metadata, self._entry)
-        wait = getattr(d, "wait_for_ready", None)
-        compression = getattr(d, "compression", None)
-        return _CallDetails(d.method, d.timeout, metadata, d.credentials, wait, compression)
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._details(details), requests)
-
-    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._details(details), requests)
-
-
-def aio_interceptors(credentials: Credentials, identity: str) -> list[Any]:
-    """Client interceptors of an asyncio channel calling as ``identity`` (none without a
-    secret: the worker checks nothing then). ValueError for an unknown identity,
-    :class:`~proto.credentials.NotGrantedError` for one whose token ``credentials`` lack."""
-    check_identity(identity)
-    if not credentials.secured:
-        return []
-    entry = header(credentials, identity)
-    return [kind(entry) for kind in _AIO_KINDS]
-
-
-def sync_interceptors(credentials: Credentials, identity: str) -> list[Any]:
-    """The same for a blocking channel (for :func:`grpc.intercept_channel`)."""
-    check_identity(identity)
-    return [_SyncToken(header(credentials, identity))] if credentials.secured else []

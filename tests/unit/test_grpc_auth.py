@@ -15,7 +15,7 @@ import pytest
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from proto import channels, grpc_auth, worker_pb2_grpc
+from proto import channels, grpc_auth, grpc_client_auth, worker_pb2_grpc
 from proto import worker_pb2 as pb
 from proto.credentials import Credentials, NotGrantedError, token_digest
 from proto.grants import grant
@@ -97,7 +97,7 @@ def test_a_worker_grant_cannot_make_the_routers_token() -> None:
     with pytest.raises(NotGrantedError, match="router"):
         WORKER_GRANT.token(ROUTER)
     with pytest.raises(NotGrantedError, match="router"):
-        grpc_auth.aio_interceptors(WORKER_GRANT, ROUTER)
+        grpc_client_auth.aio_interceptors(WORKER_GRANT, ROUTER)
     assert WORKER_GRANT.verifier(ROUTER) == token_digest(grpc_token(SECRET, ROUTER))
     router = Credentials.of(grant(SECRET, "router"))
     assert router.token(ROUTER) == grpc_token(SECRET, ROUTER)
@@ -130,13 +130,15 @@ def test_the_verdict_is_a_constant_time_compare_against_the_named_identity(
 def test_without_a_secret_nothing_is_installed() -> None:
     none = Credentials.of("")
     assert grpc_auth.server_interceptors(none) == []
-    assert grpc_auth.aio_interceptors(none, ROUTER) == []
-    assert grpc_auth.sync_interceptors(none, MONITOR) == []
+    assert grpc_client_auth.aio_interceptors(none, ROUTER) == []
+    assert grpc_client_auth.sync_interceptors(none, MONITOR) == []
 
 
 def test_a_callers_own_authorization_is_replaced() -> None:
     entry = grpc_auth.header(FULL, ROUTER)
-    merged = grpc_auth.with_header([("authorization", "Bearer x.y"), ("x-trace", "1")], entry)
+    merged = grpc_client_auth.with_header(
+        [("authorization", "Bearer x.y"), ("x-trace", "1")], entry
+    )
     assert merged == [("x-trace", "1"), entry]
 
 
