@@ -84,6 +84,10 @@ def channel_options(cluster: ClusterConfig) -> list[tuple[str, Any]]:
         ("grpc.initial_reconnect_backoff_ms", first),
         ("grpc.min_reconnect_backoff_ms", first),
         ("grpc.max_reconnect_backoff_ms", longest),
+        # Subchannels are shared by every channel of the process to the same address unless
+        # this is set: a new channel to a restarted worker would inherit the old channel's
+        # connection backoff and fail every call for up to a second.
+        ("grpc.use_local_subchannel_pool", 1),
     ]
 
 

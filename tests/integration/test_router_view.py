@@ -14,7 +14,12 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
+from kvpool.net import free_local_ports
+from proto import channels
 from proto import worker_pb2 as pb
 from proto.registry import ClusterConfig, WorkerRecord, publish
 from router.live_worker import LiveWorker
@@ -64,3 +69,32 @@ def test_a_restarted_worker_is_renewed_at_once(redis_url: str, tmp_path: Path) -
     assert new is not None and new.record.started_at == restarted.started_at
     assert new.stub is not old.stub  # a new channel, not the one backing off from the dead
     assert shared_polls == 1
+
+
+def test_a_new_channel_does_not_inherit_the_old_ones_backoff() -> None:
+    """A channel opened for a restarted worker connects at once: it does not share the
+    connection (and its backoff) of the channel that was refused while nothing listened."""
+    (port,) = free_local_ports(1)
+    address, cluster = f"127.0.0.1:{port}", ClusterConfig()
+
+    async def scenario() -> int:
+        old = channels.channel(address, cluster)
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:  # refused again and again: its backoff grows to 1 s
+            with pytest.raises(grpc.aio.AioRpcError):
+                await health_pb2_grpc.HealthStub(old).Check(HealthCheckRequest(), timeout=0.2)
+            await asyncio.sleep(0.05)
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health_aio.HealthServicer(), server)
+        server.add_insecure_port(address)
+        await server.start()
+        try:
+            new = channels.channel(address, cluster)
+            reply = await health_pb2_grpc.HealthStub(new).Check(HealthCheckRequest(), timeout=5)
+            await new.close(None)
+            return int(reply.status)
+        finally:
+            await old.close(None)
+            await server.stop(None)
+
+    assert asyncio.run(scenario()) == HealthCheckResponse.SERVING
