@@ -7,9 +7,11 @@ one pool object. This module is pure arithmetic over that shape; it imports no t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_WIRE = re.compile(r"L(\d{1,6})xbt(\d{1,6})xH(\d{1,6})xD(\d{1,6})x(\w+)")
 
 
 @dataclass(frozen=True)
@@ -51,3 +53,13 @@ class KVLayout:
         """Byte offset of the (layer, block) span from the start of the slab."""
         assert 0 <= layer < self.num_layers and 0 <= block < self.num_blocks
         return (layer * self.num_blocks + block) * self.span_bytes
+
+
+def token_bytes(wire: str) -> int:
+    """Bytes of one token's KV over all layers in the layout named ``wire``
+    (:attr:`KVLayout.wire`); ``ValueError`` for a name that is not one."""
+    match = _WIRE.fullmatch(wire)
+    if match is None or match.group(5) not in ELEMENT_BYTES:
+        raise ValueError(f"not a KV layout name: {wire[:80]!r}")
+    layers, _, heads, dim = (int(g) for g in match.groups()[:4])
+    return layers * 2 * heads * dim * ELEMENT_BYTES[match.group(5)]

@@ -22,18 +22,15 @@ DEFAULT_PREFILL_TOKENS_PER_S = 2000.0
 """Prefill speed assumed for a worker that has not measured its own yet (reports 0)."""
 
 POOL_FETCH_S_PER_TOKEN = 2e-5
-"""Seconds to load one prompt token's KV (all layers) from the pool into a worker.
-
-A deliberately rough constant: about 50k tokens/s, i.e. a few GB/s for a small model over
-TCP, which makes a pool hit far cheaper than recomputing on CPU yet not free. It only
-breaks ties between prefill workers whose local caches differ, so it needs no precision.
-"""
+"""Seconds to load one prompt token's KV (all layers) from the pool into a worker that has
+not measured its own speed yet (:attr:`WorkerLoad.pool_fetch_tokens_per_s` is 0): about
+50k tokens/s, a few GB/s for a small model over TCP."""
 
 HANDOFF_S = 0.05
 """Fixed seconds a hand-off adds to a request's first token over a local prefill: the
-reservation and prefill RPCs and the landing's polling. As rough as
-:data:`POOL_FETCH_S_PER_TOKEN`: it keeps a short prompt on its decode worker unless that
-worker is clearly backed up (:func:`prefill_remotely`)."""
+reservation and prefill RPCs and the landing's polling. A rough constant: it keeps a short
+prompt on its decode worker unless that worker is clearly backed up
+(:func:`prefill_remotely`)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +46,9 @@ class WorkerLoad:
     free_pages: int = 0
     total_pages: int = 0
     prefill_tokens_per_s: float = 0.0
+    pool_fetch_tokens_per_s: float = 0.0
+    """Prompt tokens of KV per second the worker read from the pool so far (its landings'
+    bytes over their read time, per token); 0: not measured yet."""
     report_at: float = 0.0
     """When the worker made this report (its clock); tells reports apart, nothing more."""
 
@@ -56,6 +56,13 @@ class WorkerLoad:
     def prefill_speed(self) -> float:
         speed = self.prefill_tokens_per_s
         return speed if speed > 0 else DEFAULT_PREFILL_TOKENS_PER_S
+
+    @property
+    def fetch_s_per_token(self) -> float:
+        """Seconds to load one token's KV from the pool: measured, else
+        :data:`POOL_FETCH_S_PER_TOKEN`."""
+        speed = self.pool_fetch_tokens_per_s
+        return 1.0 / speed if speed > 0 else POOL_FETCH_S_PER_TOKEN
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,7 @@ def predicted_ttft(request: PlacementRequest, worker: WorkerLoad) -> float:
 
     Queue wait (its queued prefill tokens at its speed) + the tokens neither its local
     cache nor the pool holds, at its speed + the pooled tokens its local cache lacks, at
-    :data:`POOL_FETCH_S_PER_TOKEN`.
+    its pool fetch speed (:attr:`WorkerLoad.fetch_s_per_token`).
     """
     local = request.local_on(worker.worker_id)
     cached = max(local, min(request.pooled_tokens, request.prompt_tokens))
@@ -205,14 +212,14 @@ def predicted_ttft(request: PlacementRequest, worker: WorkerLoad) -> float:
     speed = worker.prefill_speed
     queue_s = worker.queued_prefill_tokens / speed
     compute_s = (request.prompt_tokens - cached) / speed
-    return queue_s + compute_s + fetched * POOL_FETCH_S_PER_TOKEN
+    return queue_s + compute_s + fetched * worker.fetch_s_per_token
 
 
 def handoff_s(request: PlacementRequest, decoder: WorkerLoad) -> float:
     """Seconds a hand-off to ``decoder`` adds: :data:`HANDOFF_S`, plus loading the prompt's
-    KV that its own cache lacks at :data:`POOL_FETCH_S_PER_TOKEN`."""
+    KV that its own cache lacks at its pool fetch speed."""
     missing = request.prompt_tokens - request.local_on(decoder.worker_id)
-    return HANDOFF_S + missing * POOL_FETCH_S_PER_TOKEN
+    return HANDOFF_S + missing * decoder.fetch_s_per_token
 
 
 def prefill_remotely(

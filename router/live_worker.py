@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvpool.layout import token_bytes
 from proto.registry import WorkerRecord
 from router.conductor import WorkerLoad
 
@@ -56,8 +57,21 @@ class LiveWorker:
             free_pages=int(get("free_pages", 0)),
             total_pages=int(get("total_pages", 0)),
             prefill_tokens_per_s=float(get("prefill_tokens_per_s", 0.0)),
+            pool_fetch_tokens_per_s=self._fetch_speed(),
             report_at=self.record.heartbeat_at,
         )
+
+    def _fetch_speed(self) -> float:
+        """Tokens of KV per second its landings read from the pool (0: none yet, or a
+        contract that names no layout)."""
+        get = self.record.load.get
+        seconds = float(get("kv_read_seconds", 0.0))
+        read = float(get("kv_bytes_read", 0))
+        try:
+            per_token = token_bytes(self.record.contract.rpartition("|")[2])
+        except ValueError:
+            return 0.0
+        return read / per_token / seconds if seconds > 0 and read > 0 else 0.0
 
 
 def record_role(record: WorkerRecord) -> str:

@@ -27,14 +27,17 @@ cache as of that seq). Applying a batch (:class:`Outcome` says what happened):
   collection. While a snapshot is collected without a jump, a synced worker keeps
   answering from its current set (a snapshot changes nothing in the worker's cache).
 
-Answers are lookups only: ``matched_all`` walks the chain once against one map from a name
-to the bitmask of the synced workers that hold it, whatever the number of workers.
+Answers are lookups only: ``matched_all`` passes over the chain once against one map from
+a name to the bitmask of the synced workers that hold it, whatever the number of workers.
 Not thread-safe: one owner (the router's event loop) applies and asks.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
+import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -165,32 +168,27 @@ class PrefixIndex:
         worker = self._workers.get(worker_id)
         if worker is None or not worker.synced:
             return 0
-        blocks = worker.blocks
-        for i, h in enumerate(hashes):
-            if h not in blocks:
-                return i
-        return len(hashes)
+        held = list(map(worker.blocks.__contains__, hashes))  # one C-level pass
+        return held.index(False) if False in held else len(held)
 
     def matched_all(self, hashes: Sequence[int]) -> dict[str, int]:
-        """:meth:`matched` for every known worker, in one walk of ``hashes``."""
+        """:meth:`matched` for every known worker, in one pass over ``hashes``: the running
+        AND of the holder masks (C-level ``map`` and ``accumulate``) says, at each
+        position, which workers hold the whole chain up to there; each worker's count is a
+        binary search over it (its bit is set on a leading run only)."""
         result = dict.fromkeys(self._workers, 0)
         alive = self._synced_mask
-        holders = self._holders
-        for i, h in enumerate(hashes):
-            if not alive:
-                return result
-            held = alive & holders.get(h, 0)
-            if held != alive:
-                self._record(result, alive & ~held, i)
-                alive = held
-        self._record(result, alive, len(hashes))
-        return result
-
-    def _record(self, result: dict[str, int], bits: int, count: int) -> None:
+        if not alive or not hashes:
+            return result
+        masks = map(self._holders.get, hashes, itertools.repeat(0))
+        running = list(itertools.accumulate(masks, operator.and_, initial=alive))
+        bits = alive
         while bits:
             low = bits & -bits
-            result[self._ids[low.bit_length() - 1]] = count
             bits ^= low
+            count = bisect.bisect_left(running, True, key=lambda m: not m & low) - 1
+            result[self._ids[low.bit_length() - 1]] = count
+        return result
 
     def synced(self, worker_id: str) -> bool:
         """Whether the index knows ``worker_id``'s cache (False for an unknown worker)."""
@@ -257,57 +255,3 @@ class PrefixIndex:
         self._drop(worker)
         worker.synced = False
         self._synced_mask &= ~(1 << worker.bit)
-
-
-def time_query(
-    workers: int = 4, held: int = 100_000, prompt_blocks: int = 2048, repeats: int = 300
-) -> dict[str, float]:
-    """Seconds of one :meth:`PrefixIndex.matched_all` (wall-clock median and min; the
-    median of this thread's CPU time, which leaves out time taken by other processes) and
-    of :meth:`matched` for every worker, for a chain of ``prompt_blocks`` 256-bit
-    names, each worker holding ``held`` blocks, stored in random order: worker ``i`` holds
-    the first ``(i+1)/workers`` of the chain (the last all of it: the walk never stops
-    early). The chain is asked as new int objects, as the router computes it."""
-    import random
-    import statistics
-    import time
-
-    rng = random.Random(0)
-    chain = [rng.getrandbits(256) for _ in range(prompt_blocks)]
-    index = PrefixIndex()
-    for i in range(workers):
-        mine = chain[: prompt_blocks * (i + 1) // workers]
-        mine += [rng.getrandbits(256) for _ in range(held - len(mine))]
-        rng.shuffle(mine)
-        for part, start in enumerate(range(0, len(mine), 4096)):
-            events = tuple(Stored(h, 0) for h in mine[start : start + 4096])
-            final = start + 4096 >= len(mine)
-            index.apply(EventBatch(f"w{i}", 1.0, part, events, True, part, final))
-    query = [int.from_bytes(h.to_bytes(32, "big"), "big") for h in chain]
-    ids = [f"w{i}" for i in range(workers)]
-    wall: list[float] = []
-    cpu: list[float] = []
-    each: list[float] = []
-    for _ in range(repeats):
-        for worker_id in ids:  # other work between two questions: the caches are not warm
-            index.matched(worker_id, query)
-        t0, c0 = time.perf_counter(), time.thread_time()
-        index.matched_all(query)
-        c1, t1 = time.thread_time(), time.perf_counter()
-        for worker_id in ids:
-            index.matched(worker_id, query)
-        each.append(time.perf_counter() - t1)
-        wall.append(t1 - t0)
-        cpu.append(c1 - c0)
-    return {
-        "matched_all wall median": statistics.median(wall),
-        "matched_all cpu median": statistics.median(cpu),
-        "matched_all wall min": min(wall),
-        "matched x workers wall median": statistics.median(each),
-    }
-
-
-if __name__ == "__main__":  # python -m router.prefix_index
-    print("4 workers x 100k blocks, a 2048-block chain:")
-    for name, seconds in time_query().items():
-        print(f"  {name}: {seconds * 1e6:.0f} us")

@@ -163,6 +163,7 @@ class BlockManager:
         """
         named = self.upcoming(seq, 0)
         first, epoch = len(seq.block_hashes), seq.page_epoch
+        parent = seq.block_hashes[-1] if seq.block_hashes else self.root(seq)
         for i, (block_hash, page) in enumerate(named):
             other = self.pool.lookup(block_hash) if share else None
             if other is not None and other != page:
@@ -173,7 +174,8 @@ class BlockManager:
                 named[i] = NamedBlock(block_hash, other)
                 page = other
             seq.block_hashes.append(block_hash)
-            self.pool.cache(page, block_hash)
+            self.pool.cache(page, block_hash, parent)
+            parent = block_hash
         return named
 
     def pull_remote(self, seq: Sequence, remote: RemotePrefix) -> int:
@@ -197,8 +199,9 @@ class BlockManager:
             return 0
         pages = self.pool.allocate(n)
         loaded = remote.load(wanted[:n], pages)
-        for h, page in zip(wanted[:loaded], pages, strict=False):
-            self.pool.cache(page, h)
+        parents = [hashes[local - 1] if local else self.root(seq), *wanted]
+        for h, parent, page in zip(wanted[:loaded], parents, pages, strict=False):
+            self.pool.cache(page, h, parent)
         self.pool.free(reversed(pages))
         return loaded
 

@@ -5,6 +5,14 @@ page may still carry the hash of the full block it holds, so a later request wit
 prefix can take it back (:meth:`BlockPool.lookup` + :meth:`BlockPool.touch`) instead of
 recomputing. :meth:`BlockPool.allocate` takes the least recently freed page and forgets its
 hash (eviction). Invariant: ``num_free + num_used == num_blocks``.
+
+Once :meth:`BlockPool.log_events` was called, the pool also logs every change of its
+prefix-cache index as a KV event (:mod:`proto.kv_events`): :class:`Stored` when
+:meth:`BlockPool.cache` names a page, :class:`Removed` when a name is forgotten (eviction
+by :meth:`BlockPool.allocate`, or :meth:`BlockPool.reset_prefix_cache`), in order. The
+owner drains them with :meth:`BlockPool.take_events` (once per engine step) and publishes
+them; replaying the names cached when logging began, then every event drained since, gives
+:meth:`BlockPool.cached_names`.
 """
 
 from __future__ import annotations
@@ -12,9 +20,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from proto.kv_events import KVEvent, Removed, Stored
+
 
 class BlockPool:
-    """Pages ``0 .. num_blocks - 1``; all free at start, in id order."""
+    """Pages ``0 .. num_blocks - 1``; all free at start, in id order; KV events logged
+    once :meth:`log_events` was called (module docstring)."""
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
@@ -24,6 +35,7 @@ class BlockPool:
         self.block_hash: list[int | None] = [None] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._by_hash: dict[int, int] = {}
+        self._events: list[KVEvent] | None = None
 
     @property
     def num_free(self) -> int:
@@ -71,13 +83,18 @@ class BlockPool:
             if self.ref_counts[block] == 0:
                 self._free[block] = None
 
-    def cache(self, block: int, block_hash: int) -> None:
-        """Record that ``block`` holds the full block ``block_hash`` (first writer wins)."""
+    def cache(self, block: int, block_hash: int, parent: int = 0) -> None:
+        """Record that ``block`` holds the full block ``block_hash``, whose parent in the
+        prefix chain is ``parent`` (carried in the event only; 0 where the caller has no
+        chain). First writer wins: a name already held, or a page already named, changes
+        nothing and logs nothing."""
         assert self.ref_counts[block] > 0, f"caching unowned page {block}"
         if block_hash in self._by_hash or self.block_hash[block] is not None:
             return
         self.block_hash[block] = block_hash
         self._by_hash[block_hash] = block
+        if self._events is not None:
+            self._events.append(Stored(block_hash, parent))
 
     def _forget_hash(self, block: int) -> None:
         h = self.block_hash[block]
@@ -85,8 +102,31 @@ class BlockPool:
             self.block_hash[block] = None
             if self._by_hash.get(h) == block:
                 del self._by_hash[h]
+                if self._events is not None:
+                    self._events.append(Removed(h))
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (pages keep their owners)."""
+        if self._events is not None:
+            self._events.extend(Removed(h) for h in self._by_hash)
         self._by_hash.clear()
         self.block_hash = [None] * self.num_blocks
+
+    def log_events(self) -> None:
+        """Log KV events from now on (the names cached before are in
+        :meth:`cached_names`). The owner must drain them (:meth:`take_events`): they are
+        kept until then."""
+        if self._events is None:
+            self._events = []
+
+    def take_events(self) -> list[KVEvent]:
+        """The events logged since the last call, oldest first (none before
+        :meth:`log_events`)."""
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
+
+    def cached_names(self) -> list[int]:
+        """Every block name the prefix cache holds now (a snapshot's contents)."""
+        return list(self._by_hash)

@@ -11,11 +11,9 @@ import redis
 
 from kvpool.net import free_local_ports
 from kvserve.cluster.redis import RedisConfig, RedisProcess
-from proto.kv_events import (
+from proto.kv_events import EventBatch, Removed, Stored
+from proto.kv_stream import (
     STREAM_FIELD,
-    EventBatch,
-    Removed,
-    Stored,
     encode_batch,
     publish_batch,
     read_batches,

@@ -34,6 +34,7 @@ PURE = (
     "router/conductor.py",
     "router/admission.py",
     "router/pending.py",
+    "router/prefix_index.py",
     "router/kv_wait.py",
     "router/ratio.py",
     "router/ratio_config.py",

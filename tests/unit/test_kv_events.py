@@ -14,15 +14,17 @@ import pytest
 from proto import records
 from proto.kv_events import (
     HASH_LIMIT,
-    MAX_BATCH_BYTES,
     MAX_EVENTS,
     MAX_SEQ,
-    OVERSIZE,
     WORKER_ID,
     BatchError,
     EventBatch,
     Removed,
     Stored,
+)
+from proto.kv_stream import (
+    MAX_BATCH_BYTES,
+    OVERSIZE,
     decode_batch,
     encode_batch,
     seal_body,
