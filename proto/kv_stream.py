@@ -22,7 +22,11 @@ parsed), the JSON, then the schema (:meth:`EventBatch.__post_init__`). Any failu
 
 Redis transport: one stream per cluster (:func:`stream_name`), one field per entry;
 :func:`publish_batch` (XADD, approximately capped) and :func:`read_batches` (XREAD after an
-entry id, bad entries returned as :class:`proto.refusals.Rejection`, never raised).
+entry id, bad entries returned as :class:`proto.refusals.Rejection`, never raised). A
+reader that needs a worker's snapshot (it missed events, or it just started) sets that
+worker's request key (:func:`request_snapshot`, expiring); the worker takes it
+(:func:`take_snapshot_request`) and publishes one. The key carries nothing: anyone who may
+write Redis can at most make a worker publish snapshots more often (it rate-limits them).
 """
 
 from __future__ import annotations
@@ -198,3 +202,20 @@ def read_batches(
             except BatchError as exc:
                 rejected.append(Rejection(f"{name}/{last.decode()}", exc.reason, str(exc)))
     return Reading(batches, rejected, last)
+
+
+def snapshot_request_key(keys: Keys, worker_id: str) -> str:
+    """The key a reader sets to ask ``worker_id`` for a snapshot."""
+    return f"{keys.cluster}:kv-events:want:{worker_id}"
+
+
+def request_snapshot(client: redis.Redis, keys: Keys, worker_id: str, ttl_s: float) -> None:
+    """Ask ``worker_id`` for a snapshot (the request lapses after ``ttl_s``: a worker that
+    is gone leaves no key behind). Redis failures propagate."""
+    client.set(snapshot_request_key(keys, worker_id), b"1", px=max(1, int(ttl_s * 1000)))
+
+
+def take_snapshot_request(client: redis.Redis, keys: Keys, worker_id: str) -> bool:
+    """Whether a reader asked ``worker_id`` for a snapshot; the request is consumed (one
+    DEL: two workers of one id would share it). Redis failures propagate."""
+    return bool(client.delete(snapshot_request_key(keys, worker_id)))

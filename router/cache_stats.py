@@ -13,6 +13,11 @@ Two windows: ``last_minute`` (a sliding 60 s window on the injected clock) and
   ``pool`` = share with any pool token, ``miss`` = share with neither. A request with
   both counts in ``local`` and in ``pool``, so these three need not sum to 1.
 
+``local_prediction``: over the prefills for which the router's prefix index predicted
+the worker's local hit (:mod:`router.kv_index`), the predicted and the actual local tokens
+summed, and the share of those prefills where the two were equal; a gap between them is
+index drift.
+
 A rate over nothing (no request, no token) is ``None``.
 """
 
@@ -34,6 +39,9 @@ class PrefillRecord:
     local_tokens: int
     pool_tokens: int
     computed_tokens: int
+    predicted_local_tokens: int | None = None
+    """What the router's prefix index predicted ``local_tokens`` to be (None: no
+    prediction: the index did not know the worker's cache)."""
 
 
 @dataclass
@@ -48,6 +56,10 @@ class Totals:
     requests_local: int = 0
     requests_pool: int = 0
     requests_miss: int = 0
+    predicted_requests: int = 0
+    predicted_local_tokens: int = 0
+    predicted_actual_local_tokens: int = 0
+    predicted_exact: int = 0
 
     def add(self, r: PrefillRecord) -> None:
         self.requests += 1
@@ -58,6 +70,11 @@ class Totals:
         self.requests_local += r.local_tokens > 0
         self.requests_pool += r.pool_tokens > 0
         self.requests_miss += r.local_tokens == 0 and r.pool_tokens == 0
+        if r.predicted_local_tokens is not None:
+            self.predicted_requests += 1
+            self.predicted_local_tokens += r.predicted_local_tokens
+            self.predicted_actual_local_tokens += r.local_tokens
+            self.predicted_exact += r.predicted_local_tokens == r.local_tokens
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +92,12 @@ class Totals:
                 "local": _rate(self.requests_local, self.requests),
                 "pool": _rate(self.requests_pool, self.requests),
                 "miss": _rate(self.requests_miss, self.requests),
+            },
+            "local_prediction": {
+                "requests": self.predicted_requests,
+                "predicted_local_tokens": self.predicted_local_tokens,
+                "actual_local_tokens": self.predicted_actual_local_tokens,
+                "exact_rate": _rate(self.predicted_exact, self.predicted_requests),
             },
         }
 

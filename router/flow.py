@@ -278,7 +278,7 @@ class RequestFlow:
 
     def _prefilled(self, worker_id: str, usage: pb.PromptUsage) -> None:
         self._cached_tokens = usage.local_tokens + usage.pool_tokens
-        self.observer.on_prefill(worker_id, usage)
+        self.observer.on_prefill(worker_id, usage, self.plan.predicted_local.get(worker_id))
 
     def _finish_reason(self, reason: pb.FinishReason.ValueType) -> str | None:
         """The client's finish reason (:func:`proto.finish.openai_finish`: None while the

@@ -3,8 +3,11 @@ and how an admitted request gets one (:class:`Planner`: pool lookup, placement, 
 
 :meth:`Planner.plan` runs, for one :class:`~router.admitted.AdmittedRequest`:
 
-1. the pool lookup (:meth:`PoolLookup.pooled_tokens` under the request's cache salt, with
-   the first live worker's record naming the key space; 0 when none is live);
+1. the prompt's block names (:meth:`PoolLookup.prompt_chain` under the request's cache
+   salt, with the first live worker's record naming the key space), then the pool lookup
+   (:meth:`PoolLookup.pooled`) and each worker's local hits from the router's prefix index
+   (``local_hits``: :meth:`router.kv_index.KVIndex.local_tokens`); none when no worker is
+   live;
 2. placement (:meth:`Policy.place` over the load reports plus this router's recent
    placements, :class:`PendingLoad`): 503 when nobody can serve it;
 3. admission control (:func:`router.admission.admit`): 429 with ``Retry-After`` when the
@@ -15,7 +18,7 @@ and how an admitted request gets one (:class:`Planner`: pool lookup, placement, 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proto import worker_pb2 as pb
@@ -28,6 +31,9 @@ from router.live_worker import LiveWorker
 from router.metrics import RouterMetrics
 from router.pending import PendingLoad
 from router.pool_lookup import PoolLookup
+
+LocalHits = Callable[[Sequence[int], int], dict[str, int]]
+"""``(block names, block_tokens) -> leading prompt tokens cached per known worker``."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,9 @@ class FlowPlan:
     timeout_s: float
     started_at: float
     cache_salt: str = ""
+    predicted_local: Mapping[str, int] = field(default_factory=dict)
+    """Leading prompt tokens the router's index said each worker's local cache holds,
+    for the workers it knows (the others: no prediction)."""
     clock: Callable[[], float] = field(default=time.monotonic)
 
     @property
@@ -81,10 +90,12 @@ class Planner:
         live: Callable[[], list[LiveWorker]],
         pool: PoolLookup,
         metrics: RouterMetrics,
+        local_hits: LocalHits = lambda _chain, _bt: {},
     ) -> None:
         self.config = config
         self._live = live
         self._pool = pool
+        self._local_hits = local_hits
         self._metrics = metrics
         self.policy = make_policy(config.policy, config.disagg_threshold_tokens)
         self.pending = PendingLoad()
@@ -94,12 +105,14 @@ class Planner:
         nobody can serve it, 429 when admission control refuses it."""
         prompt = admitted.prompt_token_ids
         live = self._live()
-        pooled = (
-            await self._pool.pooled_tokens(prompt, live[0].record, admitted.cache_salt)
-            if live
-            else 0
+        chain = (
+            self._pool.prompt_chain(prompt, live[0].record, admitted.cache_salt) if live else None
         )
-        request = PlacementRequest(prompt_tokens=len(prompt), pooled_tokens=pooled)
+        pooled, local = 0, {}
+        if chain is not None:
+            pooled = await self._pool.pooled(chain)
+            local = self._local_hits(chain.usable(len(prompt)), chain.block_tokens)
+        request = PlacementRequest(len(prompt), pooled, local)
         loads = self.pending.apply([w.load() for w in live])
         placement = self.policy.place(request, loads)
         if placement is None:
@@ -120,4 +133,5 @@ class Planner:
             timeout_s=self.config.request_timeout_s,
             started_at=admitted.arrived_at,
             cache_salt=admitted.cache_salt,
+            predicted_local=local,
         )

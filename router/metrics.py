@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from proto import worker_pb2
 from proto.records import ROLES
+from router.index_metrics import IndexMetrics
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 600.0,
@@ -120,6 +121,8 @@ class RouterMetrics:
             "kvserve_slo_attainment", "Share of the controller window's requests within the SLO",
             ("metric",), registry=r,
         )  # fmt: skip
+        self.index = IndexMetrics(r)
+        """The prefix index's: KV event batches, predicted against actual local hits."""
 
     def observe_prefill(self, worker: str, usage: worker_pb2.PromptUsage) -> None:
         self.prompt_tokens.labels("local", worker).inc(usage.local_tokens)

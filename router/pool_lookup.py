@@ -7,15 +7,16 @@ Lifecycle of :class:`PoolLookup`:
    unreachable, and neither start-up nor shutdown may wait for that. Until it has joined,
    and for good when it cannot (logged once), every lookup answers 0: the router still
    works, it just cannot credit pool hits when placing;
-2. :meth:`pooled_tokens` hashes the prompt with the cluster's keyed prefix chain and asks
-   the pool, in one batched existence call, for the longest stored prefix. The chain is
+2. :meth:`prompt_chain` hashes the prompt with the cluster's keyed prefix chain (the names
+   that the router's prefix index uses too) and :meth:`pooled` asks the pool, in one batched
+   existence call, for the longest stored prefix (:meth:`pooled_tokens`: both). The chain is
    this router's own: its cluster secret and hash algorithm (:class:`ClusterConfig`), over
    the namespace named in the worker record's KV contract (model, dtype, block size); a
-   record whose namespace names another algorithm or is malformed gets 0, so a record
-   can neither choose the algorithm nor the key. Errors count as 0, and so does a lookup
-   that finds every one of the :data:`LOOKUP_THREADS` lookup threads busy or that gets no
-   answer within ``timeout_s`` (counted in :attr:`PoolLookup.timeouts`; both logged at
-   most once per :data:`LOG_EVERY_S`). Lookups run in daemon threads of their own: calls
+   record whose namespace names another algorithm or is malformed gets no chain (0), so a
+   record can neither choose the algorithm nor the key. Errors count as 0, and so does a
+   lookup that finds every one of the :data:`LOOKUP_THREADS` lookup threads busy or that
+   gets no answer within ``timeout_s`` (counted in :attr:`PoolLookup.timeouts`; both logged
+   at most once per :data:`LOG_EVERY_S`). Lookups run in daemon threads of their own: calls
    stuck on a frozen master hold at most those few threads, never the event loop's default
    executor that the registry poll uses, nor the process's exit;
 3. ``close()`` leaves the pool (a join still in progress leaves as soon as it ends).
@@ -31,6 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace, PrefixHasher
@@ -49,7 +51,6 @@ LOG_EVERY_S = 60.0
 """Least time between two warnings of lookups given up or failed."""
 
 
-@functools.lru_cache(maxsize=16)
 @functools.lru_cache(maxsize=32)
 def record_chain(contract: str, num_layers: int, keyring: Keyring) -> tuple[PrefixHasher, KeySpace]:
     """The prefix hasher and pool key space of a worker whose KV contract is ``contract``
@@ -63,6 +64,22 @@ def record_chain(contract: str, num_layers: int, keyring: Keyring) -> tuple[Pref
         )
     hasher = PrefixHasher(namespace, keyring.prefix_root)
     return hasher, KeySpace.of(namespace, num_layers, keyring.pool_block)
+
+
+@dataclass(frozen=True)
+class PromptChain:
+    """A prompt's full blocks, named: ``hashes`` (one per ``block_tokens`` tokens) and the
+    pool ``keys`` they live under."""
+
+    hashes: list[int]
+    block_tokens: int
+    keys: KeySpace
+
+    def usable(self, prompt_tokens: int) -> list[int]:
+        """The names a worker can take from a cache for a prompt of ``prompt_tokens``: all
+        but a last block that would hold the last token (it is always computed, for the
+        logits of the first output token)."""
+        return self.hashes[: max(0, prompt_tokens - 1) // self.block_tokens]
 
 
 class PoolLookup:
@@ -123,27 +140,42 @@ class PoolLookup:
                 return
         store.close()  # closed while joining
 
-    async def pooled_tokens(
+    def prompt_chain(
         self, token_ids: Sequence[int], record: WorkerRecord, cache_salt: str = ""
-    ) -> int:
-        """Leading tokens of ``token_ids`` stored in the pool (whole blocks; 0 if unknown),
-        under the chain of ``cache_salt`` (see :meth:`kvpool.hashing.PrefixHasher.root`)."""
-        store = self._store
-        if store is None or record.num_layers <= 0:
-            return 0
+    ) -> PromptChain | None:
+        """The block names of ``token_ids``'s full blocks under the chain of ``cache_salt``
+        (see :meth:`kvpool.hashing.PrefixHasher.root`), in the key space of ``record``'s KV
+        contract: the names the workers' caches and the pool use. None when ``record``
+        names no usable contract (logged, at most every :data:`LOG_EVERY_S`)."""
+        if record.num_layers <= 0:
+            return None
         try:
             hasher, keys = record_chain(record.contract, record.num_layers, self._keyring)
         except ValueError as exc:
             self._warn(f"pool lookups skipped for worker {record.worker_id}: {exc}")
-            return 0
+            return None
         block_tokens = hasher.namespace.block_tokens
         hashes = hasher.chain(token_ids, block_tokens, hasher.root(cache_salt))
-        if not hashes:
+        return PromptChain(hashes, block_tokens, keys)
+
+    async def pooled_tokens(
+        self, token_ids: Sequence[int], record: WorkerRecord, cache_salt: str = ""
+    ) -> int:
+        """Leading tokens of ``token_ids`` stored in the pool (whole blocks; 0 if unknown),
+        under the chain of ``cache_salt``: :meth:`prompt_chain`, then :meth:`pooled`."""
+        chain = self.prompt_chain(token_ids, record, cache_salt)
+        return 0 if chain is None else await self.pooled(chain)
+
+    async def pooled(self, chain: PromptChain) -> int:
+        """Leading tokens of ``chain`` stored in the pool (whole blocks; 0 if unknown)."""
+        store = self._store
+        if store is None or not chain.hashes:
             return 0
         if not self._threads.acquire(blocking=False):
             self.timeouts += 1
             self._warn("pool lookups skipped: every lookup thread still awaits the master")
             return 0
+        keys, hashes = chain.keys, chain.hashes
         try:
             blocks = await asyncio.wait_for(
                 asyncio.wrap_future(self._in_thread(lambda: longest_prefix(store, keys, hashes))),
@@ -156,7 +188,7 @@ class PoolLookup:
         except Exception as exc:  # a lookup is a hint: never fail a request for it
             self._warn(f"pool lookups fail: {exc}")
             return 0
-        return blocks * block_tokens
+        return blocks * chain.block_tokens
 
     def _in_thread(self, work: Callable[[], int]) -> concurrent.futures.Future[int]:
         """Run ``work`` in a new daemon thread that releases one of :attr:`_threads` (which

@@ -3,20 +3,23 @@
 Lifecycle of :class:`RouterService`:
 
 1. built by the app with the three configs; ``start()`` starts joining the pool as a
-   lookup client (optional, in the background), starts the worker view (first registry
-   poll included) and, with ``--controller``, the P:D ratio controller;
+   lookup client (optional, in the background), the KV event reader that keeps the
+   per-worker prefix index (:mod:`router.kv_index`; each registry poll syncs it with the
+   live workers), the worker view (first registry poll included) and, with
+   ``--controller``, the P:D ratio controller;
 2. per request, before any worker is called, :mod:`router.prepare` checks it against
    :meth:`serving`, :meth:`model_name`, :meth:`max_model_len` and :meth:`tokenizer`
    (loaded once from ``tokenizer_dir``, the router's own setting: never from a path read
    from the registry; 503 without one);
-3. :meth:`run` places the admitted request (:class:`router.flow_plan.Planner`: pool
-   lookup, conductor placement; 503 when nobody can serve; 429 with ``Retry-After`` when
-   admission control predicts too late a first token) and runs it as a
-   :class:`router.flow.RequestFlow`; its chunks report to the shared metrics and cache
+3. :meth:`run` places the admitted request (:class:`router.flow_plan.Planner`: pool lookup,
+   local hits from the prefix index, conductor placement; 503 when nobody can serve; 429
+   with ``Retry-After`` when admission control predicts too late a first token) and runs it
+   as a :class:`router.flow.RequestFlow`; its chunks report to the shared metrics and cache
    stats, and its result to the controller's SLO window. Flows share one queue for KV memory
    (:mod:`router.kv_wait`): a request whose decode reservation finds no free pages waits
    there, and a registry poll that brings fresh load reports wakes it to try again;
-4. ``stop()`` ends the controller and the worker view and leaves the pool.
+4. ``stop()`` ends the controller, the worker view and the event reader, and leaves the
+   pool.
 
 Every worker record used here (model name, ``max_model_len``, load, pool key space) has
 passed the registry's MAC and schema checks (:mod:`router.workers`); the refused ones are
@@ -40,6 +43,7 @@ from router.errors import unavailable
 from router.flow import RequestFlow
 from router.flow_plan import Planner
 from router.flow_types import Chunk
+from router.kv_index import KVIndex
 from router.kv_wait import KVWaitQueue
 from router.live_worker import LiveWorker
 from router.metrics import RouterMetrics
@@ -69,7 +73,10 @@ class RouterService:
         self.controller = RoleController(router, self.view, self.metrics)
         self.telemetry = Telemetry(self.metrics, self.cache_stats, self.controller.record)
         self.pool = PoolLookup(pool, cluster, router.pool_lookup, router.pool_lookup_timeout_s)
-        self.planner = Planner(router, self.view.live, self.pool, self.metrics)
+        self.kv_index = KVIndex(cluster, self.metrics.index.count_batch, self._on_reject_event)
+        self.planner = Planner(
+            router, self.view.live, self.pool, self.metrics, self.kv_index.local_tokens
+        )
         self.kv_wait = KVWaitQueue(self.metrics.kv_waiting.set, self.metrics.kv_wait.observe)
         self._reports: dict[str, float] = {}
         """Worker id -> when its load report seen at the last poll was made."""
@@ -78,6 +85,7 @@ class RouterService:
 
     async def start(self) -> None:
         self.pool.start()
+        await self.kv_index.start()
         await self.view.start()
         if self.config.tokenizer_dir:
             self.tokenizers.preload(Path(self.config.tokenizer_dir))
@@ -89,6 +97,7 @@ class RouterService:
     async def stop(self) -> None:
         await self.controller.stop()
         await self.view.stop()
+        await self.kv_index.stop()
         await self.pool.close()
 
     def serving(self) -> list[LiveWorker]:
@@ -131,6 +140,8 @@ class RouterService:
         return self.metrics.render()
 
     def _on_poll(self, live: list[LiveWorker]) -> None:
+        self.kv_index.sync(live)
+        self.metrics.index.update_blocks(self.kv_index.index.stats())
         self.metrics.update_workers((w.worker_id, w.record.load) for w in live)
         self.metrics.update_roles(w.role for w in live)
         reports = {w.worker_id: w.record.heartbeat_at for w in live}
@@ -140,3 +151,7 @@ class RouterService:
 
     def _on_reject(self, rejection: Rejection) -> None:
         self.metrics.registry_rejections.labels(rejection.reason).inc()
+
+    def _on_reject_event(self, rejection: Rejection) -> None:
+        log.warning("KV event refused: %s", rejection)  # each one: a forger is at work
+        self.metrics.index.count_rejected(rejection)

@@ -31,8 +31,10 @@ class Telemetry:
             registry=metrics.registry,
         )
 
-    def on_prefill(self, worker_id: str, usage: pb.PromptUsage) -> None:
+    def on_prefill(self, worker_id: str, usage: pb.PromptUsage, predicted: int | None) -> None:
         self.metrics.observe_prefill(worker_id, usage)
+        if predicted is not None:
+            self.metrics.index.observe_prediction(worker_id, predicted, usage.local_tokens)
         parts = usage.local_tokens + usage.pool_tokens + usage.computed_tokens
         prompt = usage.prompt_tokens or parts
         self.cache_stats.record(
@@ -42,6 +44,7 @@ class Telemetry:
                 local_tokens=usage.local_tokens,
                 pool_tokens=usage.pool_tokens,
                 computed_tokens=usage.computed_tokens,
+                predicted_local_tokens=predicted,
             )
         )
 

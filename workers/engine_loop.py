@@ -10,7 +10,9 @@ Lifecycle:
    the step that produced it (one with ``error`` set if the engine failed on it alone,
    ``None`` if a whole step failed beyond that: the request is gone);
 3. between calls the thread steps the engine while it has work, releases expired
-   reservations and pool leases now and then, and sleeps on its queue when idle;
+   reservations and pool leases now and then, and sleeps on its queue when idle; after
+   each round (calls, housekeeping, a step) it runs ``on_round(engine)`` if given (the KV
+   event publisher's collection: :mod:`workers.kv_publisher`; an exception is logged);
 4. :meth:`EngineLoop.stop` ends the thread (pending calls fail with ``RuntimeError``).
 """
 
@@ -42,7 +44,7 @@ class _Call(NamedTuple):
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, on_round: Callable[[Engine], None] | None = None) -> None:
         self.engine = engine
         """Owned by the thread once started: only :meth:`call` reaches it from outside."""
         self.info: EngineInfo = engine.info
@@ -52,6 +54,7 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._stopping = False
         self._last_housekeeping = 0.0
+        self._on_round = on_round
 
     def start(self) -> EngineLoop:
         self._thread.start()
@@ -105,7 +108,15 @@ class EngineLoop:
                 self._housekeeping()
             if self.engine.has_unfinished and not self._stopping:
                 self._step()
+            if self._on_round is not None:
+                self._round_done(self._on_round)
         self._fail_pending()
+
+    def _round_done(self, on_round: Callable[[Engine], None]) -> None:
+        try:
+            on_round(self.engine)
+        except Exception:  # observers never stop the engine
+            log.exception("the engine loop's round hook failed")
 
     def _drain(self, block: bool) -> None:
         try:

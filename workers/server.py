@@ -12,10 +12,12 @@ Lifecycle:
 3. check the worker's KV contract against the cluster's and publish its record (Redis):
    a mismatch stops the worker with the reason. The port is open before the record is
    out: a router that reads the record connects at once (a router that tried a port not
-   yet open would back off, and fail calls meanwhile). Then health SERVING and the
-   heartbeat thread;
+   yet open would back off, and fail calls meanwhile). Then health SERVING, the
+   heartbeat thread and the KV event publisher (:mod:`workers.kv_publisher`: its first
+   batch is a snapshot of the cache);
 4. on SIGTERM or SIGINT: health NOT_SERVING, withdraw the record, stop accepting RPCs and
-   give running ones a grace period, stop the engine thread, leave the pool.
+   give running ones a grace period, stop the engine thread and the event publisher,
+   leave the pool.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from proto.registry import (
 from workers.config import EngineConfig, WorkerConfig
 from workers.engine import Engine
 from workers.engine_loop import EngineLoop
+from workers.kv_publisher import EventPublisher
 from workers.kv_transfer import layout_of
 from workers.metrics_http import serve_metrics
 from workers.registration import Heartbeat
@@ -141,8 +144,10 @@ def _join(heartbeat: Heartbeat, cluster: ClusterConfig) -> str | None:
 
 
 async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -> int:
-    loop = EngineLoop(engine)
     record = make_record(worker, engine, advertised(worker))
+    events = EventPublisher(cluster, record.worker_id, record.started_at)
+    events.attach(engine.scheduler.blocks.pool)  # before the engine thread owns the pool
+    loop = EngineLoop(engine, on_round=lambda e: events.collect(e.scheduler.blocks.pool))
     servicer = WorkerServicer(loop, worker.role, lambda: None)
 
     def report(timeout: float = REPORT_WAIT_S) -> pb.LoadReport:
@@ -185,9 +190,11 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
         if metrics is not None:
             metrics.shutdown()
         loop.stop()
+        events.stop()
         return 1
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     heartbeat.start()
+    events.start()
     log.info(
         "worker %s (%s) serving on %s (%s)",
         record.worker_id,
@@ -206,4 +213,5 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
         metrics.shutdown()
     await server.stop(GRACE_S)
     loop.stop()
+    events.stop()
     return 0

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.hashing import Namespace, PrefixHasher
+from proto.kv_events import Stored
 from workers.block_manager import BlockManager, PrefixHit
 from workers.sequence import SamplingParams, Sequence
 
@@ -483,3 +484,18 @@ def test_can_allocate_is_exact_with_and_without_hits(
     for s in held:
         bm.deallocate(s)
     assert bm.pool.num_free == num_blocks
+
+
+def test_events_name_each_blocks_parent_in_the_chain() -> None:
+    """Committed and pulled blocks are logged with their parents: the previous block, or
+    the sequence's root for the first one."""
+    bm = BlockManager(16, BT, HASHER)
+    bm.pool.log_events()
+    a = make_seq("a", list(range(3 * BT + 1)))
+    run_prefill(bm, a)
+    chain = HASHER.chain(a.token_ids, BT)
+    assert bm.pool.take_events() == [
+        Stored(chain[0], HASHER.unsalted_root),
+        Stored(chain[1], chain[0]),
+        Stored(chain[2], chain[1]),
+    ]

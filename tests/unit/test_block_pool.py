@@ -12,6 +12,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from proto.kv_events import Removed, Stored
 from tests.unit.machine_settings import STATEFUL
 from workers.block_pool import BlockPool
 
@@ -251,7 +252,8 @@ def test_reset_prefix_cache_forgets_names_not_owners() -> None:
 
 
 class PoolMachine(RuleBasedStateMachine):
-    """BlockPool against a plain-list model of the free order, refcounts and names."""
+    """BlockPool against a plain-list model of the free order, refcounts and names; its KV
+    events, replayed in order over an empty set, give exactly the names it holds."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -260,14 +262,17 @@ class PoolMachine(RuleBasedStateMachine):
         self.free: list[int] = []
         self.name_of: dict[int, int] = {}  # page -> hash
         self.held: list[int] = []  # one entry per reference taken by a client
+        self.replayed: set[int] = set()  # the names the pool's events say it holds
 
     @initialize(num_blocks=st.integers(min_value=1, max_value=8))
     def setup(self, num_blocks: int) -> None:
         self.pool = BlockPool(num_blocks)
+        self.pool.log_events()
         self.refs = [0] * num_blocks
         self.free = list(range(num_blocks))
         self.name_of = {}
         self.held = []
+        self.replayed = set()
 
     def _page_of(self, h: int) -> int | None:
         for page, name in self.name_of.items():
@@ -320,7 +325,7 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(data=st.data(), h=st.integers(min_value=0, max_value=5))
     def cache(self, data: st.DataObject, h: int) -> None:
         page = data.draw(st.sampled_from(self.held))
-        self.pool.cache(page, h)
+        self.pool.cache(page, h, h + 100)
         if self._page_of(h) is None and page not in self.name_of:
             self.name_of[page] = h
 
@@ -360,6 +365,13 @@ class PoolMachine(RuleBasedStateMachine):
             assert pool.block_hash[page] == self.name_of.get(page)
         for page, h in self.name_of.items():
             assert pool.lookup(h) == page
+        for event in pool.take_events():
+            if isinstance(event, Stored):
+                assert event.hash not in self.replayed and event.parent == event.hash + 100
+                self.replayed.add(event.hash)
+            else:
+                self.replayed.remove(event.hash)
+        assert self.replayed == set(self.name_of.values()) == set(pool.cached_names())
 
     def teardown(self) -> None:
         self.pool.free(list(self.held))
@@ -369,3 +381,15 @@ class PoolMachine(RuleBasedStateMachine):
 
 PoolMachine.TestCase.settings = STATEFUL
 TestPoolMachine = PoolMachine.TestCase
+
+
+def test_events_are_logged_only_once_asked() -> None:
+    pool = BlockPool(2)
+    (page,) = pool.allocate(1)
+    pool.cache(page, 7, 1)
+    assert pool.take_events() == []
+    pool.log_events()
+    pool.free([page])
+    pool.allocate(2)  # evicts 7
+    assert pool.take_events() == [Removed(7)]
+    assert pool.take_events() == []

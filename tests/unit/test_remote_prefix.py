@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvpool.hashing import Namespace, PrefixHasher
+from proto.kv_events import Stored
 from workers.block_manager import BlockManager
 from workers.scheduler import Scheduler, SchedulerConfig
 from workers.sequence import SamplingParams, Sequence
@@ -52,6 +53,7 @@ def test_pull_starts_after_local_hits_and_stops_at_a_failed_block() -> None:
     tokens = list(range(17))  # 4 full blocks
     chain = HASHER.chain(tokens, BT)
     bm = BlockManager(8, BT, HASHER)
+    bm.pool.log_events()
     first = seq(tokens[:5])  # computes block 0 locally
     bm.allocate(first, 5)
     first.num_computed_tokens = 5
@@ -61,6 +63,11 @@ def test_pull_starts_after_local_hits_and_stops_at_a_failed_block() -> None:
     assert bm.pull_remote(s, remote) == 1
     assert remote.loads[0][0] == chain[1:4]  # block 0 was a local hit: not asked for
     assert [len(p) for p in bm.match_prefix(s)] == [2, 2]
+    # the pulled block is logged with its parent, the local hit before it
+    assert bm.pool.take_events() == [
+        Stored(chain[0], HASHER.unsalted_root),
+        Stored(chain[1], chain[0]),
+    ]
 
 
 def test_pull_never_takes_more_pages_than_are_free() -> None:

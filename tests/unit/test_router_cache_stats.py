@@ -38,6 +38,12 @@ def test_token_and_request_rates_overall_and_per_worker() -> None:
         "computed_tokens": 386,
         "token_rates": {"local": 150 / 800, "pool": 264 / 800, "miss": 386 / 800},
         "request_rates": {"local": 0.5, "pool": 0.5, "miss": 0.25},
+        "local_prediction": {
+            "requests": 0,
+            "predicted_local_tokens": 0,
+            "actual_local_tokens": 0,
+            "exact_rate": None,
+        },
     }
     workers = stats.report()["since_start"]["workers"]
     assert list(workers) == ["a", "b"]
@@ -67,3 +73,23 @@ def test_last_minute_slides_since_start_keeps_all() -> None:
     assert report["last_minute"]["overall"]["requests"] == 0
     assert report["last_minute"]["workers"] == {}
     assert report["since_start"]["workers"]["a"]["requests"] == 2
+
+
+def test_predicted_local_hits_are_compared_with_the_actual_ones() -> None:
+    """Only prefills with a prediction count; ``exact_rate`` is the share where the index
+    was right, per worker and overall."""
+    stats = CacheStats(Clock())
+    stats.record(PrefillRecord("a", 100, 64, 0, 36, predicted_local_tokens=64))
+    stats.record(PrefillRecord("a", 100, 32, 0, 68, predicted_local_tokens=64))  # stale
+    stats.record(PrefillRecord("b", 100, 16, 0, 84, predicted_local_tokens=None))
+    stats.record(PrefillRecord("b", 100, 16, 0, 84, predicted_local_tokens=0))  # late
+    report = stats.report()["since_start"]
+    assert report["overall"]["local_prediction"] == {
+        "requests": 3,
+        "predicted_local_tokens": 128,
+        "actual_local_tokens": 112,
+        "exact_rate": 1 / 3,
+    }
+    assert report["workers"]["a"]["local_prediction"]["exact_rate"] == 0.5
+    assert report["workers"]["b"]["local_prediction"]["requests"] == 1
+    assert report["workers"]["b"]["local_prediction"]["exact_rate"] == 0.0
