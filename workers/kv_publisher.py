@@ -22,8 +22,10 @@ Lifecycle of :class:`EventPublisher`:
    deltas) and is added to the stream; every :data:`POLL_S` it also checks whether a
    reader asked for a snapshot (:func:`proto.kv_stream.take_snapshot_request`; honoured at
    most every :data:`SNAPSHOT_EVERY_S`). A batch Redis refuses keeps its seq (a gap for
-   readers) and makes the next item a snapshot;
-5. :meth:`stop` sends what is queued (for at most ``timeout`` seconds) and ends the thread.
+   readers); what is queued behind it is dropped (one more seq skipped) and the next
+   item is a snapshot, so a Redis outage costs one failed call, not one per queued item;
+5. :meth:`stop` ends the thread after the item it is sending (what is still queued is
+   not sent: the worker is leaving, and the router forgets it when its record goes).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class EventPublisher:
         self._queue: queue.Queue[_Item | None] = queue.Queue(MAX_QUEUED)
         self._want_snapshot = threading.Event()
         self._skip = threading.Event()
+        self._stopping = threading.Event()
         self._seq = 0
         self._last_requested = 0.0
         self._next_poll = 0.0
@@ -115,21 +118,22 @@ class EventPublisher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Send what is queued (at most ``timeout`` seconds), then end the thread."""
+    def stop(self, timeout: float = 2.0) -> None:
+        """End the thread (waiting at most ``timeout`` seconds) and close the client."""
+        self._stopping.set()
         if self._thread.is_alive():
             with contextlib.suppress(queue.Full):
-                self._queue.put(None, timeout=timeout)
+                self._queue.put_nowait(None)  # wakes the thread at once
             self._thread.join(timeout)
         self._client.close()
 
     def _run(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 item = self._queue.get(timeout=POLL_S)
             except queue.Empty:
                 item = _Item([], False)
-            if item is None:
+            if item is None or self._stopping.is_set():
                 return
             if item.events or item.snapshot:
                 self._send(item)
@@ -156,9 +160,24 @@ class EventPublisher:
                 self.published += 1
             except (redis.RedisError, OSError) as exc:
                 self.failed += 1
+                self._discard_queued()
                 self._want_snapshot.set()
                 self._warn(f"KV events not published ({exc}); a snapshot follows")
                 return
+
+    def _discard_queued(self) -> None:
+        """Drop every queued item (a snapshot will supersede them); the next batch skips a
+        seq if anything was dropped."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:
+                self._stopping.set()
+                return
+            self.failed += 1
+            self._skip.set()
 
     def _check_requests(self) -> None:
         now = time.monotonic()

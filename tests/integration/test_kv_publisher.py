@@ -1,6 +1,6 @@
 """A worker's KV event publisher and the router's index reader over a real Redis (issue 19):
-whatever the pool's cache goes through, the router's index ends up holding exactly the
-names the pool holds, including after lost events (a gap), a router that starts late, and
+whatever the pool's cache goes through, the index of every router ends up holding exactly
+the names the pool holds, including after lost events (a gap), a router that starts late, and
 a worker restart; batches of workers outside the router's view are not applied."""
 
 from __future__ import annotations
@@ -91,13 +91,16 @@ def test_the_index_follows_a_churning_cache(cluster: ClusterConfig) -> None:
     outcomes: list[Outcome] = []
 
     async def run() -> None:
-        index = KVIndex(cluster, outcomes.append)
+        index, other = KVIndex(cluster, outcomes.append), KVIndex(cluster)  # two routers
         await index.start()
+        await other.start()
         try:
             churn(pool, rng, publisher, 200)
             await converged(index, publisher, pool, [worker("w0", 100.0)])
+            await converged(other, publisher, pool, [worker("w0", 100.0)])
         finally:
             await index.stop()
+            await other.stop()
 
     try:
         asyncio.run(run())
