@@ -77,11 +77,15 @@ class ConversationPlan:
     def turns(self) -> int:
         return len(self.answer_tokens)
 
+    def index(self, turn: int) -> int:
+        """The request index of ``turn``: ``conversation * turns + turn``."""
+        return self.conversation * self.turns + turn
+
     def turn_spec(self, turn: int, ready_s: float) -> RequestSpec:
         """The request of ``turn``, ready at ``ready_s``; its prompt is the driver's (turn 0:
         the first message's ids)."""
         return RequestSpec(
-            index=self.conversation * self.turns + turn,
+            index=self.index(turn),
             arrival_s=ready_s,
             prompt_token_ids=self.first if turn == 0 else (),
             max_tokens=self.answer_tokens[turn],
@@ -156,11 +160,11 @@ def abandoned(plan: ConversationPlan, turn: int, at_s: float) -> list[RequestRec
     error = f"not sent: turn {turn - 1} of conversation {plan.conversation} failed"
     return [
         RequestRecord(
-            index=spec.index,
+            index=plan.index(t),
             arrival_s=at_s,
             prompt_len=0,
-            max_tokens=spec.max_tokens,
-            group=spec.group,
+            max_tokens=plan.answer_tokens[t],
+            group=-1,
             start_s=at_s,
             end_s=at_s,
             error=error,
@@ -168,7 +172,6 @@ def abandoned(plan: ConversationPlan, turn: int, at_s: float) -> list[RequestRec
             turn=t,
         )
         for t in range(turn, plan.turns)
-        for spec in [plan.turn_spec(t, at_s)]
     ]
 
 
