@@ -1,17 +1,20 @@
 """``kvserve bench compare``: one workload, the same cores, deployments started by the tool.
 
-1. Each deployment of ``--deployments`` (default ``1p1d 2m``: 1 prefill + 1 decode worker
-   against 2 mixed workers with chunked prefill; any ``<n>p<m>d<k>m`` split) is started as a
-   cluster on this machine (:mod:`kvserve.cluster.launch`: free loopback ports, each worker pinned
-   to its own cores where there are enough, the same engine settings for every worker);
+1. For each deployment of ``--deployments`` (default ``1p1d 2m``: 1 prefill + 1 decode
+   worker against 2 mixed workers with chunked prefill; any ``<n>p<m>d<k>m`` split) and each
+   router policy of ``--policies`` (default ``cache_aware``), in that order (deployment
+   first), a fresh cluster is started on this machine (:mod:`kvserve.cluster.launch`: free
+   loopback ports, each worker pinned to its own cores where there are enough, the same
+   engine settings for every worker);
 2. the serving benchmark's sweep (:func:`kvserve.bench.serve.serve_bench`) runs against its
    router with the same seed, requests, arrival process, rates and absolute SLOs;
-3. the cluster is stopped and the next deployment starts.
+3. the cluster is stopped and the next one starts.
 
-The headline is the ratio of DistServe goodputs (the highest rate with at least 90% of
-requests meeting both SLOs, interpolated) of the first deployment to the second, with both
-attainment curves in the results (and plotted side by side with ``--out``). Absolute SLOs
-are required so both deployments are held to the same targets.
+A result row per (deployment, policy), keyed by both. The headline is the ratio of
+DistServe goodputs (the highest rate with at least 90% of requests meeting both SLOs,
+interpolated) of the first run to the second (two deployments, or one deployment under two
+policies), with every attainment curve in the results (and plotted side by side with
+``--out``). Absolute SLOs are required so every run is held to the same targets.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from kvserve.cluster.deployment import SegmentConfig, parse_deployment
 from kvserve.loadgen import options as opt
 from kvserve.report import emit, log
 from kvserve.settings import BENCH_ENV, config_from_args, setting
+from router.config import POLICIES
 from workers.config import EngineConfig
 
 if TYPE_CHECKING:
@@ -43,23 +47,28 @@ class CompareConfig:
 
     - ``deployments``: splits to start in turn (``<n>p<m>d<k>m``), the first against the
       second;
-    - ``policy``: router policy;
+    - ``policies``: router policies, each run on every deployment (a fresh cluster each);
     - ``disagg_threshold_tokens``: the router's (default: the router's, 256).
     """
 
     env_prefix: ClassVar[str] = BENCH_ENV
     deployments: list[str] = setting(["1p1d", "2m"])
-    policy: str = "cache_aware"
+    policies: list[str] = setting(["cache_aware"], choices=POLICIES, aliases=("--policy",))
     disagg_threshold_tokens: int | None = None
 
 
 SETTINGS = (CompareConfig, SegmentConfig, *opt.LOAD_SETTINGS, EngineConfig)
 
 
-def _serve_args(args: argparse.Namespace, url: str, name: str) -> argparse.Namespace:
+def _serve_args(
+    cluster: Cluster, args: argparse.Namespace, name: str, policy: str
+) -> argparse.Namespace:
+    """``bench serve``'s flags against ``cluster``: text prompts are decoded by the tokenizer
+    of ``--tokenizer``, else of the workers' model directory (the served name is no path)."""
     serve = copy.copy(args)
-    serve.url, serve.model, serve.out = url, "", None
-    serve.deployment = [*args.deployment, f"workers={name}", f"policy={args.policy}"]
+    serve.url, serve.model, serve.out = cluster.router_url, "", None
+    serve.tokenizer = args.tokenizer or cluster.spec.model_dir
+    serve.deployment = [*args.deployment, f"workers={name}", f"policy={policy}"]
     return serve
 
 
@@ -85,14 +94,17 @@ def started(name: str, engine: EngineConfig, segment_mib: int, **options: Any) -
             yield cluster
 
 
-def run_deployment(args: argparse.Namespace, name: str, engine: EngineConfig) -> dict[str, Any]:
-    """Start deployment ``name``, run the sweep against it, stop it; the serve result."""
+def run_deployment(
+    args: argparse.Namespace, name: str, engine: EngineConfig, policy: str
+) -> dict[str, Any]:
+    """Start deployment ``name`` with router policy ``policy``, run the sweep against it,
+    stop it; the serve result."""
     from kvserve.bench.serve import serve_bench
 
-    options = {"policy": args.policy, "disagg_threshold_tokens": args.disagg_threshold_tokens}
+    options = {"policy": policy, "disagg_threshold_tokens": args.disagg_threshold_tokens}
     with started(name, engine, args.segment_mib, **options) as cluster:
-        log(f"bench compare: {name} up ({'; '.join(cluster.plan.notes) or 'pinned'})")
-        result = asyncio.run(serve_bench(_serve_args(args, cluster.router_url, name)))
+        log(f"bench compare: {name} ({policy}) up ({'; '.join(cluster.plan.notes) or 'pinned'})")
+        result = asyncio.run(serve_bench(_serve_args(cluster, args, name, policy)))
         result["placement"] = {
             "shared_cores": cluster.plan.shared_cores,
             "workers": {p.name: list(p.cores) for p in cluster.plan.workers},
@@ -109,20 +121,27 @@ def run(args: argparse.Namespace) -> int:
     if args.slo_ttft_s is None and args.slo_tpot_s is None and args.slo_tbt_s is None:
         raise ValueError("bench compare needs absolute SLOs: --slo-ttft-s and --slo-tpot-s")
     engine = config_from_args(EngineConfig, args)
-    results = {name: run_deployment(args, name, engine) for name in args.deployments}
+    results = {
+        (name, policy): run_deployment(args, name, engine, policy)
+        for name in args.deployments
+        for policy in args.policies
+    }
     rows = [
         {
             "deployment": name,
+            "policy": policy,
             "goodput_rps": goodput(r),
             "highest_passing_rate": r["sweep"].highest_passing_rate if r["sweep"] else None,
             "attainment_by_rate": [[opt.json_rate(x), a] for x, a in r["points"]],
             "placement": r["placement"],
             "runs": r["rows"],
         }
-        for name, r in results.items()
+        for (name, policy), r in results.items()
     ]
-    first = goodput(results[args.deployments[0]])
-    second = goodput(results[args.deployments[1]]) if len(args.deployments) > 1 else None
+    labels = [f"{name} {policy}" for name, policy in results]
+    goodputs = [goodput(r) for r in results.values()]
+    first = goodputs[0]
+    second = goodputs[1] if len(goodputs) > 1 else None
     ratio = first / second if first is not None and second else None
     if args.out is not None:
         write_plots(args.out, results)
@@ -130,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     conditions = {
         **{k: v for k, v in conditions.items() if k not in ("url", "deployment")},
         "deployments": args.deployments,
-        "policy": args.policy,
+        "policies": args.policies,
         "engine": dict(vars(engine)),
         "same_cores": "every deployment on this machine's cores, one after the other",
     }
@@ -139,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         conditions,
         rows,
         {
-            "metric": f"goodput {' / goodput '.join(args.deployments[:2])} "
+            "metric": f"goodput {' / goodput '.join(labels[:2])} "
             "(DistServe: highest rate with >= 90% SLO attainment, interpolated)",
             "value": first,
             "baseline": second,
@@ -150,13 +169,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_plots(out: Path, results: dict[str, dict[str, Any]]) -> None:
+def write_plots(out: Path, results: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """The attainment curves, goodputs and latency CDFs of every (deployment, policy) run."""
     from kvserve.loadgen import plots
 
     out.mkdir(parents=True, exist_ok=True)
-    series = [(name, r["points"]) for name, r in results.items()]
+    named = {f"{name} {policy}": r for (name, policy), r in results.items()}
+    series = [(name, r["points"]) for name, r in named.items()]
     plots.attainment_vs_rate(series, out / "attainment_vs_rate.png")
-    bars = [(name, goodput(r)) for name, r in results.items()]
+    bars = [(name, goodput(r)) for name, r in named.items()]
     plots.goodput_bars(bars, out / "goodput.png", "goodput (req/s)")
-    runs = [(f"{name} {label}", recs) for name, r in results.items() for label, recs in r["runs"]]
+    runs = [(f"{name} {label}", recs) for name, r in named.items() for label, recs in r["runs"]]
     plots.latency_cdfs(runs, out / "latency_cdf.png")

@@ -13,7 +13,11 @@
    sharing, fresh tokens: no run hits another's cache), given arrival times, and sent with
    :func:`run_load`; the server's KV counters are read before and after (null for servers
    without them); the run is summarised overall and per input and output (requested
-   ``max_tokens``) length bucket.
+   ``max_tokens``) length bucket. The conversation workload's conversations start at the
+   rate's arrival times and are driven turn by turn
+   (:func:`~kvserve.loadgen.conversation_client.run_conversations`, text prompts); its rows
+   add a per-turn summary (``conversation``); its first turns stand for its requests in
+   steps 2-3.
 5. The sweep's goodput (DistServe: the highest rate with attainment >= the threshold, and
    the interpolated one) is the headline when there is an SLO; else output tokens/s.
 6. One JSON object goes to stdout; with ``--out``, also ``serve.json``, the per-request
@@ -31,13 +35,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvserve.loadgen import options as opt
-from kvserve.loadgen.client import (
-    ClientOptions,
-    counters_delta,
-    fetch_models,
-    run_load,
-    scrape_counters,
-)
+from kvserve.loadgen.client import ClientOptions, fetch_models, run_load
+from kvserve.loadgen.conversation import salted_plans
+from kvserve.loadgen.conversation_client import run_conversations
+from kvserve.loadgen.counters import counters_delta, scrape_counters
 from kvserve.loadgen.metrics import RequestRecord
 from kvserve.loadgen.slo import Slo, relative_slo, sweep_goodput
 from kvserve.loadgen.sweep import (
@@ -48,6 +49,7 @@ from kvserve.loadgen.sweep import (
     results_and_headline,
     sweep_point,
     timed,
+    timed_conversations,
     write_out,
 )
 from kvserve.loadgen.workloads import RequestSpec, salted, with_arrivals
@@ -59,8 +61,9 @@ add_arguments = opt.add_arguments
 
 
 def text_decoder(args: argparse.Namespace, model: str) -> Callable[[Sequence[int]], str] | None:
-    """``--prompt-format text``: token ids decoded by the tokenizer (default: the model's)."""
-    if args.prompt_format == "ids":
+    """Text prompts (``--prompt-format text``, or conversations): token ids decoded by the
+    tokenizer (default: the model's)."""
+    if opt.prompt_format(args) == "ids":
         return None
     from transformers import AutoTokenizer
 
@@ -95,22 +98,37 @@ async def calibrate(
 async def one_rate(
     args: argparse.Namespace,
     model: str,
-    specs: list[RequestSpec],
+    workload: opt.Workload,
+    salt: int,
     rate: float | None,
     client: ClientOptions,
     slo: Slo | None,
 ) -> tuple[dict[str, Any], list[RequestRecord]]:
-    """Run the workload at ``rate``: its result row and records."""
+    """Run the workload, salted with ``salt``, at ``rate``: its result row and records."""
     before = await scrape_counters(args.url)
-    records = await run_load(
-        args.url,
-        model,
-        timed(args, specs, rate),
-        args.concurrency,
-        options=client,
-        progress=args.progress,
-        desc=f"rate {opt.json_rate(rate)}",
-    )
+    desc = f"rate {opt.json_rate(rate)}"
+    if workload.conversations is not None:
+        plans = salted_plans(workload.conversations, salt, args.vocab)
+        records = await run_conversations(
+            args.url,
+            model,
+            timed_conversations(args, plans, rate),
+            args.concurrency,
+            options=client,
+            progress=args.progress,
+            desc=desc,
+        )
+    else:
+        specs = timed(args, salted(workload.specs, salt, args.vocab), rate)
+        records = await run_load(
+            args.url,
+            model,
+            specs,
+            args.concurrency,
+            options=client,
+            progress=args.progress,
+            desc=desc,
+        )
     server = counters_delta(before, await scrape_counters(args.url))
     return rate_row(args, rate, records, slo, server), records
 
@@ -126,8 +144,7 @@ async def serve_bench(args: argparse.Namespace) -> dict[str, Any]:
         await run_load(args.url, model, [], options=client, warmup=warmup, progress=False)
     rows, runs = [], []
     for i, rate in enumerate(opt.rates(args)):
-        specs = salted(workload.specs, i, args.vocab)
-        row, records = await one_rate(args, model, specs, rate, client, slo)
+        row, records = await one_rate(args, model, workload, i, rate, client, slo)
         rows.append(row)
         runs.append((f"rate {row['rate']}", records))
     points = [sweep_point(row) for row in rows]

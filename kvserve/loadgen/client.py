@@ -15,8 +15,8 @@
    connection error becomes the record's ``error`` (and ``status_code``): a failed request
    never stops the run.
 
-:func:`scrape_counters` reads the router's Prometheus counters (KV bytes and seconds by
-direction, prompt tokens by source); servers without them give None.
+:func:`sending` gives the pieces of steps 1-2 (a :class:`Sender`) to drivers of other shapes
+(:mod:`.conversation_client`). The server's counters are :mod:`.counters`'.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,12 +34,6 @@ import aiohttp
 
 from kvserve.loadgen.metrics import RequestRecord
 from kvserve.loadgen.workloads import RequestSpec
-
-COUNTERS = {
-    "kvserve_kv_bytes_total": ("kv_bytes", "direction"),
-    "kvserve_kv_seconds_total": ("kv_seconds", "direction"),
-    "kvserve_prompt_tokens_total": ("prompt_tokens", "source"),
-}
 
 
 @dataclass(frozen=True)
@@ -52,11 +46,17 @@ class ClientOptions:
     extra_body: dict[str, Any] = field(default_factory=dict)
 
 
-def request_body(model: str, spec: RequestSpec, options: ClientOptions) -> dict[str, Any]:
+def request_body(
+    model: str, spec: RequestSpec, options: ClientOptions, prompt: str | None = None
+) -> dict[str, Any]:
+    """The completion request of ``spec``: its ids (as text through ``options.text``), or
+    ``prompt`` as given (a conversation's text, :mod:`.conversation_client`)."""
     ids = list(spec.prompt_token_ids)
+    if prompt is None:
+        prompt = options.text(ids) if options.text else None
     return {
         "model": model,
-        "prompt": options.text(ids) if options.text else ids,
+        "prompt": ids if prompt is None else prompt,
         "max_tokens": spec.max_tokens,
         "temperature": 0.0,
         "ignore_eos": options.ignore_eos,
@@ -71,8 +71,14 @@ class StreamState:
     """What the events of one stream said so far."""
 
     chunks: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
     usage: dict[str, Any] | None = None
     error: str | None = None
+
+    @property
+    def answer(self) -> str:
+        """The completion's text so far: every chunk's ``text``, in order."""
+        return "".join(self.texts)
 
     def feed(self, line: bytes, now: float) -> bool:
         """Take one SSE line; False once the stream is over (``[DONE]`` or an error)."""
@@ -88,6 +94,7 @@ class StreamState:
             return False
         if event.get("choices"):
             self.chunks.append(now)
+            self.texts.append(event["choices"][0].get("text") or "")
         if event.get("usage"):
             self.usage = event["usage"]
         return True
@@ -113,6 +120,8 @@ def to_record(
         cached_tokens=details.get("cached_tokens"),
         error=error,
         status_code=status,
+        conversation=spec.conversation,
+        turn=spec.turn,
     )
 
 
@@ -123,8 +132,9 @@ async def send(
     spec: RequestSpec,
     clock: Callable[[], float],
     timeout_s: float,
-) -> RequestRecord:
-    """One streamed request; every failure becomes the record's ``error``."""
+) -> tuple[RequestRecord, StreamState]:
+    """One streamed request: its record and what its stream said (the answer's text); every
+    failure becomes the record's ``error``."""
     start, state, status = clock(), StreamState(), None
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -138,7 +148,7 @@ async def send(
                         break
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         state.error = f"{type(exc).__name__}: {exc}"[:300]
-    return to_record(spec, start, clock(), state, status)
+    return to_record(spec, start, clock(), state, status), state
 
 
 def progress_bar(total: int, desc: str) -> tuple[Any, Callable[[], None]]:
@@ -149,6 +159,65 @@ def progress_bar(total: int, desc: str) -> tuple[Any, Callable[[], None]]:
     bar = Progress(console=Console(file=sys.stderr), transient=True)
     task = bar.add_task(desc or "requests", total=total)
     return bar, lambda: bar.advance(task)
+
+
+@dataclass(frozen=True)
+class Sender:
+    """One run's session, URL, clock (seconds from ``t = 0``), concurrency slots and
+    progress: :meth:`send` is how every recorded request of the run goes out."""
+
+    session: aiohttp.ClientSession
+    url: str
+    model: str
+    options: ClientOptions
+    clock: Callable[[], float]
+    slots: asyncio.Semaphore
+    advance: Callable[[], None]
+
+    async def send(
+        self, spec: RequestSpec, prompt: str | None = None
+    ) -> tuple[RequestRecord, StreamState]:
+        """``spec`` (or ``prompt`` in its place, :func:`request_body`) once a slot is free:
+        its record and stream."""
+        async with self.slots:
+            body = request_body(self.model, spec, self.options, prompt)
+            sent = await send(
+                self.session, self.url, body, spec, self.clock, self.options.timeout_s
+            )
+        self.advance()
+        return sent
+
+
+@contextlib.asynccontextmanager
+async def sending(
+    base_url: str,
+    model: str,
+    total: int,
+    concurrency: int = 0,
+    *,
+    options: ClientOptions | None = None,
+    warmup: Sequence[RequestSpec] = (),
+    progress: bool = True,
+    desc: str = "",
+) -> AsyncIterator[Sender]:
+    """A :class:`Sender` for ``total`` requests: steps 1 and 2 of the module docstring (the
+    warm-up, then the clock starts and at most ``concurrency`` requests are in flight)."""
+    opts = options or ClientOptions()
+    url = base_url.rstrip("/") + "/v1/completions"
+    connector = aiohttp.TCPConnector(limit=concurrency if concurrency > 0 else 0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for spec in warmup:
+            body = request_body(model, spec, opts)
+            await send(session, url, body, spec, time.perf_counter, opts.timeout_s)
+        t0 = time.perf_counter()
+
+        def clock() -> float:
+            return time.perf_counter() - t0
+
+        slots = asyncio.Semaphore(concurrency if concurrency > 0 else total or 1)
+        bar, advance = progress_bar(total, desc)
+        with bar if progress else contextlib.nullcontext():
+            yield Sender(session, url, model, opts, clock, slots, advance)
 
 
 async def run_load(
@@ -163,31 +232,23 @@ async def run_load(
     desc: str = "",
 ) -> list[RequestRecord]:
     """Send ``requests`` at their arrival times (module docstring); records in index order."""
-    opts = options or ClientOptions()
-    url = base_url.rstrip("/") + "/v1/completions"
-    connector = aiohttp.TCPConnector(limit=concurrency if concurrency > 0 else 0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        for spec in warmup:
-            body = request_body(model, spec, opts)
-            await send(session, url, body, spec, time.perf_counter, opts.timeout_s)
-        t0 = time.perf_counter()
-
-        def clock() -> float:
-            return time.perf_counter() - t0
-
-        slots = asyncio.Semaphore(concurrency if concurrency > 0 else len(requests) or 1)
-        bar, advance = progress_bar(len(requests), desc)
+    async with sending(
+        base_url,
+        model,
+        len(requests),
+        concurrency,
+        options=options,
+        warmup=warmup,
+        progress=progress,
+        desc=desc,
+    ) as sender:
 
         async def launch(spec: RequestSpec) -> RequestRecord:
-            await asyncio.sleep(max(0.0, spec.arrival_s - clock()))
-            async with slots:
-                body = request_body(model, spec, opts)
-                record = await send(session, url, body, spec, clock, opts.timeout_s)
-            advance()
+            await asyncio.sleep(max(0.0, spec.arrival_s - sender.clock()))
+            record, _ = await sender.send(spec)
             return record
 
-        with bar if progress else contextlib.nullcontext():
-            records = await asyncio.gather(*(launch(s) for s in requests))
+        records = await asyncio.gather(*(launch(s) for s in requests))
     return sorted(records, key=lambda r: r.index)
 
 
@@ -202,49 +263,3 @@ async def fetch_models(base_url: str, timeout_s: float = 30.0) -> list[str]:
         resp.raise_for_status()
         data = await resp.json()
     return [m["id"] for m in data.get("data", [])]
-
-
-def parse_counters(text: str) -> dict[str, dict[str, float]] | None:
-    """The :data:`COUNTERS` in a Prometheus exposition, summed per label value (empty when
-    the server has none of them, or has not counted anything yet)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    found: dict[str, dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in COUNTERS:
-                key, label = COUNTERS[sample.name]
-                values = found.setdefault(key, {})
-                value = sample.labels.get(label, "")
-                values[value] = values.get(value, 0.0) + float(sample.value)
-    return found
-
-
-async def scrape_counters(base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
-    """The server's KV/prompt-token counters now, or None if it has no such metrics."""
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(
-                base_url.rstrip("/") + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as resp,
-        ):
-            if resp.status != 200:
-                return None
-            return parse_counters(await resp.text())
-    except (aiohttp.ClientError, TimeoutError, ValueError):
-        return None
-
-
-def counters_delta(
-    before: dict[str, dict[str, float]] | None, after: dict[str, dict[str, float]] | None
-) -> dict[str, dict[str, float]] | None:
-    """``after - before`` per counter and label value; None when the server could not be read
-    or never had these counters (not ours). A counter absent before (no sample yet) counts
-    from 0."""
-    if before is None or not after:
-        return None
-    return {
-        key: {label: value - before.get(key, {}).get(label, 0.0) for label, value in vals.items()}
-        for key, vals in after.items()
-    }

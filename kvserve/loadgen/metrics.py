@@ -38,7 +38,8 @@ REJECTED_STATUS = (429, 503)
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """What happened to one request (``chunk_times_s``: arrival of each streamed chunk)."""
+    """What happened to one request (``chunk_times_s``: arrival of each streamed chunk;
+    ``conversation`` and ``turn``: the request's place in a conversation, -1 outside one)."""
 
     index: int
     arrival_s: float
@@ -53,6 +54,8 @@ class RequestRecord:
     cached_tokens: int | None = None
     error: str | None = None
     status_code: int | None = None
+    conversation: int = -1
+    turn: int = -1
 
     @property
     def ok(self) -> bool:

@@ -15,6 +15,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvserve.loadgen.arrivals import PROCESSES
+from kvserve.loadgen.conversation import (
+    ConversationPlan,
+    ConversationShape,
+    conversation_plans,
+    first_turns,
+)
 from kvserve.loadgen.mooncake_trace import SHIPPED, load_trace
 from kvserve.loadgen.slo import AbsoluteSlo, SloTargets
 from kvserve.loadgen.workloads import (
@@ -30,7 +36,8 @@ from kvserve.loadgen.workloads import (
 )
 from kvserve.settings import BENCH_ENV, add_config_args, setting
 
-WORKLOADS = (*SYNTHETIC_KINDS, "shared-prefix", "trace")
+CONVERSATION = "conversation"
+WORKLOADS = (*SYNTHETIC_KINDS, "shared-prefix", "trace", CONVERSATION)
 DEFAULT_REQUESTS = 48
 
 
@@ -52,8 +59,9 @@ class WorkloadConfig:
     """The requests of a serving benchmark (bench serve, bench compare, sim serve, sim
     validate).
 
-    - ``workload``: the kind of requests;
-    - ``num_requests``: requests per rate (0: 48; for trace: the first N, 0 = all);
+    - ``workload``: the kind of requests (conversation: multi-turn, sent as text);
+    - ``num_requests``: requests per rate (0: 48; for trace: the first N, 0 = all; not for
+      conversation: --conversations);
     - ``seed``: seed of the requests and arrivals;
     - ``vocab``: token ids in [100, vocab);
     - ``spread``: lengths uniform in mean*(1±s);
@@ -70,7 +78,13 @@ class WorkloadConfig:
     - ``trace_block_size``: trace: tokens per hash id;
     - ``length_scale``: trace: prompt lengths x;
     - ``output_scale``: trace: output lengths x;
-    - ``output_cap``: trace: output cap (0: none).
+    - ``output_cap``: trace: output cap (0: none);
+    - ``conversations``: conversation: conversations per rate (they start at the rate);
+    - ``turns``: conversation: turns per conversation;
+    - ``first_prompt_len``: conversation: first message tokens;
+    - ``user_message_len``: conversation: tokens of each later turn's new user message;
+    - ``answer_len``: conversation: max_tokens of each answer;
+    - ``think_s``: conversation: seconds between an answer and the next turn (± spread).
     """
 
     env_prefix: ClassVar[str] = BENCH_ENV
@@ -92,6 +106,12 @@ class WorkloadConfig:
     length_scale: float = 1.0
     output_scale: float = 1.0
     output_cap: int = 0
+    conversations: int = 12
+    turns: int = 3
+    first_prompt_len: int = 256
+    user_message_len: int = 48
+    answer_len: int = 32
+    think_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -106,7 +126,7 @@ class LoadConfig:
     - ``concurrency``: requests in flight cap (0: none);
     - ``warmup``: warm-up requests (not counted);
     - ``timeout_s``: per-request timeout;
-    - ``prompt_format``: send token ids or text;
+    - ``prompt_format``: send token ids or text (conversation: always text);
     - ``tokenizer``: text prompts: HF tokenizer to decode with;
     - ``ignore_eos``: generate every output token asked for.
     """
@@ -174,16 +194,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class Workload:
-    """The requests of one rate (arrivals unset unless replayed from a trace)."""
+    """The requests of one rate (arrivals unset unless replayed from a trace); for the
+    conversation workload, its ``conversations`` and, as ``specs``, their first turns (for
+    warm-up and SLO calibration)."""
 
     specs: list[RequestSpec]
     conditions: dict[str, Any]
+    conversations: list[ConversationPlan] | None = None
 
 
 def build_workload(args: argparse.Namespace) -> Workload:
     """The workload the flags describe, with the conditions that shaped it."""
-    n = args.num_requests or DEFAULT_REQUESTS
-    spread = args.spread
+    if args.workload == CONVERSATION:
+        return conversation_workload(args)
+    n, spread = args.num_requests or DEFAULT_REQUESTS, args.spread
     if args.workload in SYNTHETIC_KINDS:
         shapes = {
             "prefill-heavy": SyntheticShape(
@@ -221,6 +245,26 @@ def build_workload(args: argparse.Namespace) -> Workload:
     return Workload(
         specs, {"trace": str(args.trace), **asdict(opts), "time_scale": args.time_scale}
     )
+
+
+def conversation_workload(args: argparse.Namespace) -> Workload:
+    """The conversation workload (:mod:`kvserve.loadgen.conversation`) of the flags."""
+    if args.num_requests:
+        raise ValueError("the conversation workload is sized by --conversations and --turns")
+    first, user, answer = (
+        Lengths(n, args.spread)
+        for n in (args.first_prompt_len, args.user_message_len, args.answer_len)
+    )
+    shape = ConversationShape(args.turns, first, user, answer, args.think_s, args.spread)
+    plans = conversation_plans(args.conversations, args.seed, shape, args.vocab)
+    conditions = {"conversations": args.conversations, **asdict(shape)}
+    return Workload(first_turns(plans), conditions, plans)
+
+
+def prompt_format(args: argparse.Namespace) -> str:
+    """How prompts travel: ``--prompt-format``, but always text for conversations (their
+    answers come back as text: :mod:`kvserve.loadgen.conversation_client`)."""
+    return "text" if args.workload == CONVERSATION else str(args.prompt_format)
 
 
 def arrival_process(args: argparse.Namespace) -> str:

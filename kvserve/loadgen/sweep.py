@@ -1,7 +1,9 @@
 """The sweep's pieces shared by ``kvserve bench serve`` (a real server) and ``kvserve sim
 serve`` (a simulated cluster), so a simulated and a measured run compare line by line:
 the salts of the warm-up and calibration requests, the arrival times of a rate
-(:func:`timed`), the JSON row of one rate's records (:func:`rate_row`) and its point on the
+(:func:`timed`; of conversations, :func:`timed_conversations`), the JSON row of one rate's
+records (:func:`rate_row`; with a ``conversation`` block for a conversation workload's,
+:func:`~kvserve.loadgen.conversation.conversation_summary`) and its point on the
 attainment curve (:func:`sweep_point`), the conditions of the load (:func:`load_conditions`),
 the ``results`` and ``headline`` of a sweep (:func:`results_and_headline`) and the files of
 ``--out`` (:func:`write_out`).
@@ -19,6 +21,7 @@ from typing import Any
 
 from kvserve.loadgen import options as opt
 from kvserve.loadgen.arrivals import arrival_times
+from kvserve.loadgen.conversation import ConversationPlan, conversation_summary, with_starts
 from kvserve.loadgen.metrics import RequestRecord, bucketed, span_s, summarize
 from kvserve.loadgen.slo import Slo
 from kvserve.loadgen.workloads import RequestSpec, with_arrivals
@@ -28,20 +31,32 @@ WARMUP_SALT = 1_000_001
 CALIBRATION_SALT = 1_000_002
 
 
+def arrivals(args: argparse.Namespace, stamps_s: list[float], rate: float | None) -> list[float]:
+    """One arrival time of ``--arrival`` at ``rate`` per timestamp (trace: the stamps')."""
+    return arrival_times(
+        opt.arrival_process(args),
+        len(stamps_s),
+        rate,
+        args.seed,
+        cv=args.burstiness_cv,
+        timestamps_s=stamps_s,
+        time_scale=args.time_scale,
+    )
+
+
 def timed(
     args: argparse.Namespace, specs: list[RequestSpec], rate: float | None
 ) -> list[RequestSpec]:
     """``specs`` with the arrival times of ``--arrival`` at ``rate``."""
-    times = arrival_times(
-        opt.arrival_process(args),
-        len(specs),
-        rate,
-        args.seed,
-        cv=args.burstiness_cv,
-        timestamps_s=[s.arrival_s for s in specs],
-        time_scale=args.time_scale,
-    )
-    return with_arrivals(specs, times)
+    return with_arrivals(specs, arrivals(args, [s.arrival_s for s in specs], rate))
+
+
+def timed_conversations(
+    args: argparse.Namespace, plans: list[ConversationPlan], rate: float | None
+) -> list[ConversationPlan]:
+    """``plans`` starting at the arrival times of ``--arrival`` at ``rate`` (conversations
+    per second)."""
+    return with_starts(plans, arrivals(args, [p.start_s for p in plans], rate))
 
 
 def rate_row(
@@ -73,6 +88,11 @@ def rate_row(
         ),
         "server": server,
         "errors": sorted({r.error for r in records if r.error})[:5],
+        **(
+            {"conversation": conversation_summary(records, server)}
+            if any(r.turn >= 0 for r in records)
+            else {}
+        ),
     }
 
 
@@ -96,7 +116,9 @@ def load_conditions(
     """The conditions of the workload, load and SLO (shared with ``kvserve sim serve``)."""
     return {
         "workload": args.workload,
-        "num_requests": len(workload.specs),
+        "num_requests": len(workload.specs)
+        if workload.conversations is None
+        else sum(p.turns for p in workload.conversations),
         "workload_params": workload.conditions,
         "arrival": opt.arrival_process(args),
         "rates": [opt.json_rate(r) for r in opt.rates(args)],
@@ -106,7 +128,7 @@ def load_conditions(
         "seed": args.seed,
         "vocab": args.vocab,
         "timeout_s": args.timeout_s,
-        "prompt_format": args.prompt_format,
+        "prompt_format": opt.prompt_format(args),
         "ignore_eos": args.ignore_eos,
         "slo": slo.to_json() if slo else None,
         "goodput_threshold": args.goodput_threshold,

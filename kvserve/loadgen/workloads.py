@@ -39,13 +39,17 @@ SYNTHETIC_KINDS = ("prefill-heavy", "decode-heavy", "mixed")
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request to send: when (``arrival_s`` from the run's start), what, how long."""
+    """One request to send: when (``arrival_s`` from the run's start), what, how long;
+    ``conversation`` and ``turn`` place a conversation's turn (:mod:`.conversation`), -1
+    for a request of no conversation."""
 
     index: int
     arrival_s: float
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     group: int = -1  # shared-prefix group, or -1
+    conversation: int = -1
+    turn: int = -1
 
     @property
     def prompt_len(self) -> int:
@@ -218,14 +222,14 @@ def salted(
     A bijection on token ids: lengths, arrivals and which prompts share which prefix stay
     the same, the tokens differ, so runs with different salts never hit each other's cache.
     """
-    width = vocab - MIN_TOKEN
-    shift = salt * 7919
     return [
-        dataclasses.replace(
-            s,
-            prompt_token_ids=tuple(
-                MIN_TOKEN + (t - MIN_TOKEN + shift) % width for t in s.prompt_token_ids
-            ),
-        )
+        dataclasses.replace(s, prompt_token_ids=salt_tokens(s.prompt_token_ids, salt, vocab))
         for s in specs
     ]
+
+
+def salt_tokens(tokens: Sequence[int], salt: int, vocab: int = DEFAULT_VOCAB) -> tuple[int, ...]:
+    """``tokens`` shifted by ``salt * 7919`` within ``[100, vocab)`` (:func:`salted`)."""
+    width = vocab - MIN_TOKEN
+    shift = salt * 7919
+    return tuple(MIN_TOKEN + (t - MIN_TOKEN + shift) % width for t in tokens)

@@ -37,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     deploy.add_arguments(parser)
 
 
+def require_fixed_requests(args: argparse.Namespace, tool: str) -> None:
+    """ValueError for the conversation workload, whose turns depend on the server's answers:
+    ``tool`` replays fixed requests only."""
+    if args.workload == opt.CONVERSATION:
+        raise ValueError(f"{tool} replays fixed requests; conversations need a real server")
+
+
 def simulate(
     args: argparse.Namespace, cluster: SimCluster, conditions: dict[str, Any]
 ) -> dict[str, Any]:
@@ -44,6 +51,7 @@ def simulate(
     returns for a real server (conditions, rows, sweep, runs, points)."""
     if args.slo_relative is not None:
         raise ValueError("kvserve sim serve needs absolute SLOs (--slo-ttft-s, --slo-tpot-s)")
+    require_fixed_requests(args, "kvserve sim serve")
     workload = opt.build_workload(args)
     slo = opt.absolute_slo(args)
     warmup = salted(workload.specs[: args.warmup], WARMUP_SALT, args.vocab)

@@ -21,7 +21,7 @@ from kvserve.loadgen import options as opt
 from kvserve.report import emit, log
 from kvserve.settings import add_config_args, config_from_args
 from kvserve.sim import deploy
-from kvserve.sim.serve import simulate
+from kvserve.sim.serve import require_fixed_requests, simulate
 from workers.config import EngineConfig
 
 TARGET = 0.10
@@ -60,8 +60,9 @@ def errors(measured: dict[str, Any], simulated: dict[str, Any]) -> list[dict[str
 def run(args: argparse.Namespace) -> int:
     if args.cost.startswith("roofline:"):
         log("sim validate: a roofline cost is not calibrated on this machine; expect errors")
+    require_fixed_requests(args, "kvserve sim validate")
     engine = config_from_args(EngineConfig, args)
-    measured = run_deployment(args, args.workers, engine)
+    measured = run_deployment(args, args.workers, engine, args.policy)
     cluster, conditions = deploy.build(args)
     simulated = simulate(args, cluster, conditions)
     rows = []

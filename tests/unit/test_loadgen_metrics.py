@@ -170,7 +170,7 @@ def test_buckets_and_span() -> None:
 
 
 def test_server_counters_count_from_zero_when_absent_before() -> None:
-    from kvserve.loadgen.client import counters_delta, parse_counters
+    from kvserve.loadgen.counters import counters_delta, parse_counters
 
     empty = parse_counters(
         "# HELP kvserve_kv_bytes_total bytes\n# TYPE kvserve_kv_bytes_total counter\n"
