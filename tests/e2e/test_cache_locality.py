@@ -61,9 +61,7 @@ def cache_stats(cluster: Cluster) -> dict[str, Any]:
 
 def served_by(before: dict[str, Any], after: dict[str, Any]) -> str:
     """The one worker whose prefill count grew between the two stats."""
-    grew = [
-        w for w in after if after[w]["requests"] > before.get(w, {"requests": 0})["requests"]
-    ]
+    grew = [w for w in after if after[w]["requests"] > before.get(w, {"requests": 0})["requests"]]
     assert len(grew) == 1, (before, after)
     return grew[0]
 
@@ -115,7 +113,7 @@ def test_a_conversation_stays_where_its_turns_are_cached(
         wait_indexed(cluster, worker, (len(history) - 1) // BLOCK)
         history = history + prompt_of(MESSAGE, 100 + turn)
     assert where == [where[0]] * TURNS
-    assert pooled(cluster, history[: -MESSAGE]) >= (len(history) - MESSAGE - 1) // BLOCK * BLOCK
+    assert pooled(cluster, history[:-MESSAGE]) >= (len(history) - MESSAGE - 1) // BLOCK * BLOCK
 
 
 def client_decode(model_dir: Path, token_ids: list[int]) -> str:
