@@ -26,7 +26,9 @@ class AdmittedRequest:
       :func:`router.auth.request_salt`);
     - ``arrived_at``: when the request arrived (``time.monotonic``; TTFT and the deadline
       count from it);
-    - ``stream`` / ``include_usage``: how the answer is sent.
+    - ``stream`` / ``include_usage``: how the answer is sent;
+    - ``return_token_ids``: the answer carries the prompt's and the output's token ids
+      (vLLM's extension, :class:`router.responses.Formatter`).
     """
 
     request_id: str
@@ -38,6 +40,7 @@ class AdmittedRequest:
     arrived_at: float
     stream: bool = False
     include_usage: bool = False
+    return_token_ids: bool = False
 
     @property
     def max_tokens(self) -> int:

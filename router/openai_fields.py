@@ -43,7 +43,6 @@ REFUSED: Mapping[str, Off] = {
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
     "return_tokens_as_token_ids": (False,),
-    "return_token_ids": (False,),
     "priority": (0,),
     "prompt_embeds": (),
     "mm_processor_kwargs": (),

@@ -11,6 +11,7 @@ extensions is implemented or refused, never silently dropped:
 
 - implemented: the declared fields; ``logit_bias``, the penalties, ``min_tokens`` and
   ``stop_token_ids`` within the limits of :mod:`proto.limits` that workers check too;
+  ``return_token_ids`` (vLLM's) adds the token ids to the answer (:mod:`router.responses`);
 - refused: :data:`router.openai_fields.REFUSED`, fields whose value other than "off" would
   change the output or the answer's shape (tools, structured output, logprobs, beam
   search...): a 400 naming the field, code ``unsupported_value``. Null, or one of the
@@ -50,6 +51,14 @@ MAX_SEED = (1 << 64) - 1
 COMPLETION_MAX_TOKENS = 16
 """A completion's length when the request sets none (OpenAI's default)."""
 
+RETURN_TOKEN_IDS = (
+    "vLLM's extension: if true, each choice carries token_ids, the generated ids exactly as "
+    "sampled (streamed: each chunk's own), and the answer carries prompt_token_ids, the "
+    "prompt's ids as tokenized: on the choice for a completion, on the response for a chat "
+    "(streamed: on the first chunk)"
+)
+"""The OpenAPI description of ``return_token_ids`` (:class:`router.responses.Formatter`)."""
+
 TokenBiases = dict[str, float]
 _TOKEN_KEY = re.compile(r"[0-9]{1,20}")
 """A ``logit_bias`` key: a token id in decimal (ids past the wire's range are refused with
@@ -85,6 +94,8 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[TokenId] | None = None  # extension (vLLM's)
     cache_salt: Annotated[str, Field(max_length=MAX_CACHE_SALT_CHARS)] | None = None
     """Extension, as vLLM's: requests with different salts share no cached prefix."""
+    return_token_ids: bool | None = Field(None, description=RETURN_TOKEN_IDS)
+    """Extension (vLLM's): the answer carries the prompt's and the output's token ids."""
 
     refused: ClassVar[Mapping[str, Off]] = REFUSED
     """:data:`REFUSED`, with this route's ``add_special_tokens`` default."""

@@ -16,7 +16,8 @@ a request, in one place, before any worker is called.
 6. the length (400 for an empty prompt, or prompt + output past the model's context
    length; the output limit is ``max_tokens``, a completion's default 16, or for a chat
    what the context leaves);
-7. the tenant salt (:func:`router.auth.request_salt`) and the workers' sampling params.
+7. the tenant salt (:func:`router.auth.request_salt`) and the workers' sampling params
+   (and how the answer is sent: stream, usage, token ids).
 
 The route parses the body (:func:`router.openai_parse.parse_request`, 400) and reads it
 (413) before; the flow runs the result after (:meth:`RouterService.run`).
@@ -67,6 +68,7 @@ class Preparer:
             arrived_at=arrived_at,
             stream=req.stream,
             include_usage=req.include_usage,
+            return_token_ids=bool(req.return_token_ids),
         )
 
     def _check_model(self, requested: str) -> None:

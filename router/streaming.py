@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from router.errors import APIError
-from router.flow_types import Chunk, Usage
+from router.flow_types import Chunk
 from router.responses import DONE, Formatter, sse
 
 T = TypeVar("T")
@@ -51,13 +51,16 @@ async def until_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
                     await pending
 
 
-async def collect(chunks: AsyncIterator[Chunk]) -> tuple[str, str | None, Usage | None]:
-    """The whole answer: text, finish reason, usage."""
-    parts: list[str] = []
+async def collect(chunks: AsyncIterator[Chunk]) -> Chunk:
+    """The whole answer as one chunk: every chunk's text and token ids joined, in order,
+    with the last chunk's finish reason and usage."""
+    texts: list[str] = []
+    ids: list[int] = []
     last = Chunk("", ())
     async for last in chunks:
-        parts.append(last.text)
-    return "".join(parts), last.finish_reason, last.usage
+        texts.append(last.text)
+        ids.extend(last.token_ids)
+    return Chunk("".join(texts), tuple(ids), last.finish_reason, last.usage)
 
 
 async def sse_events(
@@ -69,10 +72,10 @@ async def sse_events(
         yield event
     chunk = first
     try:
-        for event in fmt.text_events(chunk.text, chunk.finish_reason):
+        for event in fmt.chunk_events(first, first=True):
             yield event
         async for chunk in rest:
-            for event in fmt.text_events(chunk.text, chunk.finish_reason):
+            for event in fmt.chunk_events(chunk):
                 yield event
     except APIError as exc:
         yield sse(exc.body())

@@ -15,7 +15,9 @@
    without them); the run is summarised overall and per input and output (requested
    ``max_tokens``) length bucket. The conversation workload's conversations start at the
    rate's arrival times and are driven turn by turn
-   (:func:`~kvserve.loadgen.conversation_client.run_conversations`, text prompts); its rows
+   (:func:`~kvserve.loadgen.conversation_client.run_conversations`: token-id prompts, each
+   holding the previous answers' ids as the server returned them, which needs vLLM's
+   ``return_token_ids``); its rows
    add a per-turn summary (``conversation``); its first turns stand for its requests in
    steps 2-3.
 5. The sweep's goodput (DistServe: the highest rate with attainment >= the threshold, and
@@ -61,8 +63,8 @@ add_arguments = opt.add_arguments
 
 
 def text_decoder(args: argparse.Namespace, model: str) -> Callable[[Sequence[int]], str] | None:
-    """Text prompts (``--prompt-format text``, or conversations): token ids decoded by the
-    tokenizer (default: the model's)."""
+    """Text prompts (``--prompt-format text``, never for conversations): token ids decoded
+    by the tokenizer (default: the model's)."""
     if opt.prompt_format(args) == "ids":
         return None
     from transformers import AutoTokenizer

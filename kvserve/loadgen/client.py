@@ -9,7 +9,8 @@
    ``max_tokens``, ``temperature 0``, ``ignore_eos`` (vLLM honours it; servers that don't
    know it ignore it) and ``stream_options.include_usage``;
 3. the raw server-sent events are read line by line: each ``data:`` event with non-empty
-   ``choices`` is a chunk (its arrival time is recorded), the usage event gives prompt,
+   ``choices`` is a chunk (its arrival time is recorded, and its ``token_ids`` when the
+   server sends them, :class:`StreamState`), the usage event gives prompt,
    completion and cached tokens, ``[DONE]`` ends the stream, an ``error`` event fails it;
 4. an HTTP status other than 200, a timeout (``options.timeout_s`` per request) or a
    connection error becomes the record's ``error`` (and ``status_code``): a failed request
@@ -46,17 +47,13 @@ class ClientOptions:
     extra_body: dict[str, Any] = field(default_factory=dict)
 
 
-def request_body(
-    model: str, spec: RequestSpec, options: ClientOptions, prompt: str | None = None
-) -> dict[str, Any]:
-    """The completion request of ``spec``: its ids (as text through ``options.text``), or
-    ``prompt`` as given (a conversation's text, :mod:`.conversation_client`)."""
+def request_body(model: str, spec: RequestSpec, options: ClientOptions) -> dict[str, Any]:
+    """The completion request of ``spec``: its prompt ids (as text through ``options.text``),
+    then ``options.extra_body``."""
     ids = list(spec.prompt_token_ids)
-    if prompt is None:
-        prompt = options.text(ids) if options.text else None
     return {
         "model": model,
-        "prompt": ids if prompt is None else prompt,
+        "prompt": options.text(ids) if options.text else ids,
         "max_tokens": spec.max_tokens,
         "temperature": 0.0,
         "ignore_eos": options.ignore_eos,
@@ -68,20 +65,18 @@ def request_body(
 
 @dataclass
 class StreamState:
-    """What the events of one stream said so far."""
+    """What the events of one stream said so far: chunk arrival times, the answer's token
+    ids (vLLM's ``return_token_ids``: every chunk's ``token_ids``, concatenated; None while
+    no chunk had the field), usage, error."""
 
     chunks: list[float] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
+    token_ids: list[int] | None = None
     usage: dict[str, Any] | None = None
     error: str | None = None
 
-    @property
-    def answer(self) -> str:
-        """The completion's text so far: every chunk's ``text``, in order."""
-        return "".join(self.texts)
-
     def feed(self, line: bytes, now: float) -> bool:
-        """Take one SSE line; False once the stream is over (``[DONE]`` or an error)."""
+        """Take one SSE line; False once the stream is over (``[DONE]`` or an error).
+        ValueError for an event that is not JSON or has malformed ``token_ids``."""
         line = line.strip()
         if not line.startswith(b"data:"):
             return True
@@ -94,7 +89,11 @@ class StreamState:
             return False
         if event.get("choices"):
             self.chunks.append(now)
-            self.texts.append(event["choices"][0].get("text") or "")
+            if (ids := event["choices"][0].get("token_ids")) is not None:
+                if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+                    raise ValueError(f"token_ids must be a list of token ids, got {ids!r:.80}")
+                self.token_ids = self.token_ids or []
+                self.token_ids.extend(ids)
         if event.get("usage"):
             self.usage = event["usage"]
         return True
@@ -133,7 +132,7 @@ async def send(
     clock: Callable[[], float],
     timeout_s: float,
 ) -> tuple[RequestRecord, StreamState]:
-    """One streamed request: its record and what its stream said (the answer's text); every
+    """One streamed request: its record and what its stream said (the answer's ids); every
     failure becomes the record's ``error``."""
     start, state, status = clock(), StreamState(), None
     try:
@@ -174,13 +173,10 @@ class Sender:
     slots: asyncio.Semaphore
     advance: Callable[[], None]
 
-    async def send(
-        self, spec: RequestSpec, prompt: str | None = None
-    ) -> tuple[RequestRecord, StreamState]:
-        """``spec`` (or ``prompt`` in its place, :func:`request_body`) once a slot is free:
-        its record and stream."""
+    async def send(self, spec: RequestSpec) -> tuple[RequestRecord, StreamState]:
+        """``spec`` once a slot is free: its record and stream."""
         async with self.slots:
-            body = request_body(self.model, spec, self.options, prompt)
+            body = request_body(self.model, spec, self.options)
             sent = await send(
                 self.session, self.url, body, spec, self.clock, self.options.timeout_s
             )

@@ -6,16 +6,17 @@ A conversation ``c`` of ``T`` turns (request index ``c * T + t`` for turn ``t``)
 
 - turn 0's prompt is the first message (``first`` tokens, :class:`~.workloads.Lengths`);
 - turn ``t > 0``'s prompt is turn ``t - 1``'s prompt, then turn ``t - 1``'s answer as the
-  server generated it, then user message ``t`` (:func:`grow`): every prompt starts with the
-  whole previous turn, its answer included, as a chat does;
+  server generated it (its token ids), then user message ``t`` (:func:`grow`): every prompt
+  starts with the whole previous turn, its answer included, token for token, as a chat's
+  does;
 - turn 0 is ready at the conversation's start (the arrival process's time for the ``c``-th
   conversation); turn ``t > 0`` is ready ``think_s[t - 1]`` seconds after turn ``t - 1``'s
   answer ended (:func:`ready_s`) and is sent then (or once a concurrency slot frees up);
 - each turn asks for ``answer_tokens[t]`` tokens.
 
 Messages are token ids in ``[100, vocab)``; think times are uniform in
-``think_s * [1 - spread, 1 + spread]``. Which form the prompt travels in (text: the completions
-API returns no token ids) is the driver's.
+``think_s * [1 - spread, 1 + spread]``. Prompts are token ids throughout: nothing is ever
+decoded to text or re-tokenized (the answers' ids come from the server: the driver's).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from kvserve.loadgen.metrics import RequestRecord, cache_hit_rate, describe, present
 from kvserve.loadgen.workloads import (
@@ -35,7 +36,7 @@ from kvserve.loadgen.workloads import (
     salt_tokens,
 )
 
-Prompt = TypeVar("Prompt", str, tuple[int, ...])
+Tokens = tuple[int, ...]
 SOURCES = ("local", "pool", "computed")
 """Where a prompt token's KV came from, as the router counts them (``prompt_tokens``)."""
 
@@ -81,13 +82,13 @@ class ConversationPlan:
         """The request index of ``turn``: ``conversation * turns + turn``."""
         return self.conversation * self.turns + turn
 
-    def turn_spec(self, turn: int, ready_s: float) -> RequestSpec:
-        """The request of ``turn``, ready at ``ready_s``; its prompt is the driver's (turn 0:
-        the first message's ids)."""
+    def turn_spec(self, turn: int, ready_s: float, prompt: Tokens | None = None) -> RequestSpec:
+        """The request of ``turn``, ready at ``ready_s``, with ``prompt`` (:func:`grow`; the
+        first message by default, which is turn 0's)."""
         return RequestSpec(
             index=self.index(turn),
             arrival_s=ready_s,
-            prompt_token_ids=self.first if turn == 0 else (),
+            prompt_token_ids=self.first if prompt is None else prompt,
             max_tokens=self.answer_tokens[turn],
             conversation=self.conversation,
             turn=turn,
@@ -116,7 +117,7 @@ def conversation_plans(
     return plans
 
 
-def grow(prompt: Prompt, answer: Prompt, user: Prompt) -> Prompt:
+def grow(prompt: Tokens, answer: Tokens, user: Tokens) -> Tokens:
     """The next turn's prompt: the previous prompt, its answer, the new user message."""
     return prompt + answer + user
 

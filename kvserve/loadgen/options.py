@@ -59,7 +59,7 @@ class WorkloadConfig:
     """The requests of a serving benchmark (bench serve, bench compare, sim serve, sim
     validate).
 
-    - ``workload``: the kind of requests (conversation: multi-turn, sent as text);
+    - ``workload``: the kind of requests (conversation: multi-turn, sent as token ids);
     - ``num_requests``: requests per rate (0: 48; for trace: the first N, 0 = all; not for
       conversation: --conversations);
     - ``seed``: seed of the requests and arrivals;
@@ -126,7 +126,7 @@ class LoadConfig:
     - ``concurrency``: requests in flight cap (0: none);
     - ``warmup``: warm-up requests (not counted);
     - ``timeout_s``: per-request timeout;
-    - ``prompt_format``: send token ids or text (conversation: always text);
+    - ``prompt_format``: send token ids or text (conversation: always token ids);
     - ``tokenizer``: text prompts: HF tokenizer to decode with;
     - ``ignore_eos``: generate every output token asked for.
     """
@@ -262,9 +262,10 @@ def conversation_workload(args: argparse.Namespace) -> Workload:
 
 
 def prompt_format(args: argparse.Namespace) -> str:
-    """How prompts travel: ``--prompt-format``, but always text for conversations (their
-    answers come back as text: :mod:`kvserve.loadgen.conversation_client`)."""
-    return "text" if args.workload == CONVERSATION else str(args.prompt_format)
+    """How prompts travel: ``--prompt-format``, but always token ids for conversations (each
+    turn's prompt holds the previous answer's ids as the server returned them:
+    :mod:`kvserve.loadgen.conversation_client`)."""
+    return "ids" if args.workload == CONVERSATION else str(args.prompt_format)
 
 
 def arrival_process(args: argparse.Namespace) -> str:

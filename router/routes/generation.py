@@ -81,11 +81,11 @@ async def answer(request: Request, service: RouterService, admitted: AdmittedReq
     """Place and run ``admitted``; stream it or answer it whole. Errors of placement are
     the route's (counted as rejected); errors from the flow were counted by the flow."""
     chunks = await service.run(admitted)
-    fmt = Formatter(admitted.chat, admitted.response_id, admitted.model, admitted.include_usage)
+    fmt = Formatter.of(admitted)
     try:
         if not admitted.stream:
-            text, finish, usage = await until_disconnected(request, collect(chunks))
-            return JSONResponse(fmt.response(text, finish, usage))
+            whole = await until_disconnected(request, collect(chunks))
+            return JSONResponse(fmt.response(whole))
         first: Chunk = await until_disconnected(request, anext(chunks))
     except ClientGoneError:
         return Response(status_code=499)

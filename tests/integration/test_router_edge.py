@@ -1,5 +1,6 @@
 """The router's HTTP edge through real HTTP and stub workers: bad input refused before any
-worker call, API keys, tenant cache salts and admission control (429).
+worker call, API keys, tenant cache salts, token ids returned through the disaggregated
+path, and admission control (429).
 
 ``harness``: a router with three keys (one unnamed, tenants ``alice`` and ``bob``); its
 requests carry the first key unless a test says otherwise.
@@ -20,7 +21,13 @@ import openai
 import pytest
 
 from router.auth import unauthorized
-from tests.integration.router_harness import MODEL, Harness, StubWorker, running_redis
+from tests.integration.router_harness import (
+    MODEL,
+    Harness,
+    StubWorker,
+    out_token,
+    running_redis,
+)
 
 KEYS = "sk-shared,alice=sk-alice,bob=sk-bob"
 GUARDED = ("/v1/models", "/metrics", "/v1/cache/stats", "/v1/controller", "/openapi.json",
@@ -138,6 +145,21 @@ def test_official_client_with_and_without_a_key(harness: Harness) -> None:
     assert denied.value.code == "invalid_api_key"
     out = harness.client("sk-alice").completions.create(model=MODEL, prompt=[1, 2], max_tokens=2)
     assert out.choices[0].text == " t2 t3"
+
+
+def test_a_disaggregated_answer_returns_its_token_ids(harness: Harness) -> None:
+    """The first id from the prefill worker, the rest from the decode worker (vLLM's
+    ``return_token_ids``, read through the official client)."""
+    prompt, client = [10, 20, 30, 40, 50, 60], harness.client()
+    asked: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": 5}
+    expected = [out_token(prompt, i) for i in range(5)]
+    out = client.completions.create(extra_body={"return_token_ids": True}, **asked)
+    assert out.id == "cmpl-" + harness.stubs["p1"].called("Prefill")[-1]  # disaggregated
+    assert out.choices[0].model_extra == {"token_ids": expected, "prompt_token_ids": prompt}
+    stream = client.completions.create(stream=True, extra_body={"return_token_ids": True}, **asked)
+    streamed = [c.choices[0].model_extra or {} for c in stream]
+    assert [t for c in streamed for t in c["token_ids"]] == expected
+    assert not client.completions.create(**asked).choices[0].model_extra  # not asked for
 
 
 def test_openapi_declares_bearer_security(harness: Harness) -> None:

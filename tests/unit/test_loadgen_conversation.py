@@ -1,16 +1,18 @@
-"""The conversation workload: plans, prompt growth, the turn schedule with think time (on a
-fake clock), failed turns, the per-turn summary, the flags that build it."""
+"""The conversation workload: plans, prompt growth by the answers' token ids, the turn
+schedule with think time (on a fake clock), failed turns and answers without ids, the
+per-turn summary, the flags that build it. Over HTTP: test_loadgen_conversation_client."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Sequence
+import json
+from collections.abc import Callable
 
 import pytest
 
 from kvserve.loadgen import options as opt
-from kvserve.loadgen.client import ClientOptions, StreamState
+from kvserve.loadgen.client import StreamState
 from kvserve.loadgen.conversation import (
     ConversationPlan,
     ConversationShape,
@@ -22,7 +24,7 @@ from kvserve.loadgen.conversation import (
     source_shares,
     with_starts,
 )
-from kvserve.loadgen.conversation_client import SendTurn, converse, run_conversations
+from kvserve.loadgen.conversation_client import SendTurn, TokenIdsMissingError, converse
 from kvserve.loadgen.metrics import RequestRecord
 from kvserve.loadgen.sweep import rate_row
 from kvserve.loadgen.workloads import MIN_TOKEN, Lengths, RequestSpec
@@ -71,7 +73,6 @@ def test_first_turns_and_starts() -> None:
 
 
 def test_a_prompt_grows_by_the_answer_then_the_user_message() -> None:
-    assert grow("sys+q1", "|a1", "|q2") == "sys+q1|a1|q2"
     assert grow((1, 2), (3,), (4, 5)) == (1, 2, 3, 4, 5)
 
 
@@ -88,18 +89,20 @@ class FakeTime:
         self.now += seconds
 
 
-def decode(ids: Sequence[int]) -> str:
-    return "".join(f"[{t}]" for t in ids)
+Answer = tuple[int, ...] | None
 
 
-def fake_server(time: FakeTime, fail_turn: int = -1) -> tuple[list[tuple[float, str]], SendTurn]:
-    """A send that takes 0.5 s, answers ``<a{index}>`` and reports the prompt's length as
-    its ``prompt_tokens``; ``fail_turn`` gets a 503."""
-    sent: list[tuple[float, str]] = []
+def fake_server(
+    time: FakeTime, fail_turn: int = -1, answer: Callable[[RequestSpec], Answer] | None = None
+) -> tuple[list[tuple[float, tuple[int, ...]]], SendTurn]:
+    """A send that takes 0.5 s, answers the ids ``(1000 + index, 2000 + index)`` (or
+    ``answer(spec)``), reports 2 completion tokens and the prompt's length as its
+    ``prompt_tokens``; ``fail_turn`` gets a 503."""
+    sent: list[tuple[float, tuple[int, ...]]] = []
 
-    async def send(spec: RequestSpec, prompt: str) -> tuple[RequestRecord, str]:
+    async def send(spec: RequestSpec) -> tuple[RequestRecord, Answer]:
         start = time.now
-        sent.append((start, prompt))
+        sent.append((start, spec.prompt_token_ids))
         time.now += 0.5
         failed = spec.turn == fail_turn
         record = RequestRecord(
@@ -112,13 +115,15 @@ def fake_server(time: FakeTime, fail_turn: int = -1) -> tuple[list[tuple[float, 
             end_s=time.now,
             chunk_times_s=() if failed else (start + 0.1, time.now),
             output_tokens=0 if failed else 2,
-            prompt_tokens=None if failed else len(prompt),
+            prompt_tokens=None if failed else spec.prompt_len,
             error="HTTP 503" if failed else None,
             status_code=503 if failed else 200,
             conversation=spec.conversation,
             turn=spec.turn,
         )
-        return record, "" if failed else f"<a{spec.index}>"
+        if failed:
+            return record, None
+        return record, answer(spec) if answer else (1000 + spec.index, 2000 + spec.index)
 
     return sent, send
 
@@ -129,42 +134,58 @@ PLAN = ConversationPlan(1, 2.0, (101, 102), ((201,), (301, 302)), (4, 4, 4), (1.
 def test_turns_wait_for_the_answer_plus_the_think_time() -> None:
     time = FakeTime()
     sent, send = fake_server(time)
-    records = asyncio.run(converse(PLAN, send, decode, time.clock, time.sleep))
-    p0 = "[101][102]"
-    p1 = p0 + "<a3>" + "[201]"
-    p2 = p1 + "<a4>" + "[301][302]"
+    records = asyncio.run(converse(PLAN, send, time.clock, time.sleep))
+    p0 = (101, 102)
+    p1 = (*p0, 1003, 2003, 201)  # the answer's ids exactly as returned, then the message
+    p2 = (*p1, 1004, 2004, 301, 302)
     # turn 0 at the start; turn 1 at 2.5 (end) + 1.0; turn 2 at 4.0 (end) + 3.0
     assert sent == [(2.0, p0), (3.5, p1), (7.0, p2)]
     assert [(r.index, r.turn, r.conversation) for r in records] == [(3, 0, 1), (4, 1, 1), (5, 2, 1)]
     assert [r.arrival_s for r in records] == [2.0, 3.5, 7.0]
-    assert [r.prompt_len for r in records] == [len(p0), len(p1), len(p2)]  # the server's count
+    assert [r.prompt_len for r in records] == [len(p0), len(p1), len(p2)]
 
 
 def test_a_failed_turn_ends_its_conversation_and_counts_the_rest_as_failed() -> None:
     time = FakeTime()
     sent, send = fake_server(time, fail_turn=1)
-    records = asyncio.run(converse(PLAN, send, decode, time.clock, time.sleep))
+    records = asyncio.run(converse(PLAN, send, time.clock, time.sleep))
     assert [t for t, _ in sent] == [2.0, 3.5]
     assert [(r.turn, r.ok) for r in records] == [(0, True), (1, False), (2, False)]
-    assert records[1].prompt_len == 2 + 2 + 1  # no usage: the client's count of its tokens
+    assert records[1].prompt_len == 2 + 2 + 1  # the prompt's ids, as sent
     last = records[2]
     assert last.index == 5 and last.arrival_s == last.start_s == 4.0
     assert last.error is not None and "turn 1 of conversation 1 failed" in last.error
 
 
-def test_conversations_need_a_decoder() -> None:
-    run = run_conversations("http://127.0.0.1:1", "m", [PLAN], options=ClientOptions())
-    with pytest.raises(ValueError, match="text"):
-        asyncio.run(run)
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        (lambda spec: None, '"return_token_ids": true'),
+        (lambda spec: (7,), "1 token_ids for 2 completion tokens"),
+        (lambda spec: None if spec.turn == 2 else (7, 8), "turn 2 of conversation 1"),
+    ],
+)
+def test_an_answer_without_its_ids_stops_the_conversation(
+    answer: Callable[[RequestSpec], Answer], says: str
+) -> None:
+    time = FakeTime()
+    _, send = fake_server(time, answer=answer)
+    with pytest.raises(TokenIdsMissingError, match=says):
+        asyncio.run(converse(PLAN, send, time.clock, time.sleep))
 
 
-def test_the_stream_keeps_the_answer_text() -> None:
+def test_the_stream_keeps_the_answers_token_ids() -> None:
     state = StreamState()
-    for i, piece in enumerate(['"He"', '"llo"', "null"]):
-        assert state.feed(f'data: {{"choices":[{{"text":{piece}}}]}}'.encode(), float(i))
-    assert state.feed(b'data: {"choices":[],"usage":{"prompt_tokens":3}}', 3.0)
-    assert not state.feed(b"data: [DONE]", 4.0)
-    assert state.answer == "Hello" and state.chunks == [0.0, 1.0, 2.0]
+    choices = [{"text": "a", "token_ids": [5, 6]}, {"token_ids": []}, {"token_ids": [7]}, {}]
+    for i, choice in enumerate(choices):
+        assert state.feed(b"data: " + json.dumps({"choices": [choice]}).encode(), i)
+    assert state.feed(b'data: {"choices":[],"usage":{"prompt_tokens":3}}', 4.0)
+    assert not state.feed(b"data: [DONE]", 5.0)
+    assert state.token_ids == [5, 6, 7] and state.chunks == [0.0, 1.0, 2.0, 3.0]
+    none = StreamState()
+    assert none.feed(b'data: {"choices":[{"text":"a"}]}', 0.0) and none.token_ids is None
+    with pytest.raises(ValueError, match="token_ids"):
+        StreamState().feed(b'data: {"choices":[{"token_ids":["5"]}]}', 0.0)
 
 
 def turn_record(turn: int, ttft: float, prompt: int, cached: int) -> RequestRecord:
@@ -208,7 +229,10 @@ def test_the_flags_build_the_conversation_workload() -> None:
     assert all(p.turns == 4 for p in workload.conversations)
     assert [s.turn for s in workload.specs] == [0, 0, 0]
     assert workload.conditions["conversations"] == 3 and workload.conditions["turns"] == 4
-    assert opt.prompt_format(args) == "text"
+    assert opt.prompt_format(args) == "ids"
+    assert (
+        opt.prompt_format(parse(["--workload", "conversation", "--prompt-format", "text"])) == "ids"
+    )
     assert opt.prompt_format(parse(["--workload", "mixed"])) == "ids"
     assert opt.build_workload(parse(["--workload", "mixed"])).conversations is None
     with pytest.raises(ValueError, match="--conversations"):

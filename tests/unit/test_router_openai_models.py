@@ -59,6 +59,9 @@ def test_defaults_and_extensions() -> None:
     assert chat(stop=["a", "b"]).stop_list == ["a", "b"]
     assert chat(max_tokens=5, max_completion_tokens=7).output_limit == 7
     assert chat().output_limit is None
+    assert chat(return_token_ids=True).return_token_ids
+    assert completion(prompt="x", return_token_ids=False).return_token_ids is False
+    assert error_of(chat, return_token_ids=1)[1]["error"]["code"] == "invalid_type"
 
 
 def test_chat_content_parts_and_roles() -> None:
