@@ -54,9 +54,10 @@ table): ``cache_aware+events`` local hits over shared hits at 2 and 4 workers an
 10k, 30k blocks, 50k prefill tokens/s per worker. Rule: the largest mean ratio over the 8
 points among the pairs whose TTFT p90 is no worse than round_robin's at every point (the
 smallest weight within 0.001 of it). Chosen (4, 0.5): mean 0.975, every point from 4k
-blocks at 0.98 or more, 1k blocks 0.94 (2 workers) and 0.84 (4 workers). No pair reaches
-0.95 at 1k blocks (best: 0.944 and 0.914); the pairs that come closest (slack 1-2 s) queue
-more: TTFT p90 up to 1.71 s against round_robin's 1.68 s and 0.84 s."""
+blocks at 0.98 or more, 1k blocks 0.944 (2 workers) and 0.843 (4 workers). No pair reaches
+0.95 at 1k blocks (best: 0.944 at 2 workers, 0.914 at 4); the pairs nearest it there (slack
+1-2 s) fail the TTFT rule (p90 up to 1.71 s against round_robin's 1.68 s at 2 workers, and
+1.06 s against 0.84 s at 4)."""
 
 HOME_SLACK_S = 0.5
 """Seconds of prefill cost within which candidates count as comparably loaded, so the one
@@ -68,7 +69,7 @@ DECODE_OVERLAP_WEIGHT = 8.0
 (:meth:`CacheAwarePolicy.decode_cost`). Measured by ``kvserve bench trace
 --sweep-decode-weights 0 1 2 4 8 16`` (docs/benchmarks.md, section 4): the decode workers'
 local hits grow with the weight up to 8 and not beyond (16 and 32 place the same), while
-their peak concurrency stays that of weight 0 within one request. Rule: the smallest weight
+their peak concurrency stays that of weight 0 within two requests. Rule: the smallest weight
 within 0.01 of the largest decode hit rate at every point."""
 
 AFFINITY_BLOCKS = 1
