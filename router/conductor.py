@@ -13,87 +13,67 @@ and are used only when no decode worker is live.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-DEFAULT_PREFILL_TOKENS_PER_S = 2000.0
-"""Prefill speed assumed for a worker that has not measured its own yet (reports 0)."""
+from router.placement import (
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    HANDOFF_S,
+    POOL_FETCH_S_PER_TOKEN,
+    Placement,
+    PlacementRequest,
+    WorkerLoad,
+    handoff_s,
+    predicted_ttft,
+    prefill_remotely,
+)
 
-POOL_FETCH_S_PER_TOKEN = 2e-5
-"""Seconds to load one prompt token's KV (all layers) from the pool into a worker that has
-not measured its own speed yet (:attr:`WorkerLoad.pool_fetch_tokens_per_s` is 0): about
-50k tokens/s, a few GB/s for a small model over TCP."""
+__all__ = [
+    "DEFAULT_PREFILL_TOKENS_PER_S",
+    "HANDOFF_S",
+    "POOL_FETCH_S_PER_TOKEN",
+    "Placement",
+    "PlacementRequest",
+    "WorkerLoad",
+    "handoff_s",
+    "predicted_ttft",
+    "prefill_remotely",
+]
 
-HANDOFF_S = 0.05
-"""Fixed seconds a hand-off adds to a request's first token over a local prefill: the
-reservation and prefill RPCs and the landing's polling. A rough constant: it keeps a short
-prompt on its decode worker unless that worker is clearly backed up
-(:func:`prefill_remotely`)."""
+OVERLAP_WEIGHT = 4.0
+"""Seconds of prefill queue that one second of prefill saved by a worker's local cache
+(beyond the pool) outweighs, over what it saves the request itself
+(:meth:`CacheAwarePolicy.prefill_cost`).
 
+Measured with :data:`HOME_SLACK_S` by ``kvserve bench trace --sweep-overlap-weights 0 0.5 1
+2 4 8 --sweep-home-slacks-s 0 0.25 0.5 1 2`` (docs/benchmarks.md, section 4, has the whole
+table): ``cache_aware+events`` local hits over shared hits at 2 and 4 workers and 1k, 4k,
+10k, 30k blocks, 50k prefill tokens/s per worker. Rule: the largest mean ratio over the 8
+points among the pairs whose TTFT p90 is no worse than round_robin's at every point (the
+smallest weight within 0.001 of it). Chosen (4, 0.5): mean 0.975, every point from 4k
+blocks at 0.98 or more, 1k blocks 0.944 (2 workers) and 0.843 (4 workers). No pair reaches
+0.95 at 1k blocks (best: 0.944 at 2 workers, 0.914 at 4); the pairs nearest it there (slack
+1-2 s) fail the TTFT rule (p90 up to 1.71 s against round_robin's 1.68 s at 2 workers, and
+1.06 s against 0.84 s at 4)."""
 
-@dataclass(frozen=True)
-class WorkerLoad:
-    """A worker as the conductor sees it (the fields of its latest ``LoadReport``)."""
+HOME_SLACK_S = 0.5
+"""Seconds of prefill cost within which candidates count as comparably loaded, so the one
+with most local overlap, then the prefix's rendezvous home, is preferred (measured with
+:data:`OVERLAP_WEIGHT`)."""
 
-    worker_id: str
-    role: str
-    draining: bool = False
-    waiting: int = 0
-    running: int = 0
-    queued_prefill_tokens: int = 0
-    free_pages: int = 0
-    total_pages: int = 0
-    prefill_tokens_per_s: float = 0.0
-    pool_fetch_tokens_per_s: float = 0.0
-    """Prompt tokens of KV per second the worker read from the pool so far (its landings'
-    bytes over their read time, per token); 0: not measured yet."""
-    report_at: float = 0.0
-    """When the worker made this report (its clock); tells reports apart, nothing more."""
+DECODE_OVERLAP_WEIGHT = 8.0
+"""Running requests that a decode worker holding a whole prompt locally outweighs
+(:meth:`CacheAwarePolicy.decode_cost`). Measured by ``kvserve bench trace
+--sweep-decode-weights 0 1 2 4 8 16`` (docs/benchmarks.md, section 4): the decode workers'
+local hits grow with the weight up to 8 and not beyond (16 and 32 place the same), while
+their peak concurrency stays that of weight 0 within two requests. Rule: the smallest weight
+within 0.01 of the largest decode hit rate at every point."""
 
-    @property
-    def prefill_speed(self) -> float:
-        speed = self.prefill_tokens_per_s
-        return speed if speed > 0 else DEFAULT_PREFILL_TOKENS_PER_S
-
-    @property
-    def fetch_s_per_token(self) -> float:
-        """Seconds to load one token's KV from the pool: measured, else
-        :data:`POOL_FETCH_S_PER_TOKEN`."""
-        speed = self.pool_fetch_tokens_per_s
-        return 1.0 / speed if speed > 0 else POOL_FETCH_S_PER_TOKEN
-
-
-@dataclass(frozen=True)
-class PlacementRequest:
-    """``pooled_tokens``: leading prompt tokens the pool holds; ``local_tokens``: per
-    worker id, leading prompt tokens that worker's own prefix cache holds (hints)."""
-
-    prompt_tokens: int
-    pooled_tokens: int = 0
-    local_tokens: Mapping[str, int] = field(default_factory=dict)
-
-    @property
-    def uncached_tokens(self) -> int:
-        return max(0, self.prompt_tokens - self.pooled_tokens)
-
-    def local_on(self, worker_id: str) -> int:
-        """Leading prompt tokens the local cache of ``worker_id`` holds (per the hints)."""
-        return min(self.local_tokens.get(worker_id, 0), self.prompt_tokens)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """``prefill``: the prefill worker, or None when the decode worker prefills itself.
-    ``decode``: decode (or mixed) workers, best first; the flow tries them in order."""
-
-    prefill: str | None
-    decode: tuple[str, ...]
-
-    @property
-    def disaggregated(self) -> bool:
-        return self.prefill is not None
+AFFINITY_BLOCKS = 1
+"""The block whose name is a prompt's :func:`affinity_key` (1: the first block)."""
 
 
 class Policy(ABC):
@@ -106,14 +86,17 @@ class Policy(ABC):
        no candidate at all gives None ("not now": the caller answers 503);
     3. no prefill worker is used (the decode worker prefills locally) when the candidates
        are mixed workers or when no prefill worker is live;
-    4. a prompt whose uncached part exceeds ``disagg_threshold_tokens`` is prefilled by a
-       prefill worker (the decode worker never runs a long prefill: steady inter-token
+    4. a prompt whose uncached part on the first decode candidate
+       (:meth:`PlacementRequest.uncached_on`: neither the pool nor that worker's local
+       cache holds it) exceeds ``disagg_threshold_tokens`` is prefilled by a prefill
+       worker (the decode worker never runs a long prefill: steady inter-token
        latency); a shorter one is prefilled locally by the first decode candidate unless a
        prefill worker would give its first token sooner (:func:`prefill_remotely`: the
        decode worker is backed up with prefills while a prefill worker idles, as in a burst
        of prompts that share a pooled prefix);
-    5. :meth:`pick_prefill` chooses the prefill worker, when one is used;
-    6. :meth:`rank_decode` orders every decode candidate, best first.
+    5. :meth:`rank_decode` orders every decode candidate, best first (before rule 4,
+       which needs the first one);
+    6. :meth:`pick_prefill` chooses the prefill worker, when one is used.
 
     Subclasses must return one of the given candidates (and every one of them, for
     :meth:`rank_decode`); they may keep state (a counter, a seeded generator).
@@ -130,11 +113,12 @@ class Policy(ABC):
         if not candidates:
             return None
         prefillers = [] if mixed else [w for w in live if w.role == "prefill"]
-        prefill = None  # long prompts pick before ranking, as always (seeded policies' order)
-        if prefillers and request.uncached_tokens > self.disagg_threshold_tokens:
-            prefill = self.pick_prefill(request, prefillers).worker_id
         ranked = self.rank_decode(request, candidates)
-        if prefill is None and prefillers and prefill_remotely(request, prefillers, ranked[0]):
+        prefill = None
+        if prefillers and (
+            request.uncached_on(ranked[0].worker_id) > self.disagg_threshold_tokens
+            or prefill_remotely(request, prefillers, ranked[0])
+        ):
             prefill = self.pick_prefill(request, prefillers).worker_id
         return Placement(prefill, tuple(w.worker_id for w in ranked))
 
@@ -199,53 +183,90 @@ class LeastLoadedPolicy(Policy):
         return sorted(candidates, key=lambda w: (w.running + w.waiting, w.queued_prefill_tokens))
 
 
-def predicted_ttft(request: PlacementRequest, worker: WorkerLoad) -> float:
-    """Seconds until ``worker`` would produce the first token of ``request``.
-
-    Queue wait (its queued prefill tokens at its speed) + the tokens neither its local
-    cache nor the pool holds, at its speed + the pooled tokens its local cache lacks, at
-    its pool fetch speed (:attr:`WorkerLoad.fetch_s_per_token`).
-    """
-    local = request.local_on(worker.worker_id)
-    cached = max(local, min(request.pooled_tokens, request.prompt_tokens))
-    fetched = max(0, cached - local)
-    speed = worker.prefill_speed
-    queue_s = worker.queued_prefill_tokens / speed
-    compute_s = (request.prompt_tokens - cached) / speed
-    return queue_s + compute_s + fetched * worker.fetch_s_per_token
+def affinity_key(chain: Sequence[int]) -> int | None:
+    """A prompt's :attr:`PlacementRequest.prefix_key`: the name of its block number
+    :data:`AFFINITY_BLOCKS` (or of its last one when shorter) in its chain of block names
+    (:mod:`kvpool.hashing`); None for a prompt without a full block."""
+    return chain[min(len(chain), AFFINITY_BLOCKS) - 1] if chain else None
 
 
-def handoff_s(request: PlacementRequest, decoder: WorkerLoad) -> float:
-    """Seconds a hand-off to ``decoder`` adds: :data:`HANDOFF_S`, plus loading the prompt's
-    KV that its own cache lacks at its pool fetch speed."""
-    missing = request.prompt_tokens - request.local_on(decoder.worker_id)
-    return HANDOFF_S + missing * decoder.fetch_s_per_token
+def rendezvous(key: int, worker_id: str) -> int:
+    """The rendezvous (highest random weight) weight of ``worker_id`` for ``key``: a stable
+    64-bit hash of both (the same in every process). The candidate of highest weight is a
+    prefix's home; removing another worker does not move it."""
+    digest = hashlib.blake2b(f"{key}/{worker_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
 
-def prefill_remotely(
-    request: PlacementRequest, prefillers: Sequence[WorkerLoad], decoder: WorkerLoad
-) -> bool:
-    """Whether a short prompt should still go to a prefill worker: true when the soonest of
-    ``prefillers`` plus the handoff to ``decoder`` (:func:`handoff_s`) predicts an earlier
-    first token than ``decoder`` prefilling it itself (:func:`predicted_ttft`, which counts
-    the prefills queued on each); ties stay local. Pure; the pending placements of
-    :mod:`router.pending` are in the loads, so a burst spreads over both instead of piling
-    up on the decode worker."""
-    remote = min(predicted_ttft(request, w) for w in prefillers) + handoff_s(request, decoder)
-    return remote < predicted_ttft(request, decoder)
+@dataclass(frozen=True)
+class LocalityWeights:
+    """How :class:`CacheAwarePolicy` weighs local-cache overlap against load
+    (defaults: :data:`OVERLAP_WEIGHT`, :data:`HOME_SLACK_S`, :data:`DECODE_OVERLAP_WEIGHT`)."""
+
+    overlap: float = OVERLAP_WEIGHT
+    home_slack_s: float = HOME_SLACK_S
+    decode_overlap: float = DECODE_OVERLAP_WEIGHT
 
 
 class CacheAwarePolicy(Policy):
-    """Prefill: lowest :func:`predicted_ttft`. Decode: most free KV pages (room for the
-    request and its batch mates, hence steady inter-token latency), then fewest running."""
+    """Placement by locality weighed against load (weights: :class:`LocalityWeights`).
+
+    Prefill: each candidate costs :meth:`prefill_cost` seconds (its predicted first token
+    minus ``overlap`` times the prefill its local cache saves). With a ``prefix_key``, the
+    candidates within ``home_slack_s`` of the cheapest are the comparably loaded ones;
+    among them the one holding most of the prompt locally wins, then the prefix's
+    rendezvous home (:func:`rendezvous`): a prefix cached nowhere goes where it will go
+    next time. Without a key, the cheapest (first by worker id on ties).
+
+    Decode: ascending :meth:`decode_cost` (running + waiting requests minus
+    ``decode_overlap`` per whole prompt held locally: the conversation's earlier turns),
+    then most free KV pages, then worker id. Both costs count load, so the router's
+    pending placements (:mod:`router.pending`) spread a burst of one prefix over workers
+    once their load difference outweighs the overlap.
+    """
+
+    def __init__(
+        self, disagg_threshold_tokens: int = 0, weights: LocalityWeights | None = None
+    ) -> None:
+        super().__init__(disagg_threshold_tokens)
+        self.weights = weights or LocalityWeights()
+
+    def prefill_cost(self, request: PlacementRequest, worker: WorkerLoad) -> float:
+        """``predicted_ttft - overlap * beyond_pool / prefill_speed``, in seconds, where
+        ``beyond_pool`` is the prompt tokens its local cache holds and the pool does not
+        (what any other worker would have to compute)."""
+        beyond_pool = max(0, request.local_on(worker.worker_id) - request.pooled_tokens)
+        return (
+            predicted_ttft(request, worker)
+            - self.weights.overlap * beyond_pool / worker.prefill_speed
+        )
 
     def pick_prefill(self, request: PlacementRequest, candidates: list[WorkerLoad]) -> WorkerLoad:
-        return min(candidates, key=lambda w: predicted_ttft(request, w))
+        costs = [self.prefill_cost(request, w) for w in candidates]
+        best = min(costs)
+        key = request.prefix_key
+        if key is None:
+            return candidates[costs.index(best)]
+        bar = best + self.weights.home_slack_s
+        near = [w for w, cost in zip(candidates, costs, strict=True) if cost <= bar]
+        return max(
+            near, key=lambda w: (request.local_on(w.worker_id), rendezvous(key, w.worker_id))
+        )
+
+    def decode_cost(self, request: PlacementRequest, worker: WorkerLoad) -> float:
+        """``running + waiting - decode_overlap * local_tokens / prompt_tokens``, in
+        requests."""
+        share = (
+            request.local_on(worker.worker_id) / request.prompt_tokens
+            if request.prompt_tokens
+            else 0.0
+        )
+        return worker.running + worker.waiting - self.weights.decode_overlap * share
 
     def rank_decode(
         self, request: PlacementRequest, candidates: list[WorkerLoad]
     ) -> list[WorkerLoad]:
-        return sorted(candidates, key=lambda w: (-w.free_pages, w.running + w.waiting))
+        return sorted(candidates, key=lambda w: (self.decode_cost(request, w), -w.free_pages))
 
 
 def make_policy(name: str, disagg_threshold_tokens: int, seed: int = 0) -> Policy:

@@ -8,8 +8,12 @@
    replay: the trace's own ceiling.
 3. Per capacity C, worker count N (``--workers``) and router policy (``--policies``): N
    prefill workers with local caches of C/N blocks against one shared cache of C blocks,
-   requests placed by ``router.conductor`` (:mod:`kvserve.bench.tracecluster`).
-4. Print one JSON object; with ``--out``, also PNG plots (needs matplotlib).
+   requests placed by ``router.conductor`` (:mod:`kvserve.bench.tracecluster`), each also
+   decoded on one of N decode workers with local caches of C/N blocks.
+4. With ``--sweep-overlap-weights`` and ``--sweep-home-slacks-s`` (and/or
+   ``--sweep-decode-weights``): the sweep that measures ``cache_aware``'s locality weights
+   (:mod:`kvserve.bench.tracesweep`) over the same capacities and worker counts.
+5. Print one JSON object; with ``--out``, also PNG plots (needs matplotlib).
 
 Headline: real-pool token hit rate over the offline LRU's at the largest capacity.
 """
@@ -17,19 +21,28 @@ Headline: real-pool token hit rate over the offline LRU's at the largest capacit
 from __future__ import annotations
 
 import argparse
-import statistics
+import itertools
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from kvserve.bench.tracecluster import HINT_SUFFIX, cluster_replay
+from kvserve.bench.tracecluster import EVENTS_SUFFIX, HINT_SUFFIX, ClusterSettings, cluster_replay
+from kvserve.bench.traceevents import EventTiming
 from kvserve.bench.tracesim import BLOCK_TOKENS, block_chain, load_trace, lru_replay
+from kvserve.bench.tracesweep import ratio, sweep_rows
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.report import emit, log
 from kvserve.settings import BENCH_ENV, add_config_args, setting
 
-POLICIES = ("random", "round_robin", "least_loaded", "cache_aware", "cache_aware" + HINT_SUFFIX)
+POLICIES = (
+    "random",
+    "round_robin",
+    "least_loaded",
+    "cache_aware",
+    "cache_aware" + HINT_SUFFIX,
+    "cache_aware" + EVENTS_SUFFIX,
+)
 UNBOUNDED = 1 << 62
 
 
@@ -52,6 +65,13 @@ class TraceBenchConfig:
     - ``prefill_tokens_per_s``: modelled prefill speed of each worker (queue model of the
       cluster replay); the default lets 2 workers keep up with the trace's ~60k prompt
       tokens/s;
+    - ``decode_s_per_token``: modelled decode time of each output token (a request holds
+      its decode worker's pages that long per output token after its prefill);
+    - ``event_lag_s``: seconds a ``+events`` policy's KV events take to reach the router's
+      index after the prefill that computed their blocks ends;
+    - ``sweep_overlap_weights`` / ``sweep_home_slacks_s``: the grid of ``cache_aware``'s
+      prefill weights to sweep (both needed; empty: no sweep);
+    - ``sweep_decode_weights``: ``cache_aware``'s decode weights to sweep (empty: none);
     - ``seed``: seed of the random policy;
     - ``out``: folder for PNG plots.
     """
@@ -69,6 +89,11 @@ class TraceBenchConfig:
     workers: list[int] = setting([2, 4])
     policies: list[str] = setting(list(POLICIES), choices=POLICIES)
     prefill_tokens_per_s: float = 50000.0
+    decode_s_per_token: float = 0.03
+    event_lag_s: float = 0.0
+    sweep_overlap_weights: list[float] = setting([])
+    sweep_home_slacks_s: list[float] = setting([])
+    sweep_decode_weights: list[float] = setting([])
     seed: int = 0
     out: Path | None = None
 
@@ -81,8 +106,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _validate(args: argparse.Namespace) -> None:
     if min(args.capacities) < 1 or min(args.workers) < 1 or args.max_requests < 0:
         raise ValueError("capacities and workers must be positive, max-requests >= 0")
-    if args.prefill_tokens_per_s <= 0:
-        raise ValueError("prefill-tokens-per-s must be positive")
+    if args.prefill_tokens_per_s <= 0 or args.decode_s_per_token < 0 or args.event_lag_s < 0:
+        raise ValueError("prefill-tokens-per-s must be positive, decode and lag times >= 0")
+    if bool(args.sweep_overlap_weights) != bool(args.sweep_home_slacks_s):
+        raise ValueError("sweep-overlap-weights and sweep-home-slacks-s go together")
     if not args.trace.is_file():
         raise FileNotFoundError(f"trace {args.trace} not found")
 
@@ -118,53 +145,54 @@ def run(args: argparse.Namespace) -> int:
 
             replay = pool_replay(requests, chains, capacity, settings, Path(tempfile.gettempdir()))
             row["pool"] = replay.row(settings)
-            row["pool_vs_lru_tokens"] = _ratio(replay.hits.token_hit_rate, lru.token_hit_rate)
+            row["pool_vs_lru_tokens"] = ratio(replay.hits.token_hit_rate, lru.token_hit_rate)
         log(f"capacity {capacity}: {row}")
         rows.append(row)
-    for capacity in capacities:
-        for workers in sorted(set(args.workers)):
-            for policy in args.policies:
-                rows.append(_cluster_row(args, requests, chains, capacity, workers, policy))
-                rows[-1]["lru_token_hit_rate"] = round(lru_rate[capacity], 4)
-                log(f"cluster: {rows[-1]}")
+    model = _cluster_settings(args)
+    points = list(itertools.product(capacities, sorted(set(args.workers))))
+    for capacity, workers in points:
+        for policy in args.policies:
+            rows.append(_cluster_row(model, requests, chains, capacity, workers, policy))
+            rows[-1]["lru_token_hit_rate"] = round(lru_rate[capacity], 4)
+            log(f"cluster: {rows[-1]}")
+    grid = list(itertools.product(args.sweep_overlap_weights, args.sweep_home_slacks_s))
+    if grid or args.sweep_decode_weights:
+        rows += sweep_rows(requests, chains, points, grid, args.sweep_decode_weights, model)
     emit("trace", _conditions(args, len(requests), capacities, settings), rows, _headline(rows))
     if args.out is not None:
         plot(rows, args.out)
     return 0
 
 
+def _cluster_settings(args: argparse.Namespace) -> ClusterSettings:
+    return ClusterSettings(
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        decode_s_per_token=args.decode_s_per_token,
+        seed=args.seed,
+        timing=EventTiming(at_prefill_end=True, lag_s=args.event_lag_s),
+    )
+
+
 def _cluster_row(
-    args: argparse.Namespace,
+    model: ClusterSettings,
     requests: list[Any],
     chains: list[list[int]],
     capacity: int,
     workers: int,
     policy: str,
 ) -> dict[str, Any]:
-    speed = args.prefill_tokens_per_s
-    local = cluster_replay(requests, chains, workers, capacity, policy, False, speed, args.seed)
-    shared = cluster_replay(requests, chains, workers, capacity, policy, True, speed, args.seed)
+    local = cluster_replay(requests, chains, workers, capacity, policy, False, model)
+    shared = cluster_replay(requests, chains, workers, capacity, policy, True, model)
     return {
         "section": "cluster",
         "capacity_blocks": capacity,
         "workers": workers,
         "local_blocks_per_worker": capacity // workers,
         "policy": policy,
-        "local_token_hit_rate": round(local.hits.token_hit_rate, 4),
-        "shared_token_hit_rate": round(shared.hits.token_hit_rate, 4),
-        "local_vs_shared_tokens": _ratio(local.hits.token_hit_rate, shared.hits.token_hit_rate),
-        "local_block_hit_rate": round(local.hits.block_hit_rate, 4),
-        "shared_block_hit_rate": round(shared.hits.block_hit_rate, 4),
-        "requests_per_worker_local": local.per_worker,
-        "model_ttft_s_median_local": round(statistics.median(local.ttft_s), 3),
-        "model_ttft_s_median_shared": round(statistics.median(shared.ttft_s), 3),
-        "model_ttft_s_mean_local": round(statistics.fmean(local.ttft_s), 3),
-        "model_ttft_s_mean_shared": round(statistics.fmean(shared.ttft_s), 3),
+        "local_vs_shared_tokens": ratio(local.hits.token_hit_rate, shared.hits.token_hit_rate),
+        **local.row("_local"),
+        **{k: v for k, v in shared.row("_shared").items() if "decode" not in k},
     }
-
-
-def _ratio(value: float, baseline: float) -> float | None:
-    return round(value / baseline, 4) if baseline else None
 
 
 def _conditions(
@@ -184,6 +212,8 @@ def _conditions(
         "workers": sorted(set(args.workers)),
         "policies": args.policies,
         "prefill_tokens_per_s": args.prefill_tokens_per_s,
+        "decode_s_per_token": args.decode_s_per_token,
+        "event_lag_s": args.event_lag_s,
         "seed": args.seed,
         "repetitions": 1,
         "keys": "PrefixHasher.block(parent, [trace hash id]) chained from the unsalted root "
@@ -193,7 +223,11 @@ def _conditions(
         "with its tokens",
         "cluster_model": "FIFO per prefill worker at prefill_tokens_per_s over uncached "
         "tokens; pages held until prefill ends; local caches = BlockPool(C // N), shared = "
-        "one BlockPool(C); placement by router.conductor with a dummy decode worker",
+        "one BlockPool(C); N decode workers with BlockPool(C // N) each, holding a prompt's "
+        "pages until output_length * decode_s_per_token after its prefill; placement by "
+        "router.conductor, every request to a prefill worker; +events: hints from a "
+        "PrefixIndex fed by the workers' KV events, each request's arriving when its "
+        "prefill ends + event_lag_s",
     }
 
 
@@ -206,7 +240,7 @@ def _headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "capacity_blocks": top["capacity_blocks"],
         "value": pool,
         "baseline": lru,
-        "ratio": _ratio(pool, lru) if pool is not None else None,
+        "ratio": ratio(pool, lru) if pool is not None else None,
         "target": 1.0,
     }
 
@@ -243,7 +277,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     labels = [f"{r['policy']}\nN={r['workers']}" for r in cluster]
     pos = list(range(len(cluster)))
     for shift, kind in ((-0.2, "local"), (0.2, "shared")):
-        heights = [r[f"{kind}_token_hit_rate"] for r in cluster]
+        heights = [r[f"token_hit_rate_{kind}"] for r in cluster]
         ax.bar([p + shift for p in pos], heights, 0.4, label=kind)
     ax.set_xticks(pos, labels, rotation=30, ha="right", fontsize=7)
     ax.set(ylabel="prefix hit rate (tokens)", title=f"capacity {top} blocks")

@@ -2,79 +2,108 @@
 real placement policies, replayed over a trace without running any model. Pure.
 
 Each worker's cache is the engine's own :class:`~workers.block_pool.BlockPool` (refcounts,
-LRU free list, hash index); placement is :mod:`router.conductor`'s ``Policy.place`` with the
-loads of a simple queue model (see :func:`cluster_replay`). Block hashes and hit semantics
-are those of :mod:`kvserve.bench.tracesim`.
+LRU free list, hash index; :class:`~kvserve.bench.traceworkers.SimWorker`); placement is
+:mod:`router.conductor`'s ``Policy.place`` with the loads of a simple queue model (see
+:func:`cluster_replay`). Block hashes and hit semantics are those of
+:mod:`kvserve.bench.tracesim`.
+
+A policy name may carry a suffix saying where the policy's local-cache hints
+(``PlacementRequest.local_tokens``) come from: :data:`HINT_SUFFIX`, the caches themselves
+(ideal hints: always right, never late); :data:`EVENTS_SUFFIX`, a real router index fed by
+the workers' KV events, late as in the live system (:mod:`kvserve.bench.traceevents`).
+Without a suffix the policy has no hints.
 """
 
 from __future__ import annotations
 
+import itertools
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from kvserve.bench.traceevents import EventFeed, EventTiming
 from kvserve.bench.tracesim import HitCount, TraceRequest
-from kvserve.sim.lru import leading
-from router.conductor import PlacementRequest, WorkerLoad, make_policy
+from kvserve.bench.traceworkers import SimWorker
+from router.conductor import (
+    CacheAwarePolicy,
+    LocalityWeights,
+    PlacementRequest,
+    Policy,
+    affinity_key,
+    make_policy,
+)
 from workers.block_pool import BlockPool
 
 HINT_SUFFIX = "+local_hints"
-"""Policy-name suffix: the policy also sees each worker's local leading hits
-(``PlacementRequest.local_tokens``) as the router would get from cache hints."""
+"""Policy-name suffix: the policy sees each worker's local leading hits exactly."""
+EVENTS_SUFFIX = "+events"
+"""Policy-name suffix: the policy sees the local leading hits a
+:class:`router.prefix_index.PrefixIndex` fed by the workers' KV events reports."""
 
 
-@dataclass
-class SimWorker:
-    """One prefill worker: its page cache (possibly shared), its queue, what it holds."""
+def split_policy(name: str) -> tuple[str, str]:
+    """``(policy, hint suffix)`` of a policy name; the suffix is ``""`` when there is none."""
+    for suffix in (HINT_SUFFIX, EVENTS_SUFFIX):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix), suffix
+    return name, ""
 
-    worker_id: str
-    pool: BlockPool
-    busy_until: float = 0.0
-    inflight: list[tuple[float, list[int]]] = field(default_factory=list)
-    requests: int = 0
 
-    def release(self, now: float) -> None:
-        """Free the pages of requests that finished by ``now`` (they stay cached)."""
-        done = [item for item in self.inflight if item[0] <= now]
-        self.inflight = [item for item in self.inflight if item[0] > now]
-        for _, pages in sorted(done, key=lambda item: item[0]):
-            self.pool.free(pages)
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The replay's model: ``prefill_tokens_per_s`` of each prefill worker,
+    ``decode_s_per_token`` (each output token's decode time, so a request holds its decode
+    worker's pages until ``output_length`` of them after its prefill ended), ``seed`` of
+    the random policy, ``timing`` of the KV events (``+events``), and ``weights``: the
+    ``cache_aware`` policy's (None: its defaults)."""
 
-    def load(self, now: float, speed: float) -> WorkerLoad:
-        busy = [f for f, _ in self.inflight if f > now]
-        running = 1 if busy else 0
-        return WorkerLoad(
-            worker_id=self.worker_id,
-            role="prefill",
-            waiting=len(busy) - running,
-            running=running,
-            queued_prefill_tokens=int(max(0.0, self.busy_until - now) * speed),
-            free_pages=self.pool.num_free,
-            total_pages=self.pool.num_blocks,
-            prefill_tokens_per_s=speed,
-        )
+    prefill_tokens_per_s: float = 50000.0
+    decode_s_per_token: float = 0.03
+    seed: int = 0
+    timing: EventTiming = field(default_factory=EventTiming)
+    weights: LocalityWeights | None = None
 
-    def hits(self, chain: Sequence[int]) -> int:
-        return leading(chain, lambda h: self.pool.lookup(h) is not None)
-
-    def admit(self, chain: Sequence[int], hits: int) -> list[int]:
-        """Take the cached leading pages, then fresh ones for the rest (as many as are free;
-        blocks beyond that are computed but not cached); index the fresh ones."""
-        cached = [self.pool.lookup(h) for h in chain[:hits]]
-        pages = [p for p in cached if p is not None]
-        self.pool.touch(pages)
-        fresh = self.pool.allocate(min(len(chain) - hits, self.pool.num_free))
-        for page, block_hash in zip(fresh, chain[hits:], strict=False):
-            self.pool.cache(page, block_hash)
-        return pages + fresh
+    def policy(self, name: str) -> Policy:
+        """The conductor policy ``name`` (no suffix), every request to a prefill worker."""
+        if name == "cache_aware" and self.weights is not None:
+            return CacheAwarePolicy(disagg_threshold_tokens=-1, weights=self.weights)
+        return make_policy(name, disagg_threshold_tokens=-1, seed=self.seed)
 
 
 @dataclass
 class ClusterResult:
-    """Hits, per-worker request counts and the modelled TTFTs of one cluster replay."""
+    """Prefill hits, per-prefill-worker request counts and the modelled TTFTs of one
+    cluster replay; the decode workers' local hits, request counts and peak concurrency."""
 
     hits: HitCount
     per_worker: list[int]
     ttft_s: list[float]
+    decode_hits: HitCount = field(default_factory=HitCount)
+    per_decoder: list[int] = field(default_factory=list)
+    peak_decoding: list[int] = field(default_factory=list)
+
+    def ttft_quantiles(self) -> tuple[float, float]:
+        """Modelled TTFT median and 90th percentile (``statistics.quantiles``, exclusive
+        method; a single request is both), in seconds."""
+        if len(self.ttft_s) < 2:
+            return (self.ttft_s[0], self.ttft_s[0]) if self.ttft_s else (0.0, 0.0)
+        return statistics.median(self.ttft_s), statistics.quantiles(self.ttft_s, n=10)[-1]
+
+    def row(self, suffix: str) -> dict[str, Any]:
+        """The replay's figures, each key ending in ``suffix`` (``_local``, ``_shared``)."""
+        p50, p90 = self.ttft_quantiles()
+        return {
+            f"token_hit_rate{suffix}": round(self.hits.token_hit_rate, 4),
+            f"block_hit_rate{suffix}": round(self.hits.block_hit_rate, 4),
+            f"requests_per_worker{suffix}": self.per_worker,
+            f"model_ttft_s_p50{suffix}": round(p50, 3),
+            f"model_ttft_s_p90{suffix}": round(p90, 3),
+            f"model_ttft_s_mean{suffix}": round(statistics.fmean(self.ttft_s or [0.0]), 3),
+            f"decode_token_hit_rate{suffix}": round(self.decode_hits.token_hit_rate, 4),
+            f"requests_per_decoder{suffix}": self.per_decoder,
+            f"peak_decoding_per_decoder{suffix}": self.peak_decoding,
+        }
 
 
 def cluster_replay(
@@ -84,60 +113,79 @@ def cluster_replay(
     capacity: int,
     policy: str,
     shared: bool,
-    prefill_tokens_per_s: float,
-    seed: int = 0,
+    settings: ClusterSettings | None = None,
 ) -> ClusterResult:
-    """Place each request on one of ``workers`` prefill workers with the router's real
-    ``policy`` (optionally suffixed :data:`HINT_SUFFIX`) and replay it there.
+    """Place each request on one of ``workers`` prefill workers and one of ``workers``
+    decode workers with the router's real ``policy`` (optionally suffixed, module
+    docstring) and replay it there.
 
-    ``shared=False``: each worker owns a :class:`BlockPool` of ``capacity // workers`` pages
-    (its local prefix cache). ``shared=True``: all workers use one pool of ``capacity``
-    pages (a global cache; its hits are the pool's ``pooled_tokens``).
+    ``shared=False``: each prefill worker owns a :class:`BlockPool` of ``capacity //
+    workers`` pages (its local prefix cache). ``shared=True``: all prefill workers use one
+    pool of ``capacity`` pages (a global cache; its hits are the pool's ``pooled_tokens``)
+    and the policy gets no local hints. Each decode worker owns ``capacity // workers``
+    pages either way; a request's decode hits are the leading blocks its decode worker
+    held (its KV need not come from the pool), then it caches the prompt there.
 
-    Queue model (no model runs): a worker prefills one request at a time at
+    Queue model (no model runs): a prefill worker prefills one request at a time at
     ``prefill_tokens_per_s``, only the uncached tokens; a request starts when it arrives
     (trace timestamp) or when its worker is free, and holds its pages (refcount) until its
-    prefill ends, then frees them in chain order, so they stay cached as LRU. The loads
-    the policy sees are those queues at arrival time.
+    prefill ends, then frees them in chain order, so they stay cached as LRU. Its decode
+    worker holds the prompt's pages from arrival until ``output_length *
+    decode_s_per_token`` after the prefill ends. The loads the policy sees are those at
+    arrival time; the request's ``prefix_key`` is :func:`router.conductor.affinity_key`
+    of its chain.
     """
-    base_policy = policy.removesuffix(HINT_SUFFIX)
-    hinted = policy.endswith(HINT_SUFFIX)
-    # threshold -1: every request goes to a prefill worker, even a fully cached one
-    conductor = make_policy(base_policy, disagg_threshold_tokens=-1, seed=seed)
+    settings = settings or ClusterSettings()
+    base, hints = split_policy(policy)
+    conductor = settings.policy(base)
+    speed = settings.prefill_tokens_per_s
     common = BlockPool(capacity) if shared else None
-    sims = [
-        SimWorker(f"prefill-{i}", common or BlockPool(max(1, capacity // workers)))
+    local_pages = max(1, capacity // workers)
+    prefillers = [
+        SimWorker(f"prefill-{i}", "prefill", common or BlockPool(local_pages))
         for i in range(workers)
     ]
+    decoders = [SimWorker(f"decode-{i}", "decode", BlockPool(local_pages)) for i in range(workers)]
+    sims = prefillers + decoders
     by_id = {w.worker_id: w for w in sims}
-    decoder = WorkerLoad(worker_id="decode-0", role="decode")
-    result = ClusterResult(HitCount(), [0] * workers, [])
+    hinted = bool(hints) and not shared
+    feed = EventFeed(sims, settings.timing) if hinted and hints == EVENTS_SUFFIX else None
+    result = ClusterResult(HitCount(), [], [])
     for request, chain in zip(requests, chains, strict=True):
         now = request.timestamp_ms / 1000.0
         for w in sims:
             w.release(now)
-        weights = request.block_tokens()
-        hit_tokens = {w.worker_id: sum(weights[: w.hits(chain)]) for w in sims}
-        pooled = hit_tokens[sims[0].worker_id] if shared else 0
+        tokens = list(itertools.accumulate(request.block_tokens(), initial=0))
+        local: dict[str, int] = {}
+        if feed is not None:
+            feed.deliver(now)
+            local = {wid: tokens[n] for wid, n in feed.matched(chain).items()}
+        elif hinted:
+            local = {w.worker_id: tokens[w.hits(chain)] for w in sims}
         placement_request = PlacementRequest(
             prompt_tokens=request.input_length,
-            pooled_tokens=pooled,
-            local_tokens=hit_tokens if hinted and not shared else {},
+            pooled_tokens=tokens[prefillers[0].hits(chain)] if shared else 0,
+            local_tokens=local,
+            prefix_key=affinity_key(chain),
         )
-        placement = conductor.place(
-            placement_request, [w.load(now, prefill_tokens_per_s) for w in sims] + [decoder]
-        )
+        placement = conductor.place(placement_request, [w.load(now, speed) for w in sims])
         assert placement is not None and placement.prefill is not None, placement
-        worker = by_id[placement.prefill]
-        hits = worker.hits(chain)
+        prefiller, decoder = by_id[placement.prefill], by_id[placement.decode[0]]
+        hits = prefiller.hits(chain)
         result.hits.add(request, hits)
-        pages = worker.admit(chain, hits)
-        start = max(now, worker.busy_until)
-        worker.busy_until = start + (request.input_length - sum(weights[:hits])) / (
-            prefill_tokens_per_s
-        )
-        worker.inflight.append((worker.busy_until, pages))
-        worker.requests += 1
-        result.ttft_s.append(worker.busy_until - now)
-    result.per_worker = [w.requests for w in sims]
+        pages = prefiller.admit(chain, hits)
+        start = max(now, prefiller.busy_until)
+        prefiller.busy_until = start + (request.input_length - tokens[hits]) / speed
+        prefiller.hold(pages, prefiller.busy_until, now)
+        result.ttft_s.append(prefiller.busy_until - now)
+        decode_hits = decoder.hits(chain)
+        result.decode_hits.add(request, decode_hits)
+        done = prefiller.busy_until + request.output_length * settings.decode_s_per_token
+        decoder.hold(decoder.admit(chain, decode_hits), done, now)
+        if feed is not None:
+            feed.publish(prefiller, now, prefiller.busy_until)
+            feed.publish(decoder, now, prefiller.busy_until)
+    result.per_worker = [w.requests for w in prefillers]
+    result.per_decoder = [w.requests for w in decoders]
+    result.peak_decoding = [w.peak_running for w in decoders]
     return result

@@ -70,7 +70,7 @@ def test_cli_prints_one_json_object(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert set(out) == {"bench", "conditions", "results", "headline"}
     assert out["bench"] == "trace" and out["conditions"]["requests"] == 60
     sections = [r["section"] for r in out["results"]]
-    assert sections == ["ceiling", "capacity", "capacity"] + ["cluster"] * 10
+    assert sections == ["ceiling", "capacity", "capacity"] + ["cluster"] * 12
     top = out["results"][2]
     assert top["pool"]["token_hit_rate"] == top["lru"]["token_hit_rate"]
     assert out["headline"]["ratio"] == 1.0

@@ -42,8 +42,9 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def stubs() -> list[StubWorker]:
+    # d1 ranks first (cache_aware: fewest running + waiting; d2 reports 1000 running)
     return [StubWorker("p1", "prefill"), StubWorker("d1", "decode", 200),
-            StubWorker("d2", "decode", 100)]  # fmt: skip
+            StubWorker("d2", "decode", 100, load={"running": 1000})]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

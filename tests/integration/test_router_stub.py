@@ -43,8 +43,10 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def harness(redis_url: str, default_model_dir: Path) -> Iterator[Harness]:
+    # d1 first: cache_aware ranks decode workers by running + waiting (its own pending
+    # placements count on d1 until a report that never comes here), d2 reports 1000
     stubs = [StubWorker("p1", "prefill"), StubWorker("d1", "decode", 200),
-             StubWorker("d2", "decode", 100)]  # fmt: skip
+             StubWorker("d2", "decode", 100, load={"running": 1000})]  # fmt: skip
     with Harness(redis_url, default_model_dir, stubs) as h:
         yield h
 

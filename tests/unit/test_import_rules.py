@@ -32,6 +32,7 @@ PURE = (
     "workers/block_manager.py",
     "workers/block_pool.py",
     "router/conductor.py",
+    "router/placement.py",
     "router/admission.py",
     "router/pending.py",
     "router/prefix_index.py",

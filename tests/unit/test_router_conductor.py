@@ -48,11 +48,12 @@ def test_local_cache_beyond_the_pool_needs_no_fetch() -> None:
     assert predicted_ttft(req, P1) == pytest.approx(4.0 + 0.2)
 
 
-def test_cache_aware_picks_lowest_ttft_and_roomiest_decoder() -> None:
+def test_cache_aware_picks_lowest_ttft_and_least_loaded_decoder() -> None:
     policy = CacheAwarePolicy(disagg_threshold_tokens=0)
     got = policy.place(LONG, [D1, P1, D2, P2, P3, D3])
-    # ttft: p1 5.0 s, p2 6.0 s, p3 0.5 s; decode: most free pages, then fewest running
-    assert got == Placement("p3", ("d2", "d1", "d3"))
+    # ttft: p1 5.0 s, p2 6.0 s, p3 0.5 s; decode (no local hints): fewest running +
+    # waiting (d2 1, d3 2, d1 3), then most free pages
+    assert got == Placement("p3", ("d2", "d3", "d1"))
 
 
 def test_cache_aware_prefers_the_worker_whose_queue_is_shorter() -> None:
@@ -108,7 +109,7 @@ def test_a_short_prompt_goes_remote_only_when_its_first_token_comes_sooner() -> 
 
 
 def test_no_prefill_worker_means_local_prefill() -> None:
-    assert CacheAwarePolicy().place(LONG, [D1, D3]) == Placement(None, ("d1", "d3"))
+    assert CacheAwarePolicy().place(LONG, [D1, D3]) == Placement(None, ("d3", "d1"))
 
 
 def test_only_mixed_workers_are_used_alone() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvpool.keys import KeySpace
-from kvserve.bench.tracecluster import cluster_replay
+from kvserve.bench.tracecluster import ClusterSettings, cluster_replay
 from kvserve.bench.tracesim import (
     TRACE_HASHER,
     TRACE_NAMESPACE,
@@ -22,6 +22,7 @@ from kvserve.bench.tracesim import (
 )
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.sim.lru import LRUCache
+from router.conductor import LocalityWeights
 
 
 def req(ids: list[int], tokens: int | None = None, t_ms: int = 0) -> TraceRequest:
@@ -128,7 +129,7 @@ def cluster(
     capacity: int, policy: str, shared: bool, trace: list[TraceRequest], speed: float = 1e12
 ) -> list[int]:
     chains = [block_chain(r.hash_ids) for r in trace]
-    result = cluster_replay(trace, chains, 2, capacity, policy, shared, speed)
+    result = cluster_replay(trace, chains, 2, capacity, policy, shared, ClusterSettings(speed))
     assert sum(result.per_worker) == len(trace)
     return [result.hits.hit_blocks, result.hits.blocks, *result.per_worker]
 
@@ -161,13 +162,23 @@ def test_shared_cache_sees_every_workers_blocks() -> None:
 
 
 def test_local_hints_steer_cache_aware_to_the_worker_that_has_the_prefix() -> None:
-    # at 1000 tokens/s: [9] keeps prefill-0 busy, so [1, 2] goes to idle prefill-1; when
-    # [1, 2] comes again both are idle: without hints the first worker wins (a miss), with
-    # hints the one holding the prefix does
+    # rendezvous homes: prefill-1 for both [9] and [1, 2]. At 1000 tokens/s [9] keeps
+    # prefill-1 busy for 0.512 s, so at 0.1 s [1, 2] finds its home 0.412 s busier
     trace = [req([9]), req([1, 2], t_ms=100), req([1, 2], t_ms=5000)]
-    assert cluster(8, "cache_aware", False, trace, 1000.0) == [0, 5, 2, 1]
-    assert cluster(8, "cache_aware+local_hints", False, trace, 1000.0) == [2, 5, 1, 2]
-    assert cluster(8, "least_loaded", False, trace, 1000.0) == [0, 5, 2, 1]
+
+    def run(policy: str, slack: float) -> list[int]:
+        model = ClusterSettings(1000.0, weights=LocalityWeights(1.0, slack, 1.0))
+        chains = [block_chain(r.hash_ids) for r in trace]
+        result = cluster_replay(trace, chains, 2, 8, policy, False, model)
+        return [result.hits.hit_blocks, *result.per_worker]
+
+    # no slack: [1, 2] goes to idle prefill-0; back at 5 s (both idle) it goes home
+    # without hints (a miss), to prefill-0 with them
+    assert run("cache_aware", 0.0) == [0, 1, 2]
+    assert run("cache_aware+local_hints", 0.0) == [2, 2, 1]
+    assert run("least_loaded", 0.0) == [0, 2, 1]
+    # 0.5 s of slack: home is comparably loaded at 0.1 s, so both go there, hints or not
+    assert run("cache_aware", 0.5) == [2, 0, 3]
 
 
 def test_pages_of_a_running_request_are_held() -> None:
@@ -175,7 +186,7 @@ def test_pages_of_a_running_request_are_held() -> None:
     # single worker with 4 pages, so request 1 can cache nothing and request 2 misses
     trace = [req([1, 2, 3, 4]), req([5], t_ms=1), req([5], t_ms=10_000)]
     chains = [block_chain(r.hash_ids) for r in trace]
-    result = cluster_replay(trace, chains, 1, 4, "round_robin", False, 1000.0)
+    result = cluster_replay(trace, chains, 1, 4, "round_robin", False, ClusterSettings(1000.0))
     assert result.hits.hit_blocks == 0
     assert result.ttft_s[1] == pytest.approx(2.048 - 0.001 + 0.512)
 

@@ -1,0 +1,135 @@
+"""What placement sees and answers, and its time model. Pure: no I/O.
+
+:class:`WorkerLoad` (a worker's latest load report), :class:`PlacementRequest` (a prompt and
+what the caches hold of it) and :class:`Placement` (the answer), with the seconds a
+placement is predicted to take (:func:`predicted_ttft`, :func:`handoff_s`,
+:func:`prefill_remotely`). The policies that use them are :mod:`router.conductor`, which
+re-exports every name here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_PREFILL_TOKENS_PER_S = 2000.0
+"""Prefill speed assumed for a worker that has not measured its own yet (reports 0)."""
+
+POOL_FETCH_S_PER_TOKEN = 2e-5
+"""Seconds to load one prompt token's KV (all layers) from the pool into a worker that has
+not measured its own speed yet (:attr:`WorkerLoad.pool_fetch_tokens_per_s` is 0): about
+50k tokens/s, a few GB/s for a small model over TCP."""
+
+HANDOFF_S = 0.05
+"""Fixed seconds a hand-off adds to a request's first token over a local prefill: the
+reservation and prefill RPCs and the landing's polling. A rough constant: it keeps a short
+prompt on its decode worker unless that worker is clearly backed up
+(:func:`prefill_remotely`)."""
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """A worker as the conductor sees it (the fields of its latest ``LoadReport``)."""
+
+    worker_id: str
+    role: str
+    draining: bool = False
+    waiting: int = 0
+    running: int = 0
+    queued_prefill_tokens: int = 0
+    free_pages: int = 0
+    total_pages: int = 0
+    prefill_tokens_per_s: float = 0.0
+    pool_fetch_tokens_per_s: float = 0.0
+    """Prompt tokens of KV per second the worker read from the pool so far (its landings'
+    bytes over their read time, per token); 0: not measured yet."""
+    report_at: float = 0.0
+    """When the worker made this report (its clock); tells reports apart, nothing more."""
+
+    @property
+    def prefill_speed(self) -> float:
+        speed = self.prefill_tokens_per_s
+        return speed if speed > 0 else DEFAULT_PREFILL_TOKENS_PER_S
+
+    @property
+    def fetch_s_per_token(self) -> float:
+        """Seconds to load one token's KV from the pool: measured, else
+        :data:`POOL_FETCH_S_PER_TOKEN`."""
+        speed = self.pool_fetch_tokens_per_s
+        return 1.0 / speed if speed > 0 else POOL_FETCH_S_PER_TOKEN
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """``pooled_tokens``: leading prompt tokens the pool holds; ``local_tokens``: per
+    worker id, leading prompt tokens that worker's own prefix cache holds (hints);
+    ``prefix_key``: the prompt's :func:`affinity_key` (None: no full block), which
+    :class:`CacheAwarePolicy` hashes to send a prefix where it went before."""
+
+    prompt_tokens: int
+    pooled_tokens: int = 0
+    local_tokens: Mapping[str, int] = field(default_factory=dict)
+    prefix_key: int | None = None
+
+    @property
+    def uncached_tokens(self) -> int:
+        """Prompt tokens the pool lacks (whoever prefills)."""
+        return max(0, self.prompt_tokens - self.pooled_tokens)
+
+    def local_on(self, worker_id: str) -> int:
+        """Leading prompt tokens the local cache of ``worker_id`` holds (per the hints)."""
+        return min(self.local_tokens.get(worker_id, 0), self.prompt_tokens)
+
+    def uncached_on(self, worker_id: str) -> int:
+        """Prompt tokens ``worker_id`` would compute: neither the pool nor its local cache
+        holds them (``prompt - max(pooled, local)``, at least 0)."""
+        return max(0, self.prompt_tokens - max(self.pooled_tokens, self.local_on(worker_id)))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """``prefill``: the prefill worker, or None when the decode worker prefills itself.
+    ``decode``: decode (or mixed) workers, best first; the flow tries them in order."""
+
+    prefill: str | None
+    decode: tuple[str, ...]
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None
+
+
+def predicted_ttft(request: PlacementRequest, worker: WorkerLoad) -> float:
+    """Seconds until ``worker`` would produce the first token of ``request``.
+
+    Queue wait (its queued prefill tokens at its speed) + the tokens neither its local
+    cache nor the pool holds, at its speed + the pooled tokens its local cache lacks, at
+    its pool fetch speed (:attr:`WorkerLoad.fetch_s_per_token`).
+    """
+    local = request.local_on(worker.worker_id)
+    cached = max(local, min(request.pooled_tokens, request.prompt_tokens))
+    fetched = max(0, cached - local)
+    speed = worker.prefill_speed
+    queue_s = worker.queued_prefill_tokens / speed
+    compute_s = (request.prompt_tokens - cached) / speed
+    return queue_s + compute_s + fetched * worker.fetch_s_per_token
+
+
+def handoff_s(request: PlacementRequest, decoder: WorkerLoad) -> float:
+    """Seconds a hand-off to ``decoder`` adds: :data:`HANDOFF_S`, plus loading the prompt's
+    KV that its own cache lacks at its pool fetch speed."""
+    missing = request.prompt_tokens - request.local_on(decoder.worker_id)
+    return HANDOFF_S + missing * decoder.fetch_s_per_token
+
+
+def prefill_remotely(
+    request: PlacementRequest, prefillers: Sequence[WorkerLoad], decoder: WorkerLoad
+) -> bool:
+    """Whether a short prompt should still go to a prefill worker: true when the soonest of
+    ``prefillers`` plus the handoff to ``decoder`` (:func:`handoff_s`) predicts an earlier
+    first token than ``decoder`` prefilling it itself (:func:`predicted_ttft`, which counts
+    the prefills queued on each); ties stay local. Pure; the pending placements of
+    :mod:`router.pending` are in the loads, so a burst spreads over both instead of piling
+    up on the decode worker."""
+    remote = min(predicted_ttft(request, w) for w in prefillers) + handoff_s(request, decoder)
+    return remote < predicted_ttft(request, decoder)

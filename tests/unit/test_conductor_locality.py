@@ -1,0 +1,206 @@
+"""cache_aware's locality scoring (issue 19): overlap against load, rendezvous homes, the
+decode worker's local hits in the disaggregation rule, and no herding under a burst."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.conductor import (
+    AFFINITY_BLOCKS,
+    DECODE_OVERLAP_WEIGHT,
+    HOME_SLACK_S,
+    OVERLAP_WEIGHT,
+    CacheAwarePolicy,
+    LeastLoadedPolicy,
+    LocalityWeights,
+    Placement,
+    PlacementRequest,
+    Policy,
+    WorkerLoad,
+    affinity_key,
+    predicted_ttft,
+    rendezvous,
+)
+from router.pending import PendingLoad
+
+SPEED = 1000.0
+A = WorkerLoad("a", "prefill", prefill_tokens_per_s=SPEED)
+B = WorkerLoad("b", "prefill", prefill_tokens_per_s=SPEED)
+D = WorkerLoad("d", "decode", free_pages=10)
+KEY_A, KEY_B = 7, 12345  # rendezvous homes among {a, b}: a for 7, b for 12345
+W = LocalityWeights(overlap=1.0, home_slack_s=0.5, decode_overlap=2.0)
+
+
+def queued(worker: WorkerLoad, tokens: int) -> WorkerLoad:
+    return replace(worker, queued_prefill_tokens=tokens)
+
+
+def test_defaults_are_the_constants() -> None:
+    assert LocalityWeights() == LocalityWeights(OVERLAP_WEIGHT, HOME_SLACK_S, DECODE_OVERLAP_WEIGHT)
+    assert CacheAwarePolicy().weights == LocalityWeights()
+
+
+def test_affinity_key_is_a_leading_block_name() -> None:
+    assert affinity_key([]) is None
+    assert affinity_key([11]) == 11
+    chain = list(range(100, 100 + AFFINITY_BLOCKS + 3))
+    assert affinity_key(chain) == chain[AFFINITY_BLOCKS - 1]
+
+
+def test_rendezvous_is_a_fixed_hash_of_key_and_worker() -> None:
+    # pinned: every router process must agree (no per-process hash salt)
+    assert rendezvous(7, "a") == 15858009645141378828
+    assert rendezvous(7, "b") == 12088238898373856036
+    assert rendezvous(12345, "a") < rendezvous(12345, "b")
+
+
+def test_uncached_on_counts_the_better_of_pool_and_local() -> None:
+    req = PlacementRequest(1000, pooled_tokens=300, local_tokens={"d": 700, "e": 100})
+    assert (req.uncached_tokens, req.uncached_on("d"), req.uncached_on("e")) == (700, 300, 700)
+    assert req.uncached_on("nobody") == 700
+    assert PlacementRequest(10, local_tokens={"d": 50}).uncached_on("d") == 0
+
+
+def test_prefill_cost_is_ttft_minus_weighted_local_prefill() -> None:
+    req = PlacementRequest(4000, pooled_tokens=1000, local_tokens={"a": 3000})
+    policy = CacheAwarePolicy(weights=W)
+    busy_a = queued(A, 2000)
+    # a: 2 s queue + 1 s compute - 1.0 * 2 s (the 2000 local tokens the pool lacks);
+    # b: 3 s compute + 1000 fetched
+    assert policy.prefill_cost(req, busy_a) == pytest.approx(2.0 + 1.0 - 2.0)
+    assert policy.prefill_cost(req, B) == pytest.approx(predicted_ttft(req, B))
+    assert predicted_ttft(req, B) == pytest.approx(3.0 + 1000 * 2e-5)
+
+
+def test_without_a_key_the_cheapest_wins_first_by_id() -> None:
+    policy = CacheAwarePolicy(weights=W)
+    req = PlacementRequest(4000)
+    assert policy.pick_prefill(req, [A, B]).worker_id == "a"
+    assert policy.pick_prefill(req, [queued(A, 1), B]).worker_id == "b"
+
+
+def test_a_prefix_cached_nowhere_goes_home_within_the_slack() -> None:
+    policy = CacheAwarePolicy(weights=W)
+    assert policy.pick_prefill(PlacementRequest(4000, prefix_key=KEY_A), [A, B]).worker_id == "a"
+    assert policy.pick_prefill(PlacementRequest(4000, prefix_key=KEY_B), [A, B]).worker_id == "b"
+    # a is 0.5 s busier: still comparably loaded; 0.501 s: not
+    req = PlacementRequest(4000, prefix_key=KEY_A)
+    assert policy.pick_prefill(req, [queued(A, 500), B]).worker_id == "a"
+    assert policy.pick_prefill(req, [queued(A, 501), B]).worker_id == "b"
+
+
+def test_overlap_beats_the_home_and_load_up_to_its_weight() -> None:
+    policy = CacheAwarePolicy(weights=replace(W, home_slack_s=0.0))
+    req = PlacementRequest(4000, local_tokens={"b": 1000}, prefix_key=KEY_A)
+    # b saves 1 s of compute, worth 1 s more at weight 1: it wins until 2 s busier
+    assert policy.pick_prefill(req, [A, queued(B, 2000)]).worker_id == "b"
+    assert policy.pick_prefill(req, [A, queued(B, 2001)]).worker_id == "a"
+    ttft_greedy = CacheAwarePolicy(weights=LocalityWeights(0.0, 0.0, 0.0))
+    assert ttft_greedy.pick_prefill(req, [A, queued(B, 1001)]).worker_id == "a"
+    # within the slack, more overlap wins over the home
+    slack = CacheAwarePolicy(weights=replace(W, home_slack_s=5.0))
+    assert slack.pick_prefill(req, [queued(A, 0), queued(B, 4000)]).worker_id == "b"
+
+
+def test_decode_cost_weighs_the_local_share_against_running_requests() -> None:
+    policy = CacheAwarePolicy(weights=W)
+    d1 = WorkerLoad("d1", "decode", running=3, free_pages=10)
+    d2 = WorkerLoad("d2", "decode", running=1, waiting=1, free_pages=50)
+    d3 = WorkerLoad("d3", "decode", running=2, free_pages=90)
+    req = PlacementRequest(1000, local_tokens={"d1": 750})
+    assert policy.decode_cost(req, d1) == pytest.approx(3 - 2.0 * 0.75)
+    # d1 1.5, d2 2 (fewer free pages than d3), d3 2
+    assert policy.rank_decode(req, [d1, d2, d3]) == [d1, d3, d2]
+    assert policy.rank_decode(PlacementRequest(1000), [d1, d2, d3]) == [d3, d2, d1]
+    assert policy.decode_cost(PlacementRequest(0), d1) == 3
+
+
+@pytest.mark.parametrize("policy", [CacheAwarePolicy(256), LeastLoadedPolicy(256)])
+def test_the_threshold_counts_the_decode_workers_local_hits(policy: Policy) -> None:
+    d = WorkerLoad("d", "decode", prefill_tokens_per_s=SPEED)
+    busy_p = WorkerLoad("p", "prefill", prefill_tokens_per_s=SPEED, queued_prefill_tokens=10**6)
+    # 2000 tokens, none pooled: 100 uncached on d, which holds 1900: d prefills them
+    held = PlacementRequest(2000, local_tokens={"d": 1900})
+    assert policy.place(held, [busy_p, d]) == Placement(None, ("d",))
+    assert policy.place(PlacementRequest(2000), [busy_p, d]) == Placement("p", ("d",))
+
+
+def burst(policy: CacheAwarePolicy, request: PlacementRequest, n: int) -> list[str]:
+    """Place ``n`` copies of ``request`` on a, b (and decode d), the pending placements
+    added to the loads as the router does between load reports."""
+    pending, chosen = PendingLoad(), []
+    for _ in range(n):
+        loads = pending.apply([A, B, D])
+        placement = policy.place(request, loads)
+        assert placement is not None and placement.prefill is not None
+        pending.placed(placement, request, loads)
+        chosen.append(placement.prefill)
+    return chosen
+
+
+def test_a_burst_of_one_prefix_spreads_once_load_outweighs_overlap() -> None:
+    policy = CacheAwarePolicy(weights=W)
+    req = PlacementRequest(4000, local_tokens={"a": 3000}, prefix_key=KEY_B)
+    chosen = burst(policy, req, 50)
+    # each placement queues 4000 tokens (4 s); a's overlap is worth 3 s + 1.0 * 3 s, so a
+    # takes requests until it is 6 s (+0.5 s slack) busier than b, then they alternate
+    assert chosen[:6] == ["a", "a", "b", "a", "b", "a"]
+    assert Counter(chosen) == {"a": 26, "b": 24}
+    # cached nowhere: home (b) first, then turns as soon as b is 0.5 s busier
+    cold = burst(policy, PlacementRequest(4000, prefix_key=KEY_B), 50)
+    assert cold[:4] == ["b", "a", "b", "a"] and Counter(cold) == {"a": 25, "b": 25}
+
+
+def test_the_default_weights_do_not_herd_a_burst() -> None:
+    req = PlacementRequest(4000, local_tokens={"a": 4000}, prefix_key=KEY_B)
+    counts = Counter(burst(CacheAwarePolicy(), req, 50))
+    # a leads by at most what its overlap and the slack are worth, in 4 s requests
+    lead_s = (1 + OVERLAP_WEIGHT) * 4.0 + HOME_SLACK_S
+    assert counts["b"] > 0 and counts["a"] - counts["b"] <= lead_s / 4.0 + 1
+
+
+loads = st.lists(st.integers(0, 20_000), min_size=1, max_size=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    queues=loads,
+    local=st.lists(st.integers(0, 8000), min_size=5, max_size=5),
+    key=st.one_of(st.none(), st.integers(0, 2**64)),
+    overlap=st.sampled_from([0.0, 0.5, 1.0, 4.0]),
+    slack=st.sampled_from([0.0, 0.25, 1.0]),
+)
+def test_the_choice_is_within_the_slack_of_the_cheapest(
+    queues: list[int], local: list[int], key: int | None, overlap: float, slack: float
+) -> None:
+    workers = [queued(replace(A, worker_id=f"p{i}"), q) for i, q in enumerate(queues)]
+    req = PlacementRequest(8000, local_tokens={f"p{i}": t for i, t in enumerate(local)})
+    req = replace(req, prefix_key=key)
+    policy = CacheAwarePolicy(weights=LocalityWeights(overlap, slack, 0.0))
+    chosen = policy.pick_prefill(req, workers)
+    costs = [policy.prefill_cost(req, w) for w in workers]
+    assert policy.prefill_cost(req, chosen) <= min(costs) + (slack if key is not None else 0)
+    if key is None:
+        assert chosen is workers[costs.index(min(costs))]
+    if overlap == 0.0 and slack == 0.0 and key is None:  # the TTFT-greedy choice
+        assert chosen is min(workers, key=lambda w: predicted_ttft(req, w))
+
+
+@settings(max_examples=100, deadline=None)
+@given(key=st.integers(0, 2**64), n=st.integers(2, 6), gone=st.integers(0, 5))
+def test_a_cold_prefix_keeps_its_home_when_another_worker_leaves(
+    key: int, n: int, gone: int
+) -> None:
+    workers = [replace(A, worker_id=f"p{i}") for i in range(n)]
+    policy = CacheAwarePolicy(weights=W)
+    req = PlacementRequest(4000, prefix_key=key)
+    home = policy.pick_prefill(req, workers)
+    assert home.worker_id == max((w.worker_id for w in workers), key=lambda w: rendezvous(key, w))
+    rest = [w for w in workers if w.worker_id != f"p{gone % n}"]
+    if home in rest:
+        assert policy.pick_prefill(req, rest) is home
