@@ -54,11 +54,12 @@ def prefilling_worker(placement: Placement) -> str:
 
 
 def predicted_ttft_s(worker: WorkerLoad, request: PlacementRequest) -> float | None:
-    """Step 2: seconds until ``worker`` has prefilled ``request`` (None: speed unknown)."""
+    """Step 2: seconds until ``worker`` has prefilled ``request``, computing only what
+    neither the pool nor its local cache holds (None: speed unknown)."""
     speed = worker.prefill_tokens_per_s
     if not speed > 0 or not math.isfinite(speed):
         return None
-    return (worker.queued_prefill_tokens + request.uncached_tokens) / speed
+    return (worker.queued_prefill_tokens + request.uncached_on(worker.worker_id)) / speed
 
 
 def admit(

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from proto import worker_pb2 as pb
 from router.admission import admit
 from router.admitted import AdmittedRequest
-from router.conductor import PlacementRequest, make_policy
+from router.conductor import PlacementRequest, affinity_key, make_policy
 from router.config import RouterConfig
 from router.errors import APIError, too_busy, unavailable
 from router.live_worker import LiveWorker
@@ -112,7 +112,8 @@ class Planner:
         if chain is not None:
             pooled = await self._pool.pooled(chain)
             local = self._local_hits(chain.usable(len(prompt)), chain.block_tokens)
-        request = PlacementRequest(len(prompt), pooled, local)
+        key = affinity_key(chain.hashes) if chain is not None else None
+        request = PlacementRequest(len(prompt), pooled, local, key)
         loads = self.pending.apply([w.load() for w in live])
         placement = self.policy.place(request, loads)
         if placement is None:

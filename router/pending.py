@@ -57,7 +57,7 @@ class PendingLoad:
         """Count ``placement`` (made on ``loads``) until the workers' next reports."""
         stamps = {w.worker_id: w.report_at for w in loads}
         prefiller = placement.prefill or placement.decode[0]
-        self._add(prefiller, stamps, tokens=request.uncached_tokens)
+        self._add(prefiller, stamps, tokens=request.uncached_on(prefiller))
         self._add(placement.decode[0], stamps, requests=1)
 
     def _add(

@@ -102,6 +102,7 @@ def test_a_conversation_stays_where_its_turns_are_cached(
         if turn:  # the history up to the answer's last computed token: its KV included
             expected = (len(history) - MESSAGE - 1) // BLOCK * BLOCK
             assert cached >= expected, (turn, cached, expected)
+            assert worker == where[0], (turn, where)  # the worker holding the history
             grew = after[worker]["local_tokens"] - before[worker]["local_tokens"]
             assert grew == cached  # local, not from the pool
             prediction = after[worker]["local_prediction"]

@@ -147,21 +147,35 @@ def test_a_burst_of_one_prefix_spreads_once_load_outweighs_overlap() -> None:
     policy = CacheAwarePolicy(weights=W)
     req = PlacementRequest(4000, local_tokens={"a": 3000}, prefix_key=KEY_B)
     chosen = burst(policy, req, 50)
-    # each placement queues 4000 tokens (4 s); a's overlap is worth 3 s + 1.0 * 3 s, so a
-    # takes requests until it is 6 s (+0.5 s slack) busier than b, then they alternate
-    assert chosen[:6] == ["a", "a", "b", "a", "b", "a"]
-    assert Counter(chosen) == {"a": 26, "b": 24}
+    # pending work counts what each worker computes: 1000 tokens (1 s) on a, which holds
+    # 3000, 4000 (4 s) on b; a's overlap is worth 3 s + 1.0 * 3 s, so a takes requests
+    # until its queue is 6 s (+0.5 s slack) longer than b's, then b takes one in five
+    assert chosen[:8] == ["a"] * 7 + ["b"]
+    assert Counter(chosen) == {"a": 41, "b": 9}
     # cached nowhere: home (b) first, then turns as soon as b is 0.5 s busier
     cold = burst(policy, PlacementRequest(4000, prefix_key=KEY_B), 50)
     assert cold[:4] == ["b", "a", "b", "a"] and Counter(cold) == {"a": 25, "b": 25}
 
 
 def test_the_default_weights_do_not_herd_a_burst() -> None:
-    req = PlacementRequest(4000, local_tokens={"a": 4000}, prefix_key=KEY_B)
+    req = PlacementRequest(4000, local_tokens={"a": 3000}, prefix_key=KEY_B)
     counts = Counter(burst(CacheAwarePolicy(), req, 50))
-    # a leads by at most what its overlap and the slack are worth, in 4 s requests
-    lead_s = (1 + OVERLAP_WEIGHT) * 4.0 + HOME_SLACK_S
-    assert counts["b"] > 0 and counts["a"] - counts["b"] <= lead_s / 4.0 + 1
+    # a's queued work (1 s a request) leads b's (4 s a request) by at most what its
+    # overlap and the slack are worth, and one request more
+    lead_s = (1 + OVERLAP_WEIGHT) * 3.0 + HOME_SLACK_S + 4.0
+    assert counts["b"] > 0 and counts["a"] * 1.0 - counts["b"] * 4.0 <= lead_s
+
+
+def test_a_prompt_held_whole_costs_its_holder_no_queue() -> None:
+    """Pending placements count the tokens the prefilling worker computes: a prompt its
+    local cache holds whole (bar the last token) adds almost nothing to its queue."""
+    pending = PendingLoad()
+    req = PlacementRequest(4000, local_tokens={"a": 3984}, prefix_key=KEY_B)
+    placement = Placement("a", ("d",))
+    pending.placed(placement, req, [A, B, D])
+    loads = {w.worker_id: w for w in pending.apply([A, B, D])}
+    assert loads["a"].queued_prefill_tokens == 16
+    assert loads["d"].waiting == 1
 
 
 loads = st.lists(st.integers(0, 20_000), min_size=1, max_size=5)

@@ -22,6 +22,12 @@ def test_predicted_ttft_is_queue_plus_uncached_over_speed() -> None:
     assert predicted_ttft_s(WorkerLoad("x", "decode", prefill_tokens_per_s=-1.0), REQUEST) is None
 
 
+def test_the_prediction_leaves_out_what_the_workers_own_cache_holds() -> None:
+    held = PlacementRequest(prompt_tokens=300, pooled_tokens=100, local_tokens={"p1": 250})
+    assert predicted_ttft_s(P1, held) == 5.5  # (500 + 300 - 250) / 100
+    assert predicted_ttft_s(D1, held) == 12.0  # (40 + 300 - 100) / 20: d1 holds nothing
+
+
 def test_the_prefilling_worker() -> None:
     assert prefilling_worker(DISAGG) == "p1"
     assert prefilling_worker(LOCAL) == "d1"
