@@ -48,8 +48,8 @@ OVERLAP_WEIGHT = 4.0
 (beyond the pool) outweighs, over what it saves the request itself
 (:meth:`CacheAwarePolicy.prefill_cost`).
 
-Measured with :data:`HOME_SLACK_S` by ``kvserve bench trace --sweep-overlap-weights 0 0.5 1
-2 4 8 --sweep-home-slacks-s 0 0.25 0.5 1 2`` (docs/benchmarks.md, section 4, has the whole
+Measured with :data:`HOME_SLACK` by ``kvserve bench trace --sweep-overlap-weights 0 0.5 1
+2 4 8 --sweep-home-slacks 0 0.25 0.5 1 2`` (docs/benchmarks.md, section 4, has the whole
 table): ``cache_aware+events`` local hits over shared hits at 2 and 4 workers and 1k, 4k,
 10k, 30k blocks, 50k prefill tokens/s per worker. Rule: the largest mean ratio over the 8
 points among the pairs whose TTFT p90 is no worse than round_robin's at every point (the
@@ -59,10 +59,12 @@ blocks at 0.98 or more, 1k blocks 0.944 (2 workers) and 0.843 (4 workers). No pa
 1-2 s) fail the TTFT rule (p90 up to 1.71 s against round_robin's 1.68 s at 2 workers, and
 1.06 s against 0.84 s at 4)."""
 
-HOME_SLACK_S = 0.5
-"""Seconds of prefill cost within which candidates count as comparably loaded, so the one
-with most local overlap, then the prefix's rendezvous home, is preferred (measured with
-:data:`OVERLAP_WEIGHT`)."""
+HOME_SLACK = 0.5
+"""How far above the cheapest a candidate's prefill cost may be and still count as
+comparably loaded (so the one with most local overlap, then the prefix's rendezvous home,
+is preferred), in units of the request's own prefill time on the cheapest candidate
+(``prompt_tokens / prefill_speed``): a share of the request, so the same value holds on
+any hardware and model (measured with :data:`OVERLAP_WEIGHT`)."""
 
 DECODE_OVERLAP_WEIGHT = 8.0
 """Running requests that a decode worker holding a whole prompt locally outweighs
@@ -201,10 +203,10 @@ def rendezvous(key: int, worker_id: str) -> int:
 @dataclass(frozen=True)
 class LocalityWeights:
     """How :class:`CacheAwarePolicy` weighs local-cache overlap against load
-    (defaults: :data:`OVERLAP_WEIGHT`, :data:`HOME_SLACK_S`, :data:`DECODE_OVERLAP_WEIGHT`)."""
+    (defaults: :data:`OVERLAP_WEIGHT`, :data:`HOME_SLACK`, :data:`DECODE_OVERLAP_WEIGHT`)."""
 
     overlap: float = OVERLAP_WEIGHT
-    home_slack_s: float = HOME_SLACK_S
+    home_slack: float = HOME_SLACK
     decode_overlap: float = DECODE_OVERLAP_WEIGHT
 
 
@@ -213,7 +215,8 @@ class CacheAwarePolicy(Policy):
 
     Prefill: each candidate costs :meth:`prefill_cost` seconds (its predicted first token
     minus ``overlap`` times the prefill its local cache saves). With a ``prefix_key``, the
-    candidates within ``home_slack_s`` of the cheapest are the comparably loaded ones;
+    candidates within ``home_slack`` of the cheapest (times the request's own prefill time)
+    are the comparably loaded ones;
     among them the one holding most of the prompt locally wins, then the prefix's
     rendezvous home (:func:`rendezvous`): a prefix cached nowhere goes where it will go
     next time. Without a key, the cheapest (first by worker id on ties).
@@ -247,7 +250,8 @@ class CacheAwarePolicy(Policy):
         key = request.prefix_key
         if key is None:
             return candidates[costs.index(best)]
-        bar = best + self.weights.home_slack_s
+        cheapest = candidates[costs.index(best)]
+        bar = best + self.weights.home_slack * request.prompt_tokens / cheapest.prefill_speed
         near = [w for w, cost in zip(candidates, costs, strict=True) if cost <= bar]
         return max(
             near, key=lambda w: (request.local_on(w.worker_id), rendezvous(key, w.worker_id))

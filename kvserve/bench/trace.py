@@ -10,7 +10,7 @@
    prefill workers with local caches of C/N blocks against one shared cache of C blocks,
    requests placed by ``router.conductor`` (:mod:`kvserve.bench.tracecluster`), each also
    decoded on one of N decode workers with local caches of C/N blocks.
-4. With ``--sweep-overlap-weights`` and ``--sweep-home-slacks-s`` (and/or
+4. With ``--sweep-overlap-weights`` and ``--sweep-home-slacks`` (and/or
    ``--sweep-decode-weights``): the sweep that measures ``cache_aware``'s locality weights
    (:mod:`kvserve.bench.tracesweep`) over the same capacities and worker counts.
 5. Print one JSON object; with ``--out``, also PNG plots (needs matplotlib).
@@ -69,7 +69,7 @@ class TraceBenchConfig:
       its decode worker's pages that long per output token after its prefill);
     - ``event_lag_s``: seconds a ``+events`` policy's KV events take to reach the router's
       index after the prefill that computed their blocks ends;
-    - ``sweep_overlap_weights`` / ``sweep_home_slacks_s``: the grid of ``cache_aware``'s
+    - ``sweep_overlap_weights`` / ``sweep_home_slacks``: the grid of ``cache_aware``'s
       prefill weights to sweep (both needed; empty: no sweep);
     - ``sweep_decode_weights``: ``cache_aware``'s decode weights to sweep (empty: none);
     - ``seed``: seed of the random policy;
@@ -92,7 +92,7 @@ class TraceBenchConfig:
     decode_s_per_token: float = 0.03
     event_lag_s: float = 0.0
     sweep_overlap_weights: list[float] = setting([])
-    sweep_home_slacks_s: list[float] = setting([])
+    sweep_home_slacks: list[float] = setting([])
     sweep_decode_weights: list[float] = setting([])
     seed: int = 0
     out: Path | None = None
@@ -108,8 +108,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError("capacities and workers must be positive, max-requests >= 0")
     if args.prefill_tokens_per_s <= 0 or args.decode_s_per_token < 0 or args.event_lag_s < 0:
         raise ValueError("prefill-tokens-per-s must be positive, decode and lag times >= 0")
-    if bool(args.sweep_overlap_weights) != bool(args.sweep_home_slacks_s):
-        raise ValueError("sweep-overlap-weights and sweep-home-slacks-s go together")
+    if bool(args.sweep_overlap_weights) != bool(args.sweep_home_slacks):
+        raise ValueError("sweep-overlap-weights and sweep-home-slacks go together")
     if not args.trace.is_file():
         raise FileNotFoundError(f"trace {args.trace} not found")
 
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             rows.append(_cluster_row(model, requests, chains, capacity, workers, policy))
             rows[-1]["lru_token_hit_rate"] = round(lru_rate[capacity], 4)
             log(f"cluster: {rows[-1]}")
-    grid = list(itertools.product(args.sweep_overlap_weights, args.sweep_home_slacks_s))
+    grid = list(itertools.product(args.sweep_overlap_weights, args.sweep_home_slacks))
     if grid or args.sweep_decode_weights:
         rows += sweep_rows(requests, chains, points, grid, args.sweep_decode_weights, model)
     emit("trace", _conditions(args, len(requests), capacities, settings), rows, _headline(rows))

@@ -2,7 +2,7 @@
 --sweep-...``). Pure.
 
 The weights (:class:`router.conductor.LocalityWeights`) are chosen from this sweep, not
-guessed: for each pair of prefill weights (``overlap``, ``home_slack_s``), the policy
+guessed: for each pair of prefill weights (``overlap``, ``home_slack``), the policy
 ``cache_aware+events`` is replayed at every capacity and worker count, and its local hits
 compared with one shared cache under the same policy (:func:`sweep_rows`, section
 ``sweep``, and one ``sweep_summary`` row per pair: the smallest ratio, how many points reach
@@ -42,7 +42,7 @@ def sweep_rows(
     """Rows of the sweep (module docstring) over ``points`` (capacity, workers), the
     prefill weight pairs of ``grid`` and the ``decode_weights``; ``settings`` give the
     model (their ``weights`` are replaced). A shared replay does not depend on
-    ``overlap`` (no local hints), so it runs once per ``home_slack_s`` and point."""
+    ``overlap`` (no local hints), so it runs once per ``home_slack`` and point."""
     rows: list[dict[str, Any]] = []
     shared: dict[tuple[float, int, int], float] = {}
     default = LocalityWeights()
@@ -56,7 +56,7 @@ def sweep_rows(
                 )
                 shared[slack, capacity, workers] = result.hits.token_hit_rate
             local = cluster_replay(requests, chains, workers, capacity, SWEEP_POLICY, False, run)
-            row = _row("sweep", capacity, workers, overlap=overlap, home_slack_s=slack)
+            row = _row("sweep", capacity, workers, overlap=overlap, home_slack=slack)
             row.update(local.row("_local"))
             base = shared[slack, capacity, workers]
             row["token_hit_rate_shared"] = round(base, 4)
@@ -65,7 +65,7 @@ def sweep_rows(
         rows += pair
         rows.append(_summary(overlap, slack, pair))
     for weight in decode_weights:
-        weights = LocalityWeights(default.overlap, default.home_slack_s, weight)
+        weights = LocalityWeights(default.overlap, default.home_slack, weight)
         run = replace(settings, weights=weights)
         for capacity, workers in points:
             local = cluster_replay(requests, chains, workers, capacity, SWEEP_POLICY, False, run)
@@ -84,7 +84,7 @@ def _summary(overlap: float, slack: float, pair: list[dict[str, Any]]) -> dict[s
     return {
         "section": "sweep_summary",
         "overlap": overlap,
-        "home_slack_s": slack,
+        "home_slack": slack,
         "min_local_vs_shared": min(ratios),
         "points_at_target": sum(1 for r in ratios if r >= TARGET),
         "points": len(ratios),

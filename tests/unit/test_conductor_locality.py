@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from router.conductor import (
     AFFINITY_BLOCKS,
     DECODE_OVERLAP_WEIGHT,
-    HOME_SLACK_S,
+    HOME_SLACK,
     OVERLAP_WEIGHT,
     CacheAwarePolicy,
     LeastLoadedPolicy,
@@ -33,7 +33,7 @@ A = WorkerLoad("a", "prefill", prefill_tokens_per_s=SPEED)
 B = WorkerLoad("b", "prefill", prefill_tokens_per_s=SPEED)
 D = WorkerLoad("d", "decode", free_pages=10)
 KEY_A, KEY_B = 7, 12345  # rendezvous homes among {a, b}: a for 7, b for 12345
-W = LocalityWeights(overlap=1.0, home_slack_s=0.5, decode_overlap=2.0)
+W = LocalityWeights(overlap=1.0, home_slack=0.5, decode_overlap=2.0)
 
 
 def queued(worker: WorkerLoad, tokens: int) -> WorkerLoad:
@@ -41,7 +41,7 @@ def queued(worker: WorkerLoad, tokens: int) -> WorkerLoad:
 
 
 def test_defaults_are_the_constants() -> None:
-    assert LocalityWeights() == LocalityWeights(OVERLAP_WEIGHT, HOME_SLACK_S, DECODE_OVERLAP_WEIGHT)
+    assert LocalityWeights() == LocalityWeights(OVERLAP_WEIGHT, HOME_SLACK, DECODE_OVERLAP_WEIGHT)
     assert CacheAwarePolicy().weights == LocalityWeights()
 
 
@@ -88,14 +88,18 @@ def test_a_prefix_cached_nowhere_goes_home_within_the_slack() -> None:
     policy = CacheAwarePolicy(weights=W)
     assert policy.pick_prefill(PlacementRequest(4000, prefix_key=KEY_A), [A, B]).worker_id == "a"
     assert policy.pick_prefill(PlacementRequest(4000, prefix_key=KEY_B), [A, B]).worker_id == "b"
-    # a is 0.5 s busier: still comparably loaded; 0.501 s: not
+    # the slack is half the request's own prefill (4000 tokens: 4 s): a is 2 s busier,
+    # still comparably loaded; 2.001 s: not
     req = PlacementRequest(4000, prefix_key=KEY_A)
-    assert policy.pick_prefill(req, [queued(A, 500), B]).worker_id == "a"
-    assert policy.pick_prefill(req, [queued(A, 501), B]).worker_id == "b"
+    assert policy.pick_prefill(req, [queued(A, 2000), B]).worker_id == "a"
+    assert policy.pick_prefill(req, [queued(A, 2001), B]).worker_id == "b"
+    short = PlacementRequest(1000, prefix_key=KEY_A)  # a 1 s prefill: 0.5 s of slack
+    assert policy.pick_prefill(short, [queued(A, 500), B]).worker_id == "a"
+    assert policy.pick_prefill(short, [queued(A, 501), B]).worker_id == "b"
 
 
 def test_overlap_beats_the_home_and_load_up_to_its_weight() -> None:
-    policy = CacheAwarePolicy(weights=replace(W, home_slack_s=0.0))
+    policy = CacheAwarePolicy(weights=replace(W, home_slack=0.0))
     req = PlacementRequest(4000, local_tokens={"b": 1000}, prefix_key=KEY_A)
     # b saves 1 s of compute, worth 1 s more at weight 1: it wins until 2 s busier
     assert policy.pick_prefill(req, [A, queued(B, 2000)]).worker_id == "b"
@@ -103,7 +107,7 @@ def test_overlap_beats_the_home_and_load_up_to_its_weight() -> None:
     ttft_greedy = CacheAwarePolicy(weights=LocalityWeights(0.0, 0.0, 0.0))
     assert ttft_greedy.pick_prefill(req, [A, queued(B, 1001)]).worker_id == "a"
     # within the slack, more overlap wins over the home
-    slack = CacheAwarePolicy(weights=replace(W, home_slack_s=5.0))
+    slack = CacheAwarePolicy(weights=replace(W, home_slack=5.0))
     assert slack.pick_prefill(req, [queued(A, 0), queued(B, 4000)]).worker_id == "b"
 
 
@@ -149,10 +153,11 @@ def test_a_burst_of_one_prefix_spreads_once_load_outweighs_overlap() -> None:
     chosen = burst(policy, req, 50)
     # pending work counts what each worker computes: 1000 tokens (1 s) on a, which holds
     # 3000, 4000 (4 s) on b; a's overlap is worth 3 s + 1.0 * 3 s, so a takes requests
-    # until its queue is 6 s (+0.5 s slack) longer than b's, then b takes one in five
-    assert chosen[:8] == ["a"] * 7 + ["b"]
+    # until its queue is 6 s (+2 s slack: half the 4 s request) longer than b's, then b
+    # takes about one in five
+    assert chosen[:10] == ["a"] * 9 + ["b"]
     assert Counter(chosen) == {"a": 41, "b": 9}
-    # cached nowhere: home (b) first, then turns as soon as b is 0.5 s busier
+    # cached nowhere: home (b) first, then turns as soon as b is 2 s busier
     cold = burst(policy, PlacementRequest(4000, prefix_key=KEY_B), 50)
     assert cold[:4] == ["b", "a", "b", "a"] and Counter(cold) == {"a": 25, "b": 25}
 
@@ -162,7 +167,7 @@ def test_the_default_weights_do_not_herd_a_burst() -> None:
     counts = Counter(burst(CacheAwarePolicy(), req, 50))
     # a's queued work (1 s a request) leads b's (4 s a request) by at most what its
     # overlap and the slack are worth, and one request more
-    lead_s = (1 + OVERLAP_WEIGHT) * 3.0 + HOME_SLACK_S + 4.0
+    lead_s = (1 + OVERLAP_WEIGHT) * 3.0 + HOME_SLACK * 4.0 + 4.0
     assert counts["b"] > 0 and counts["a"] * 1.0 - counts["b"] * 4.0 <= lead_s
 
 
@@ -198,7 +203,8 @@ def test_the_choice_is_within_the_slack_of_the_cheapest(
     policy = CacheAwarePolicy(weights=LocalityWeights(overlap, slack, 0.0))
     chosen = policy.pick_prefill(req, workers)
     costs = [policy.prefill_cost(req, w) for w in workers]
-    assert policy.prefill_cost(req, chosen) <= min(costs) + (slack if key is not None else 0)
+    bar = slack * 8000 / SPEED if key is not None else 0.0  # in prefills of the request
+    assert policy.prefill_cost(req, chosen) <= min(costs) + bar
     if key is None:
         assert chosen is workers[costs.index(min(costs))]
     if overlap == 0.0 and slack == 0.0 and key is None:  # the TTFT-greedy choice
