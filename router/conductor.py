@@ -43,23 +43,21 @@ __all__ = [
     "prefill_remotely",
 ]
 
-OVERLAP_WEIGHT = 4.0
+OVERLAP_WEIGHT = 8.0
 """Seconds of prefill queue that one second of prefill saved by a worker's local cache
 (beyond the pool) outweighs, over what it saves the request itself
 (:meth:`CacheAwarePolicy.prefill_cost`).
 
-Measured with :data:`HOME_SLACK` by ``kvserve bench trace --sweep-overlap-weights 0 0.5 1
-2 4 8 --sweep-home-slacks 0 0.25 0.5 1 2`` (docs/benchmarks.md, section 4, has the whole
-table): ``cache_aware+events`` local hits over shared hits at 2 and 4 workers and 1k, 4k,
-10k, 30k blocks, 50k prefill tokens/s per worker. Rule: the largest mean ratio over the 8
-points among the pairs whose TTFT p90 is no worse than round_robin's at every point (the
-smallest weight within 0.001 of it). Chosen (4, 0.5): mean 0.975, every point from 4k
-blocks at 0.98 or more, 1k blocks 0.944 (2 workers) and 0.843 (4 workers). No pair reaches
-0.95 at 1k blocks (best: 0.944 at 2 workers, 0.914 at 4); the pairs nearest it there (slack
-1-2 s) fail the TTFT rule (p90 up to 1.71 s against round_robin's 1.68 s at 2 workers, and
-1.06 s against 0.84 s at 4)."""
+Measured with :data:`HOME_SLACK` by ``kvserve bench trace --sweep-overlap-weights 1 2 4 8
+--sweep-home-slacks 0.5 1 2 4 8`` (docs/benchmarks.md, section 4, has the whole table):
+``cache_aware+events`` local hits over shared hits at 2 and 4 workers and 1k, 4k, 10k, 30k
+blocks, 50k prefill tokens/s per worker. Rule: the largest mean ratio over the 8 points
+among the pairs whose TTFT p90 is no worse than round_robin's at every point (the smallest
+weight within 0.001 of it). Chosen (8, 1): mean 0.972, every point from 4k blocks at 0.98 or
+more, 1k blocks 0.948 (2 workers) and 0.847 (4 workers). No pair reaches 0.95 at 1k blocks
+with 4 workers (best: 0.927); the pairs with larger slacks (2-8) fail the TTFT rule."""
 
-HOME_SLACK = 0.5
+HOME_SLACK = 1.0
 """How far above the cheapest a candidate's prefill cost may be and still count as
 comparably loaded (so the one with most local overlap, then the prefix's rendezvous home,
 is preferred), in units of the request's own prefill time on the cheapest candidate
