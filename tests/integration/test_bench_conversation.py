@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from kvserve.bench import serve
 from kvserve.cluster.launch import Cluster
@@ -57,25 +58,32 @@ def test_answers_carry_the_generated_and_the_prompts_token_ids(
     client = cluster_client(cluster)
     prompt, n = prompt_of(37, seed=5), 12
     expected = hf_greedy(tiny_model_dir, prompt, n)
-    asked = {"model": MODEL_NAME, "max_tokens": n, "temperature": 0, "extra_body": IDS}
-    (choice,) = client.completions.create(prompt=prompt, **asked).choices
+    (choice,) = client.completions.create(
+        prompt=prompt, model=MODEL_NAME, max_tokens=n, temperature=0, extra_body=IDS
+    ).choices
     assert extras(choice) == {"token_ids": expected, "prompt_token_ids": prompt}
     stream = client.completions.create(
-        prompt=prompt, stream=True, stream_options={"include_usage": True}, **asked
-    )
+        prompt=prompt, model=MODEL_NAME, max_tokens=n, temperature=0, extra_body=IDS,
+        stream=True, stream_options={"include_usage": True},
+    )  # fmt: skip
     events = list(stream)
     chunks = [extras(e.choices[0]) for e in events if e.choices]
     assert [t for c in chunks for t in c["token_ids"]] == expected
     assert [c.get("prompt_token_ids") for c in chunks] == [prompt] + [None] * (len(chunks) - 1)
     assert events[-1].usage is not None and events[-1].usage.completion_tokens == n
 
-    messages = [{"role": "user", "content": "Hello there!"}]
-    reply = client.chat.completions.create(messages=messages, **asked)
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello there!"}]
+    reply = client.chat.completions.create(
+        messages=messages, model=MODEL_NAME, max_tokens=n, temperature=0, extra_body=IDS
+    )
     chat_prompt = extras(reply)["prompt_token_ids"]
     assert reply.usage is not None and len(chat_prompt) == reply.usage.prompt_tokens
     chat_expected = hf_greedy(tiny_model_dir, chat_prompt, n)
     assert extras(reply.choices[0]) == {"token_ids": chat_expected}
-    role, *rest = client.chat.completions.create(messages=messages, stream=True, **asked)
+    role, *rest = client.chat.completions.create(
+        messages=messages, model=MODEL_NAME, max_tokens=n, temperature=0, extra_body=IDS,
+        stream=True,
+    )  # fmt: skip
     assert extras(role) == {"prompt_token_ids": chat_prompt}
     assert [t for c in rest for t in extras(c.choices[0])["token_ids"]] == chat_expected
 
