@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -76,7 +77,7 @@ def wait_indexed(cluster: Cluster, worker: str, blocks: int) -> None:
         found = [float(x.split()[-1]) for x in text.splitlines() if x.startswith(line)]
         if found and found[0] >= blocks:
             return
-        asyncio.run(asyncio.sleep(0.1))
+        time.sleep(0.1)
     raise AssertionError(f"the index never showed {blocks} blocks on {worker}")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -234,7 +235,7 @@ def wait_for(condition: Any, tries: int = 200) -> None:
     for _ in range(tries):
         if condition():
             return
-        asyncio.run(asyncio.sleep(0.05))
+        time.sleep(0.05)
     raise AssertionError("condition never held")
 
 
