@@ -6,13 +6,15 @@ and how an admitted request gets one (:class:`Planner`: pool lookup, placement, 
 1. the prompt's block names (:meth:`PoolLookup.prompt_chain` under the request's cache
    salt, with the first live worker's record naming the key space), then the pool lookup
    (:meth:`PoolLookup.pooled`) and each worker's local hits from the router's prefix index
-   (``local_hits``: :meth:`router.kv_index.KVIndex.local_tokens`); none when no worker is
-   live;
+   (:meth:`LocalIndex.local_tokens`, :class:`router.kv_index.KVIndex` in the router);
+   none when no worker is live;
 2. placement (:meth:`Policy.place` over the load reports plus this router's recent
    placements, :class:`PendingLoad`): 503 when nobody can serve it;
 3. admission control (:func:`router.admission.admit`): 429 with ``Retry-After`` when the
    first token is predicted too late (counted per worker; nothing counted as pending);
-4. the placement noted as pending, and the :class:`FlowPlan` built from it.
+4. the placement noted as pending (its loads) and told to the index (the workers it goes to
+   will cache the prompt: :meth:`LocalIndex.placed`), and the :class:`FlowPlan` built
+   from it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from proto import worker_pb2 as pb
 from router.admission import admit
@@ -32,8 +35,28 @@ from router.metrics import RouterMetrics
 from router.pending import PendingLoad
 from router.pool_lookup import PoolLookup
 
-LocalHits = Callable[[Sequence[int], int], dict[str, int]]
-"""``(block names, block_tokens) -> leading prompt tokens cached per known worker``."""
+
+class LocalIndex(Protocol):
+    """Where the workers' local prefix caches are known (:class:`router.kv_index.KVIndex`)."""
+
+    def local_tokens(self, chain: Sequence[int], block_tokens: int) -> dict[str, int]:
+        """Leading prompt tokens (of the usable block names ``chain``) cached per known
+        worker; workers it does not know are left out."""
+        ...
+
+    def placed(self, worker_ids: Sequence[str], chain: Sequence[int]) -> None:
+        """A prompt of usable block names ``chain`` was placed on ``worker_ids``."""
+        ...
+
+
+class NoIndex:
+    """A :class:`LocalIndex` that knows nothing (no prediction for any worker)."""
+
+    def local_tokens(self, chain: Sequence[int], block_tokens: int) -> dict[str, int]:
+        return {}
+
+    def placed(self, worker_ids: Sequence[str], chain: Sequence[int]) -> None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -90,12 +113,12 @@ class Planner:
         live: Callable[[], list[LiveWorker]],
         pool: PoolLookup,
         metrics: RouterMetrics,
-        local_hits: LocalHits = lambda _chain, _bt: {},
+        index: LocalIndex | None = None,
     ) -> None:
         self.config = config
         self._live = live
         self._pool = pool
-        self._local_hits = local_hits
+        self._index: LocalIndex = index if index is not None else NoIndex()
         self._metrics = metrics
         self.policy = make_policy(config.policy, config.disagg_threshold_tokens)
         self.pending = PendingLoad()
@@ -108,10 +131,11 @@ class Planner:
         chain = (
             self._pool.prompt_chain(prompt, live[0].record, admitted.cache_salt) if live else None
         )
-        pooled, local = 0, {}
+        pooled, local, usable = 0, {}, []
         if chain is not None:
             pooled = await self._pool.pooled(chain)
-            local = self._local_hits(chain.usable(len(prompt)), chain.block_tokens)
+            usable = chain.usable(len(prompt))
+            local = self._index.local_tokens(usable, chain.block_tokens)
         key = affinity_key(chain.hashes) if chain is not None else None
         request = PlacementRequest(len(prompt), pooled, local, key)
         loads = self.pending.apply([w.load() for w in live])
@@ -123,6 +147,7 @@ class Planner:
             self._metrics.admission_rejections.labels(rejection.worker).inc()
             raise too_busy(rejection.message, rejection.retry_after_s)
         self.pending.placed(placement, request, loads)
+        self._index.placed([placement.prefill or placement.decode[0], placement.decode[0]], usable)
         by_id = {w.worker_id: w for w in live}
         return FlowPlan(
             request_id=admitted.request_id,

@@ -18,7 +18,10 @@ Lifecycle of :class:`KVIndex`:
 3. :meth:`apply` (event loop) applies only the batches of workers in the view, and not
    those of an incarnation older than the one the registry shows;
 4. :meth:`local_tokens` answers, for one prompt's chain, the leading prompt tokens each
-   known worker's local cache holds (:meth:`router.prefix_index.PrefixIndex.matched_all`);
+   known worker's local cache holds (:meth:`router.prefix_index.PrefixIndex.matched_all`),
+   continued by what this router's own placements (:meth:`placed`) expect it to hold
+   before its events say so (:class:`router.expected_blocks.ExpectedBlocks`; every
+   applied batch confirms or denies those expectations);
 5. :meth:`stop` ends the thread (within one XREAD block) and closes its connections.
 
 Several routers read the same stream and apply the same batches, so their indexes agree up
@@ -40,6 +43,7 @@ from proto.kv_events import EventBatch
 from proto.kv_stream import read_batches, request_snapshot, stream_name
 from proto.refusals import Rejection
 from proto.registry import ClusterConfig, connect
+from router.expected_blocks import ExpectedBlocks
 from router.live_worker import LiveWorker
 from router.prefix_index import Outcome, PrefixIndex
 
@@ -64,6 +68,7 @@ class KVIndex:
         on_rejected: Callable[[Rejection], None] = lambda _: None,
     ) -> None:
         self.index = PrefixIndex()
+        self.expected = ExpectedBlocks()
         self._cluster = cluster
         self._on_outcome = on_outcome
         self._on_rejected = on_rejected
@@ -141,6 +146,7 @@ class KVIndex:
         if known is None or batch.incarnation < known:
             return None
         outcome = self.index.apply(batch)
+        self.expected.observe(batch)
         self._on_outcome(outcome)
         return outcome
 
@@ -150,6 +156,7 @@ class KVIndex:
         current = {w.worker_id: w.record.started_at for w in live}
         for worker_id in set(self._incarnations) - set(current):
             self.index.forget(worker_id)
+            self.expected.forget(worker_id)
             self._asked.pop(worker_id, None)
         self._incarnations = current
         for worker_id, started_at in current.items():
@@ -168,11 +175,19 @@ class KVIndex:
             self._warn(f"cannot ask {worker_id} for a KV snapshot ({exc})")
 
     def local_tokens(self, chain: Sequence[int], block_tokens: int) -> dict[str, int]:
-        """Leading prompt tokens the local cache of each worker whose cache the index
-        knows holds (of a prompt whose usable block names are ``chain``); the others are
-        left out (no prediction)."""
+        """Leading prompt tokens the local cache of each worker holds (of a prompt whose
+        usable block names are ``chain``): for a worker whose cache the index knows, its
+        match continued by what it is expected to hold; for another, only what it is
+        expected to hold; workers with neither are left out (no prediction)."""
         matched = self.index.matched_all(chain)
-        return {w: n * block_tokens for w, n in matched.items() if self.index.synced(w)}
+        known = {w: n for w, n in matched.items() if self.index.synced(w)}
+        extended = self.expected.extend(known, chain, time.monotonic())
+        return {w: n * block_tokens for w, n in extended.items()}
+
+    def placed(self, worker_ids: Sequence[str], chain: Sequence[int]) -> None:
+        """This router placed a prompt whose usable block names are ``chain`` on
+        ``worker_ids`` (they will cache it)."""
+        self.expected.placed(worker_ids, chain, time.monotonic())
 
     def _warn(self, message: str) -> None:
         now = time.monotonic()

@@ -74,9 +74,7 @@ class RouterService:
         self.telemetry = Telemetry(self.metrics, self.cache_stats, self.controller.record)
         self.pool = PoolLookup(pool, cluster, router.pool_lookup, router.pool_lookup_timeout_s)
         self.kv_index = KVIndex(cluster, self.metrics.index.count_batch, self._on_reject_event)
-        self.planner = Planner(
-            router, self.view.live, self.pool, self.metrics, self.kv_index.local_tokens
-        )
+        self.planner = Planner(router, self.view.live, self.pool, self.metrics, self.kv_index)
         self.kv_wait = KVWaitQueue(self.metrics.kv_waiting.set, self.metrics.kv_wait.observe)
         self._reports: dict[str, float] = {}
         """Worker id -> when its load report seen at the last poll was made."""

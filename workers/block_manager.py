@@ -202,13 +202,13 @@ class BlockManager:
         parents = [hashes[local - 1] if local else self.root(seq), *wanted]
         for h, parent, page in zip(wanted[:loaded], parents, pages, strict=False):
             self.pool.cache(page, h, parent)
-        self.pool.free(reversed(pages))
+        self.pool.free_chain(pages)
         return loaded
 
     def deallocate(self, seq: Sequence) -> None:
         """Give back every page of ``seq``; the last block goes to the free list first,
         so a shared prefix outlives its tail under eviction."""
-        self.pool.free(reversed(seq.block_table))
+        self.pool.free_chain(seq.block_table)
         seq.block_table.clear()
         seq.page_epoch += 1
         seq.block_hashes.clear()

@@ -83,6 +83,13 @@ class BlockPool:
             if self.ref_counts[block] == 0:
                 self._free[block] = None
 
+    def free_chain(self, blocks: list[int]) -> None:
+        """Drop one reference on each page of one sequence's chain, the last first, so
+        its pages join the free list tail-first: under eviction a chain's leaves go
+        before its root, and a prefix is never evicted while a block extending it stays
+        cached (an extension without its prefix is unreachable)."""
+        self.free(reversed(blocks))
+
     def cache(self, block: int, block_hash: int, parent: int = 0) -> None:
         """Record that ``block`` holds the full block ``block_hash``, whose parent in the
         prefix chain is ``parent`` (carried in the event only; 0 where the caller has no

@@ -159,7 +159,7 @@ def cluster_replay(
         local: dict[str, int] = {}
         if feed is not None:
             feed.deliver(now)
-            local = {wid: tokens[n] for wid, n in feed.matched(chain).items()}
+            local = {wid: tokens[n] for wid, n in feed.matched(chain, now).items()}
         elif hinted:
             local = {w.worker_id: tokens[w.hits(chain)] for w in sims}
         placement_request = PlacementRequest(
@@ -183,6 +183,7 @@ def cluster_replay(
         done = prefiller.busy_until + request.output_length * settings.decode_s_per_token
         decoder.hold(decoder.admit(chain, decode_hits), done, now)
         if feed is not None:
+            feed.placed((prefiller.worker_id, decoder.worker_id), chain, now, prefiller.busy_until)
             feed.publish(prefiller, now, prefiller.busy_until)
             feed.publish(decoder, now, prefiller.busy_until)
     result.per_worker = [w.requests for w in prefillers]

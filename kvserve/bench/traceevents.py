@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from kvserve.bench.traceworkers import SimWorker
 from proto.kv_events import MAX_EVENTS, EventBatch
+from router.expected_blocks import ExpectedBlocks
 from router.prefix_index import Outcome, PrefixIndex
 
 INCARNATION = 0.0
@@ -52,6 +53,7 @@ class EventFeed:
 
     def __init__(self, workers: Sequence[SimWorker], timing: EventTiming) -> None:
         self.index = PrefixIndex()
+        self.expected = ExpectedBlocks()
         self.timing = timing
         self._seq: dict[str, int] = {}
         self._last: dict[str, float] = {}
@@ -86,7 +88,17 @@ class EventFeed:
             outcome = self.index.apply(batch)
             if outcome is not Outcome.APPLIED:
                 raise RuntimeError(f"batch {batch.worker_id}#{batch.seq}: {outcome}")
+            self.expected.observe(batch)
 
-    def matched(self, chain: Sequence[int]) -> dict[str, int]:
-        """Per known worker, the leading blocks of ``chain`` the index says it holds."""
-        return self.index.matched_all(chain)
+    def placed(
+        self, worker_ids: Sequence[str], chain: Sequence[int], now: float, prefill_end: float
+    ) -> None:
+        """The router placed a request of prompt ``chain`` on ``worker_ids`` at ``now``: it
+        expects them to hold its blocks until their events for it arrive
+        (:meth:`EventTiming.arrival`; at once without delay, so the hints stay exact)."""
+        self.expected.placed(worker_ids, chain, now, self.timing.arrival(now, prefill_end))
+
+    def matched(self, chain: Sequence[int], now: float) -> dict[str, int]:
+        """Per known worker, the leading blocks of ``chain`` the index says it holds,
+        continued by what the router's own placements expect it to hold."""
+        return self.expected.extend(self.index.matched_all(chain), chain, now)

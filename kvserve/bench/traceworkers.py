@@ -41,11 +41,12 @@ class SimWorker:
 
     def release(self, now: float) -> None:
         """Free the pages of requests that finished by ``now`` (they stay cached), the
-        earliest finished first."""
+        earliest finished first, each tail-first as the engine frees them
+        (:meth:`~workers.block_pool.BlockPool.free_chain`)."""
         done = [item for item in self.inflight if item[0] <= now]
         self.inflight = [item for item in self.inflight if item[0] > now]
         for _, pages in sorted(done, key=lambda item: item[0]):
-            self.pool.free(pages)
+            self.pool.free_chain(pages)
 
     def load(self, now: float, speed: float) -> WorkerLoad:
         """The report the router would have at ``now`` (after :meth:`release`);

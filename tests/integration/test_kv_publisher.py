@@ -19,7 +19,7 @@ import redis
 
 from kvpool.net import free_local_ports
 from kvserve.cluster.redis import RedisConfig, RedisProcess
-from proto.kv_events import EventBatch, Stored
+from proto.kv_events import EventBatch, Removed, Stored
 from proto.kv_stream import publish_batch, stream_name
 from proto.registry import ClusterConfig, connect
 from proto.trust import new_secret
@@ -185,8 +185,12 @@ def test_only_workers_in_the_view_are_indexed(cluster: ClusterConfig) -> None:
             Outcome.SNAPSHOT
         )
         assert index.local_tokens([7, 8], 16) == {"w1": 16}
+        index.placed(["w1"], [7, 8, 9])  # this router sent it a prompt: expected at once
+        assert index.local_tokens([7, 8, 9, 10], 16) == {"w1": 48}
+        assert index.apply(EventBatch("w1", 5.0, 1, (Removed(9),))) == Outcome.APPLIED
+        assert index.local_tokens([7, 8, 9, 10], 16) == {"w1": 32}  # denied by its events
         index.sync([])  # w1 left the registry
-        assert index.local_tokens([7], 16) == {}
+        assert index.local_tokens([7, 8], 16) == {}
         await index.stop()
 
     asyncio.run(run())

@@ -122,6 +122,12 @@ def test_decode_cost_weighs_the_local_share_against_running_requests() -> None:
     assert policy.rank_decode(req, [d1, d2, d3]) == [d1, d3, d2]
     assert policy.rank_decode(PlacementRequest(1000), [d1, d2, d3]) == [d3, d2, d1]
     assert policy.decode_cost(PlacementRequest(0), d1) == 3
+    # equal costs: the fewer queued prefill tokens first (a mixed worker prefills it), then
+    # the more free pages
+    m1 = WorkerLoad("m1", "mixed", running=1, queued_prefill_tokens=4000, free_pages=90)
+    m2 = WorkerLoad("m2", "mixed", running=1, queued_prefill_tokens=0, free_pages=10)
+    m3 = WorkerLoad("m3", "mixed", running=1, queued_prefill_tokens=0, free_pages=20)
+    assert policy.rank_decode(PlacementRequest(1000), [m1, m2, m3]) == [m3, m2, m1]
 
 
 @pytest.mark.parametrize("policy", [CacheAwarePolicy(256), LeastLoadedPolicy(256)])

@@ -36,6 +36,7 @@ PURE = (
     "router/admission.py",
     "router/pending.py",
     "router/prefix_index.py",
+    "router/expected_blocks.py",
     "router/kv_wait.py",
     "router/ratio.py",
     "router/ratio_config.py",

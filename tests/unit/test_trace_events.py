@@ -41,12 +41,32 @@ def test_stored_events_arrive_when_the_prefill_ends_plus_the_lag() -> None:
     admit(w, [11, 12])
     feed.publish(w, admitted_at=0.0, prefill_end=2.0)
     feed.deliver(2.49)
-    assert feed.matched([11, 12]) == {}  # the worker is not even known yet
+    assert feed.matched([11, 12], 2.49) == {}  # the worker is not even known yet
     feed.deliver(2.5)
-    assert feed.matched([11, 12, 13]) == {"w": 2}
+    assert feed.matched([11, 12, 13], 2.5) == {"w": 2}
     assert AT_ADMISSION.arrival(1.0, 9.0) == 1.0
     with pytest.raises(ValueError, match="lag_s"):
         EventTiming(lag_s=-1.0)
+
+
+def test_placements_are_expected_until_their_events_arrive() -> None:
+    w = worker(8)
+    feed = EventFeed([w], EventTiming(lag_s=0.5))
+    admit(w, [11, 12])
+    feed.placed(["w"], [11, 12], now=0.0, prefill_end=2.0)
+    feed.publish(w, admitted_at=0.0, prefill_end=2.0)
+    feed.deliver(1.0)
+    assert feed.index.position("w") is None
+    assert feed.matched([11, 12, 13], 1.0) == {"w": 2}  # from the placement alone
+    feed.deliver(2.5)
+    assert feed.matched([11, 12, 13], 2.5) == {"w": 2}  # from the index
+    w.pool.free_chain([0, 1])
+    admit(w, [31, 32, 33, 34, 35, 36, 37, 38])  # evicts 11 and 12
+    feed.placed(["w"], [11, 12], now=3.0, prefill_end=3.0)  # no delay: nothing expected
+    feed.publish(w, admitted_at=3.0, prefill_end=3.0)
+    assert feed.matched([11, 12], 3.0) == {"w": 2}  # the eviction has not arrived
+    feed.deliver(3.5)
+    assert feed.matched([11, 12], 3.5) == {"w": 0}
 
 
 def test_a_later_batch_never_overtakes_an_earlier_one() -> None:
@@ -61,7 +81,7 @@ def test_a_later_batch_never_overtakes_an_earlier_one() -> None:
     assert feed.index.position("w") is None
     feed.deliver(2.0)
     assert feed.index.position("w") == (0.0, 1)
-    assert feed.matched([21]) == {"w": 1}
+    assert feed.matched([21], 2.0) == {"w": 1}
 
 
 def test_evictions_flow_too() -> None:
@@ -73,8 +93,8 @@ def test_evictions_flow_too() -> None:
     admit(w, [3, 4])  # takes both pages: 1 and 2 are evicted
     feed.publish(w, 1.0, 1.0)
     feed.deliver(1.0)
-    assert feed.matched([1, 2]) == {"w": 0}
-    assert feed.matched([3, 4]) == {"w": 2}
+    assert feed.matched([1, 2], 1.0) == {"w": 0}
+    assert feed.matched([3, 4], 1.0) == {"w": 2}
     assert feed.index.blocks("w") == frozenset(w.pool.cached_names()) == {3, 4}
 
 
@@ -87,7 +107,7 @@ def test_long_admissions_are_split_into_batches() -> None:
     feed.publish(w, 0.0, 0.0)
     feed.deliver(0.0)
     assert feed.index.position("w") == (0.0, 1)
-    assert feed.matched(chain) == {"w": n}
+    assert feed.matched(chain, 0.0) == {"w": n}
 
 
 def test_a_fed_worker_must_start_empty() -> None:
@@ -116,8 +136,6 @@ def test_events_without_delay_are_the_ideal_hints(workers: int, capacity: int) -
     ideal = run(trace, workers, capacity, "cache_aware+local_hints", model)
     fed = run(trace, workers, capacity, "cache_aware+events", replace(model, timing=AT_ADMISSION))
     assert fed == ideal
-    late = run(trace, workers, capacity, "cache_aware+events", model)
-    assert late != ideal  # at the prefill's end, some hints come too late
     assert run(trace, workers, capacity, "cache_aware", model) != ideal
 
 

@@ -142,10 +142,10 @@ def test_round_robin_local_caches_exact() -> None:
         4,
         3,
     ]
-    # 2 pages each: request 2 cannot cache block 3; request 4 ([7]) takes w0's least
-    # recently freed page (block 1), so request 6 misses although block 2 is still cached
+    # 2 pages each: request 2 cannot cache block 3; its pages are freed tail first, so
+    # request 4 ([7]) takes w0's page of block 2 and request 6 still hits block 1
     assert cluster(4, "round_robin", False, ROUND_ROBIN_TRACE) == [
-        0 + 0 + 2 + 2 + 0 + 2 + 0,
+        0 + 0 + 2 + 2 + 0 + 2 + 1,
         15,
         4,
         3,
