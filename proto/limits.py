@@ -191,6 +191,20 @@ def logits_processing_error(
     return next(((field, error) for field, error in errors if error), None)
 
 
+MAX_LOGPROBS = 20
+"""The most top alternatives a token's logprobs may list (OpenAI's ``top_logprobs`` and
+vLLM's default cap): each costs a top-k over the vocabulary and bytes per token."""
+
+
+def logprobs_error(field: str, count: int | None) -> str | None:
+    """Why ``count`` alternatives for ``field`` (``logprobs``, ``top_logprobs``,
+    ``prompt_logprobs``) are refused (negative or over :data:`MAX_LOGPROBS`), or ``None``
+    (``None``: not asked for)."""
+    if count is None or 0 <= count <= MAX_LOGPROBS:
+        return None
+    return f"{field} must be in [0, {MAX_LOGPROBS}], got {count}"
+
+
 def _within(value: float, low: float, high: float) -> bool:
     """``low <= value <= high`` for a finite ``value`` (NaN and infinities are outside)."""
     return math.isfinite(value) and low <= value <= high

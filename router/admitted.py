@@ -7,7 +7,7 @@ the rest of the path (:meth:`router.service.RouterService.run`, :mod:`router.flo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proto import worker_pb2 as pb
 
@@ -28,7 +28,12 @@ class AdmittedRequest:
       count from it);
     - ``stream`` / ``include_usage``: how the answer is sent;
     - ``return_token_ids``: the answer carries the prompt's and the output's token ids
-      (vLLM's extension, :class:`router.responses.Formatter`).
+      (vLLM's extension, :class:`router.responses.Formatter`);
+    - ``n``: samples of the prompt (:mod:`router.samples`); ``echo``: a completion's answer
+      starts with the prompt, ``prompt_text`` (None: the text of its ids).
+
+    Whether logprobs are wanted, and how many alternatives, is in ``params``
+    (``logprobs``; ``prompt_logprobs`` for an echo with logprobs).
     """
 
     request_id: str
@@ -41,6 +46,25 @@ class AdmittedRequest:
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
+    n: int = 1
+    echo: bool = False
+    prompt_text: str | None = None
+
+    @property
+    def logprobs(self) -> int | None:
+        """Alternatives shown per token's logprob (None: no logprobs)."""
+        return self.params.logprobs if self.params.HasField("logprobs") else None
+
+    def sample(self, index: int) -> AdmittedRequest:
+        """Sample ``index`` of ``n``: its own request id (``<id>-<index>``) and, when
+        seeded, the seed plus ``index`` (so the samples differ, each reproducibly)."""
+        if index == 0:
+            return self
+        params = pb.SamplingParams()
+        params.CopyFrom(self.params)
+        if params.HasField("seed"):
+            params.seed = (params.seed + index) % (1 << 64)
+        return replace(self, request_id=f"{self.request_id}-{index}", params=params)
 
     @property
     def max_tokens(self) -> int:

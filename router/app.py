@@ -4,14 +4,15 @@ Lifecycle of an app from :func:`create_app`:
 
 1. lifespan start: the :class:`RouterService` joins the pool for lookups (optional),
    starts watching the worker registry and (``--controller``) the P:D ratio controller;
-2. per request: with ``--api-key``, the key is checked first (401, :mod:`router.auth`; every
-   route but ``/health``, the OpenAPI docs included); then the route of its family
-   (:mod:`router.routes`). A generation request is read (413 past ``max_body_bytes``) and
-   parsed (400), then :mod:`router.prepare` checks everything else in one place (fields,
-   model, tokenization, vocabulary, length: 400, 404, 503) before any worker is called;
-   then it is placed (429 from admission control, :mod:`router.admission`) under the
-   request's cache salt (its tenant's, with ``--isolate-tenants``, and its ``cache_salt``)
-   and run as a flow (:mod:`router.routes.generation`);
+2. per request: a client's ``X-Request-Id`` is kept and echoed on every response
+   (:mod:`router.request_ids`); with ``--api-key``, the key is checked first (401,
+   :mod:`router.auth`; every route but ``/health``, the OpenAPI docs included); then the
+   route of its family (:mod:`router.routes`). A generation request is read (413 past
+   ``max_body_bytes``) and parsed (400), then :mod:`router.prepare` checks everything else
+   in one place (fields, model, tokenization, vocabulary, length: 400, 404, 503) before any
+   worker is called; then it is placed (429 from admission control, :mod:`router.admission`)
+   under the request's cache salt (its tenant's, with ``--isolate-tenants``, and its
+   ``cache_salt``) and run as a flow (:mod:`router.routes.generation`);
 3. streamed answers are server-sent events; a client that disconnects, before or after
    the first event, cancels the flow, which aborts the request on every worker;
 4. lifespan end: the registry watch stops, channels close, the pool is left.
@@ -38,9 +39,11 @@ from router import openapi
 from router.auth import ApiKeyMiddleware
 from router.config import RouterConfig
 from router.errors import APIError
+from router.request_ids import RequestIdMiddleware
 from router.routes.generation import generation_routes
 from router.routes.info import info_routes
 from router.routes.ops import ops_routes
+from router.routes.tokens import token_routes
 from router.service import RouterService
 
 log = logging.getLogger(__name__)
@@ -65,8 +68,9 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
     keys = router.api_keys
     if keys.enabled:
         app.add_middleware(ApiKeyMiddleware, keys=keys, on_reject=service.metrics.auth_failures.inc)
+    app.add_middleware(RequestIdMiddleware)
     openapi.install(app, secured=keys.enabled)
-    for routes in (generation_routes, info_routes, ops_routes):
+    for routes in (generation_routes, info_routes, ops_routes, token_routes):
         app.include_router(routes(service, keys.enabled))
     return app
 

@@ -146,11 +146,12 @@ class RequestFlow:
         self._first_token("disagg", prefill.worker_id)
         self._completion_tokens = 1
         finish = self._finish_reason(reply.finish_reason)
+        logprobs = (reply.logprob,) if reply.HasField("logprob") else ()
         if finish is not None:
             await self._involved.abort([decoder])  # nothing to decode: free the reservation now
-            yield Chunk(reply.text, (reply.first_token,), finish, self._usage())
+            yield Chunk(reply.text, (reply.first_token,), finish, self._usage(), logprobs)
             return
-        yield Chunk(reply.text, (reply.first_token,))
+        yield Chunk(reply.text, (reply.first_token,), logprobs=logprobs)
         async for chunk in self._generate_anywhere(decoder, reply.first_token):
             yield chunk
 
@@ -252,6 +253,7 @@ class RequestFlow:
         try:
             async for msg in call:
                 now = plan.clock()
+                prompt_logprobs = tuple(msg.prompt_logprobs) if awaiting_prefill else ()
                 if awaiting_prefill:
                     awaiting_prefill = False
                     self._prefilled(worker.worker_id, msg.usage)
@@ -265,7 +267,8 @@ class RequestFlow:
                 self._completion_tokens += len(msg.token_ids)
                 finish = self._finish_reason(msg.finish_reason)
                 usage = self._usage() if finish else None
-                yield Chunk(msg.text, tuple(msg.token_ids), finish, usage)
+                ids, logprobs = tuple(msg.token_ids), tuple(msg.logprobs)
+                yield Chunk(msg.text, ids, finish, usage, logprobs, prompt_logprobs)
                 if finish is not None:
                     return
         finally:

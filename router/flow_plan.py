@@ -9,7 +9,8 @@ and how an admitted request gets one (:class:`Planner`: pool lookup, placement, 
    (:meth:`LocalIndex.local_tokens`, :class:`router.kv_index.KVIndex` in the router);
    none when no worker is live;
 2. placement (:meth:`Policy.place` over the load reports plus this router's recent
-   placements, :class:`PendingLoad`): 503 when nobody can serve it;
+   placements, :class:`PendingLoad`): 503 when nobody can serve it; a request that wants
+   its prompt's logprobs is not disaggregated (its decode worker computes it whole);
 3. admission control (:func:`router.admission.admit`): 429 with ``Retry-After`` when the
    first token is predicted too late (counted per worker; nothing counted as pending);
 4. the placement noted as pending (its loads) and told to the index (the workers it goes to
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from proto import worker_pb2 as pb
@@ -142,6 +143,8 @@ class Planner:
         placement = self.policy.place(request, loads)
         if placement is None:
             raise unavailable("no decode-capable worker can take a request now")
+        if admitted.params.HasField("prompt_logprobs"):
+            placement = replace(placement, prefill=None)  # computed whole, on one worker
         rejection = admit(placement, request, loads, self.config.admission_ttft_s)
         if rejection is not None:
             self._metrics.admission_rejections.labels(rejection.worker).inc()

@@ -29,12 +29,16 @@ class Usage:
 
 @dataclass(frozen=True)
 class Chunk:
-    """New text and tokens; on the last chunk, ``finish_reason`` and ``usage`` are set."""
+    """New text and tokens; on the last chunk, ``finish_reason`` and ``usage`` are set.
+    ``logprobs``: one per token, when asked for; ``prompt_logprobs``: on the first chunk of
+    a request that asked, prompt tokens 2.. (the first has none)."""
 
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
     usage: Usage | None = None
+    logprobs: tuple[pb.TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[pb.TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,9 +97,12 @@ def sampling_params(
     frequency_penalty: float = 0.0,
     repetition_penalty: float = 1.0,
     min_tokens: int = 0,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
 ) -> pb.SamplingParams:
     """The wire form of an OpenAI request's sampling fields (top_k <= 0 means off; a
-    ``repetition_penalty`` of 1, off, is left unset)."""
+    ``repetition_penalty`` of 1, off, is left unset; ``logprobs`` / ``prompt_logprobs``
+    None: not asked for, left unset)."""
     params = pb.SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -113,6 +120,10 @@ def sampling_params(
         params.seed = seed
     if repetition_penalty != 1:
         params.repetition_penalty = repetition_penalty
+    if logprobs is not None:
+        params.logprobs = logprobs
+    if prompt_logprobs is not None:
+        params.prompt_logprobs = prompt_logprobs
     return params
 
 

@@ -19,9 +19,6 @@ REFUSED: Mapping[str, Off] = {
     "function_call": ("none", "auto"),
     "response_format": ({"type": "text"},),
     # OpenAI: what an answer carries, and how it is made
-    "logprobs": (False,),  # chat: a bool; completions: a count (any is refused)
-    "top_logprobs": (0,),
-    "echo": (False,),
     "best_of": (1,),
     "suffix": ("",),
     "audio": (),

@@ -12,9 +12,12 @@ extensions is implemented or refused, never silently dropped:
 - implemented: the declared fields; ``logit_bias``, the penalties, ``min_tokens`` and
   ``stop_token_ids`` within the limits of :mod:`proto.limits` that workers check too;
   ``return_token_ids`` (vLLM's) adds the token ids to the answer (:mod:`router.responses`);
+  ``n`` samples per prompt (up to :data:`MAX_N`); ``logprobs`` (a completion's count, a
+  chat's flag with ``top_logprobs``) and a completion's ``echo`` (with ``logprobs``: the
+  prompt tokens' logprobs too), up to :data:`proto.limits.MAX_LOGPROBS` alternatives;
 - refused: :data:`router.openai_fields.REFUSED`, fields whose value other than "off" would
-  change the output or the answer's shape (tools, structured output, logprobs, beam
-  search...): a 400 naming the field, code ``unsupported_value``. Null, or one of the
+  change the output or the answer's shape (tools, structured output, beam search,
+  ``best_of``...): a 400 naming the field, code ``unsupported_value``. Null, or one of the
   listed "off" values, passes;
 - ignored: :data:`router.openai_fields.IGNORED`, fields that do not change what is
   generated (``user``, ``store``, ``metadata``, ``service_tier``...).
@@ -35,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from proto import worker_pb2 as pb
 from proto.limits import (
     MAX_CACHE_SALT_CHARS,
+    MAX_LOGPROBS,
     MIN_TEMPERATURE,
     logit_bias_count_error,
     logits_processing_error,
@@ -50,6 +54,9 @@ TokenCount = Annotated[int, Field(ge=1, lt=1 << 32)]
 MAX_SEED = (1 << 64) - 1
 COMPLETION_MAX_TOKENS = 16
 """A completion's length when the request sets none (OpenAI's default)."""
+MAX_N = 16
+"""The most samples one request may ask for (``n``): each is a request on the workers."""
+LogprobCount = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 
 RETURN_TOKEN_IDS = (
     "vLLM's extension: if true, each choice carries token_ids, the generated ids exactly as "
@@ -84,7 +91,7 @@ class SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: TokenBiases | None = None
@@ -149,7 +156,19 @@ class SamplingFields(BaseModel):
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=self._repetition_penalty,
             min_tokens=self.min_tokens or 0,
+            logprobs=self.sample_logprobs,
+            prompt_logprobs=self.prompt_logprobs,
         )
+
+    @property
+    def sample_logprobs(self) -> int | None:
+        """Alternatives per output token's logprob (None: no logprobs)."""
+        return None
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """Alternatives per prompt token's logprob (None: none)."""
+        return None
 
     @property
     def _repetition_penalty(self) -> float:
@@ -167,8 +186,6 @@ class SamplingFields(BaseModel):
 
     def check_sampling(self) -> None:
         self._check_refused()
-        if self.n != 1:
-            raise invalid("only n=1 is supported", "n", "unsupported_value")
         if error := stop_error(self.stop_list):
             raise invalid(error, "stop", "invalid_value")
         if error := stop_token_ids_count_error(len(self.stop_token_ids or ())):
@@ -196,6 +213,10 @@ class CompletionRequest(SamplingFields):
 
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     max_tokens: TokenCount | None = COMPLETION_MAX_TOKENS
+    logprobs: LogprobCount | None = None
+    """The logprob of each output token and this many most likely alternatives."""
+    echo: bool = False
+    """The answer's text starts with the prompt's; with ``logprobs``, so do its logprobs."""
 
     refused = {**REFUSED, "add_special_tokens": (True,)}  # the prompt's text gets them
 
@@ -206,6 +227,22 @@ class CompletionRequest(SamplingFields):
     @property
     def output_limit(self) -> int:
         return COMPLETION_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+    @property
+    def sample_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
+
+    @property
+    def prompt_text(self) -> str | None:
+        """The prompt as the client wrote it, when it sent text (for ``echo``)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        return p[0] if p and isinstance(p[0], str) else None
 
     def prompt_input(self) -> str | list[int]:
         """The one prompt: text, or token ids (a batch of prompts is refused)."""
@@ -247,6 +284,9 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
+    logprobs: bool = False
+    """Each output token's logprob, with ``top_logprobs`` most likely alternatives."""
+    top_logprobs: LogprobCount | None = None
 
     refused = {**REFUSED, "add_special_tokens": (False,)}  # the template places them
 
@@ -254,6 +294,12 @@ class ChatCompletionRequest(SamplingFields):
         self.check_sampling()
         if not self.messages:
             raise invalid("messages must not be empty", "messages", "invalid_value")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise invalid("logprobs must be set to true if top_logprobs is used", "top_logprobs")
+
+    @property
+    def sample_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def output_limit(self) -> int | None:

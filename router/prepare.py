@@ -17,7 +17,7 @@ a request, in one place, before any worker is called.
    length; the output limit is ``max_tokens``, a completion's default 16, or for a chat
    what the context leaves);
 7. the tenant salt (:func:`router.auth.request_salt`) and the workers' sampling params
-   (and how the answer is sent: stream, usage, token ids).
+   (and how the answer is sent: stream, usage, token ids, ``n`` samples, echo, logprobs).
 
 The route parses the body (:func:`router.openai_parse.parse_request`, 400) and reads it
 (413) before; the flow runs the result after (:meth:`RouterService.run`).
@@ -39,6 +39,22 @@ from router.tokenizer import PromptTokenizer
 OpenAIRequest = CompletionRequest | ChatCompletionRequest
 
 
+def check_model(service: RouterService, requested: str) -> None:
+    """503 when no worker could serve a request now; 404 for another model."""
+    if not service.serving():
+        raise unavailable(
+            f"no decode-capable worker is registered in cluster {service.cluster.cluster!r}"
+        )
+    name = service.model_name()
+    if requested != name:
+        raise APIError(
+            404,
+            f"The model '{requested}' does not exist (this server serves '{name}')",
+            "model",
+            "model_not_found",
+        )
+
+
 class Preparer:
     """The checks of the module docstring, against ``service``'s workers and tokenizer."""
 
@@ -49,7 +65,7 @@ class Preparer:
         """``req`` checked and tokenized (steps 1-7 of the module docstring); ``scope``: the
         request's ASGI scope (its tenant); ``arrived_at``: when it arrived (monotonic)."""
         req.check()
-        self._check_model(req.model)
+        check_model(self.service, req.model)
         tok = await self.service.tokenizer()
         if isinstance(req, CompletionRequest):
             ids = await self._completion_ids(req, tok)
@@ -69,23 +85,10 @@ class Preparer:
             stream=req.stream,
             include_usage=req.include_usage,
             return_token_ids=bool(req.return_token_ids),
+            n=req.n,
+            echo=isinstance(req, CompletionRequest) and req.echo,
+            prompt_text=req.prompt_text if isinstance(req, CompletionRequest) else None,
         )
-
-    def _check_model(self, requested: str) -> None:
-        """503 when no worker could serve a request now; 404 for another model."""
-        service = self.service
-        if not service.serving():
-            raise unavailable(
-                f"no decode-capable worker is registered in cluster {service.cluster.cluster!r}"
-            )
-        name = service.model_name()
-        if requested != name:
-            raise APIError(
-                404,
-                f"The model '{requested}' does not exist (this server serves '{name}')",
-                "model",
-                "model_not_found",
-            )
 
     async def _completion_ids(self, req: CompletionRequest, tok: PromptTokenizer) -> list[int]:
         """The prompt's token ids (text encoded off the loop); 400 for an id outside the

@@ -13,17 +13,31 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from proto import worker_pb2 as pb
 from router.admitted import AdmittedRequest
 from router.flow_types import Chunk, Usage
+from router.logprob_format import CompletionLogprobs, TokenTexts, chat_logprobs
+from router.tokenizer import PromptTokenizer
 
 DONE = b"data: [DONE]\n\n"
 
 
 def sse(data: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def joined_usage(usages: Sequence[Usage | None]) -> Usage | None:
+    """The usage of ``n`` samples of one prompt: the prompt counted once (its cached part
+    as the first sample saw it), every sample's output."""
+    if not usages or usages[0] is None:
+        return None
+    first = usages[0]
+    output = sum(u.completion_tokens for u in usages if u is not None)
+    return Usage(first.prompt_tokens, output, first.cached_tokens)
 
 
 def usage_json(usage: Usage | None) -> dict[str, Any] | None:
@@ -48,8 +62,14 @@ class Formatter:
     prompt's ids as the router tokenized them: on the choice for a completion (streamed:
     the first chunk's choice), on the response object for a chat (streamed: the first
     chunk, the assistant role's, whose choice has no ``token_ids``). A chunk of the flow
-    with token ids and no text is sent too then, so that no id is lost. Without it the
-    bodies have neither field.
+    with token ids and no text is sent too then (and when logprobs are asked for), so that
+    no id is lost. Without it the bodies have neither field.
+
+    With ``n`` samples every choice carries its ``index``; a stream interleaves their
+    chunks. With ``logprobs`` (alternatives per token; None: off) each choice carries its
+    tokens' logprobs (:mod:`router.logprob_format`; ``token_texts`` names the tokens). A
+    completion with ``echo`` starts its text (streamed: its first chunk's) with
+    ``prompt_text`` and, with logprobs, its logprobs with the prompt's.
     """
 
     chat: bool
@@ -59,54 +79,80 @@ class Formatter:
     return_token_ids: bool = False
     prompt_token_ids: tuple[int, ...] = ()
     created: int = field(default_factory=lambda: int(time.time()))
+    logprobs: int | None = None
+    echo: bool = False
+    prompt_text: str = ""
+    token_texts: TokenTexts = field(default=lambda ids: [str(i) for i in ids])
+    _cursors: dict[int, CompletionLogprobs] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, admitted: AdmittedRequest) -> Formatter:
-        """The formatter of ``admitted``'s answer."""
-        return cls(
+    def of(cls, admitted: AdmittedRequest, tokenizer: PromptTokenizer | None = None) -> Formatter:
+        """The formatter of ``admitted``'s answer (``tokenizer`` names tokens and the
+        echoed prompt; needed for logprobs and echo)."""
+        prompt = admitted.prompt_text
+        if prompt is None and admitted.echo and tokenizer is not None:
+            prompt = tokenizer.decode(admitted.prompt_token_ids)
+        fmt = cls(
             admitted.chat,
             admitted.response_id,
             admitted.model,
             admitted.include_usage,
             admitted.return_token_ids,
             admitted.prompt_token_ids,
+            logprobs=admitted.logprobs,
+            echo=admitted.echo,
+            prompt_text=prompt or "",
         )
+        if tokenizer is not None:
+            return replace(fmt, token_texts=tokenizer.token_texts)
+        return fmt
 
-    def response(self, answer: Chunk) -> dict[str, Any]:
-        """The whole (non-streamed) answer: ``answer`` holds every chunk's text and token
-        ids joined, and the last chunk's finish reason and usage
-        (:func:`router.streaming.collect`)."""
-        choice = self._choice(answer.finish_reason)
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": answer.text}
-        else:
-            choice["text"] = answer.text
-        usage = usage_json(answer.usage)
-        body = {**self._head(streamed=False), "choices": [choice], "usage": usage}
-        self._add_ids(body, choice, answer.token_ids, with_prompt=True)
+    def response(self, answers: Sequence[Chunk]) -> dict[str, Any]:
+        """The whole (non-streamed) answer: ``answers[i]`` holds sample ``i``'s chunks
+        joined (:func:`router.streaming.collect`); the usage counts the prompt once and
+        every sample's output."""
+        choices = []
+        for index, answer in enumerate(answers):
+            choice = self._choice(answer.finish_reason, index)
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": answer.text}
+            else:
+                choice["text"] = self._echoed(answer.text, first=True)
+            self._add_logprobs(choice, answer, index, first=True)
+            self._add_ids(None, choice, answer.token_ids, with_prompt=not self.chat)
+            choices.append(choice)
+        usage = usage_json(joined_usage([a.usage for a in answers]))
+        body = {**self._head(streamed=False), "choices": choices, "usage": usage}
+        self._add_ids(body, None, None, with_prompt=self.chat)
         return body
 
-    def start_events(self) -> list[bytes]:
-        """Events before the flow's first chunk: the assistant role, for chat (with the
-        prompt's ids when asked for)."""
+    def start_events(self, n: int = 1) -> list[bytes]:
+        """Events before the flows' first chunks: each sample's assistant role, for chat
+        (with the prompt's ids when asked for)."""
         if not self.chat:
             return []
-        return [self._chunk({"role": "assistant", "content": ""}, None, None, with_prompt=True)]
+        return [
+            self._chunk({"role": "assistant", "content": ""}, None, None, i, with_prompt=True)
+            for i in range(n)
+        ]
 
-    def chunk_events(self, chunk: Chunk, first: bool = False) -> list[bytes]:
-        """Events for one chunk of the flow (``first``: the flow's first, which carries a
-        completion's prompt ids when asked for); the finishing one carries
-        ``finish_reason``. A chunk with no text and no finish reason sends nothing, unless
-        token ids were asked for and it has some (or it is a completion's first)."""
+    def chunk_events(self, chunk: Chunk, first: bool = False, index: int = 0) -> list[bytes]:
+        """Events for one chunk of sample ``index``'s flow (``first``: its first, which
+        carries a completion's prompt ids and echo when asked for); the finishing one
+        carries ``finish_reason``. A chunk with no text and no finish reason sends nothing,
+        unless token ids or logprobs were asked for and it has tokens (or it is a
+        completion's first)."""
         text, finish, ids = chunk.text, chunk.finish_reason, chunk.token_ids
-        shown = bool(text) or (self.return_token_ids and bool(ids))
+        wants_ids = self.return_token_ids or self.logprobs is not None
+        shown = bool(text) or (wants_ids and bool(ids))
         if not self.chat:
-            if shown or finish is not None or (first and self.return_token_ids):
-                return [self._chunk(text, finish, ids, with_prompt=first)]
+            if shown or finish is not None or (first and (wants_ids or self.echo)):
+                text = self._echoed(text, first)
+                return [self._chunk(text, finish, ids, index, first, chunk)]
             return []
-        events = [self._chunk({"content": text}, None, ids)] if shown else []
+        events = [self._chunk({"content": text}, None, ids, index, chunk=chunk)] if shown else []
         if finish is not None:
-            events.append(self._chunk({}, finish, ()))
+            events.append(self._chunk({}, finish, (), index))
         return events
 
     def end_events(self, usage: Usage | None) -> list[bytes]:
@@ -120,24 +166,48 @@ class Formatter:
         content: str | dict[str, Any],
         finish_reason: str | None,
         token_ids: tuple[int, ...] | None,
+        index: int,
         with_prompt: bool = False,
+        chunk: Chunk | None = None,
     ) -> bytes:
-        choice = self._choice(finish_reason)
+        choice = self._choice(finish_reason, index)
         choice["delta" if self.chat else "text"] = content
+        if chunk is not None:
+            self._add_logprobs(choice, chunk, index, first=with_prompt)
         body = {**self._head(streamed=True), "choices": [choice]}
         if self.include_usage:
             body["usage"] = None
         self._add_ids(body, choice, token_ids, with_prompt)
         return sse(body)
 
+    def _echoed(self, text: str, first: bool) -> str:
+        return self.prompt_text + text if self.echo and first else text
+
+    def _add_logprobs(self, choice: dict[str, Any], chunk: Chunk, index: int, first: bool) -> None:
+        """``choice``'s logprobs for ``chunk``'s tokens (with the echoed prompt's first)."""
+        if self.logprobs is None:
+            return
+        if self.chat:
+            choice["logprobs"] = chat_logprobs(chunk.token_ids, chunk.logprobs, self.token_texts)
+            return
+        cursor = self._cursors.setdefault(index, CompletionLogprobs(self.token_texts))
+        ids: list[int] = []
+        values: list[pb.TokenLogprob | None] = []
+        if self.echo and first:
+            ids += self.prompt_token_ids
+            values += [None, *chunk.prompt_logprobs]
+        ids += chunk.token_ids
+        values += chunk.logprobs
+        choice["logprobs"] = cursor.part(ids, values)
+
     @staticmethod
-    def _choice(finish_reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    def _choice(finish_reason: str | None, index: int) -> dict[str, Any]:
+        return {"index": index, "logprobs": None, "finish_reason": finish_reason}
 
     def _add_ids(
         self,
-        body: dict[str, Any],
-        choice: dict[str, Any],
+        body: dict[str, Any] | None,
+        choice: dict[str, Any] | None,
         token_ids: tuple[int, ...] | None,
         with_prompt: bool,
     ) -> None:
@@ -145,10 +215,11 @@ class Formatter:
         with ``with_prompt`` the prompt's ids, where vLLM places them (class docstring)."""
         if not self.return_token_ids:
             return
-        if token_ids is not None:
+        if choice is not None and token_ids is not None:
             choice["token_ids"] = list(token_ids)
-        if with_prompt:
-            (body if self.chat else choice)["prompt_token_ids"] = list(self.prompt_token_ids)
+        where = body if self.chat else choice
+        if with_prompt and where is not None:
+            where["prompt_token_ids"] = list(self.prompt_token_ids)
 
     def _head(self, streamed: bool) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"

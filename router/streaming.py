@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 
 from router.errors import APIError
-from router.flow_types import Chunk
-from router.responses import DONE, Formatter, sse
+from router.flow_types import Chunk, Usage
+from router.responses import DONE, Formatter, joined_usage, sse
+from router.samples import Sample
 
 T = TypeVar("T")
 
@@ -51,35 +52,53 @@ async def until_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
                     await pending
 
 
-async def collect(chunks: AsyncIterator[Chunk]) -> Chunk:
-    """The whole answer as one chunk: every chunk's text and token ids joined, in order,
-    with the last chunk's finish reason and usage."""
-    texts: list[str] = []
-    ids: list[int] = []
-    last = Chunk("", ())
-    async for last in chunks:
-        texts.append(last.text)
-        ids.extend(last.token_ids)
-    return Chunk("".join(texts), tuple(ids), last.finish_reason, last.usage)
+def join(chunks: Sequence[Chunk]) -> Chunk:
+    """One sample's whole answer as one chunk: every chunk's text, token ids and logprobs
+    joined, in order, with the first chunk's prompt logprobs and the last one's finish
+    reason and usage."""
+    if not chunks:
+        return Chunk("", ())
+    logprobs = tuple(lp for c in chunks for lp in c.logprobs)
+    return Chunk(
+        "".join(c.text for c in chunks),
+        tuple(t for c in chunks for t in c.token_ids),
+        chunks[-1].finish_reason,
+        chunks[-1].usage,
+        logprobs,
+        chunks[0].prompt_logprobs,
+    )
+
+
+async def collect(samples: AsyncIterator[Sample], n: int = 1) -> list[Chunk]:
+    """Each of the ``n`` samples' whole answer (:func:`join`), by index."""
+    parts: list[list[Chunk]] = [[] for _ in range(n)]
+    async for index, chunk in samples:
+        parts[index].append(chunk)
+    return [join(p) for p in parts]
 
 
 async def sse_events(
-    first: Chunk, rest: AsyncIterator[Chunk], fmt: Formatter
+    first: Sample, rest: AsyncIterator[Sample], fmt: Formatter, n: int = 1
 ) -> AsyncIterator[bytes]:
-    """Events for ``first`` then every chunk of ``rest``; a failure after the response
-    started becomes an error event (OpenAI's error body), then ``[DONE]``."""
-    for event in fmt.start_events():
+    """Events for ``first`` then every chunk of ``rest`` (``n`` samples interleaved); a
+    failure after the response started becomes an error event (OpenAI's error body), then
+    ``[DONE]``. The usage, when asked for, counts every sample's output."""
+    for event in fmt.start_events(n):
         yield event
-    chunk = first
+    usages: list[Usage | None] = [None] * n
+    seen: set[int] = set()
     try:
-        for event in fmt.chunk_events(first, first=True):
-            yield event
-        async for chunk in rest:
-            for event in fmt.chunk_events(chunk):
+        item: Sample | None = first
+        while item is not None:
+            index, chunk = item
+            for event in fmt.chunk_events(chunk, first=index not in seen, index=index):
                 yield event
+            seen.add(index)
+            usages[index] = chunk.usage or usages[index]
+            item = await anext(rest, None)
     except APIError as exc:
         yield sse(exc.body())
         yield DONE
         return
-    for event in fmt.end_events(chunk.usage):
+    for event in fmt.end_events(joined_usage(usages)):
         yield event

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, TypeVarTuple
 
@@ -39,8 +39,17 @@ class PromptTokenizer:
         self._tok: Any = load_tokenizer(model_dir)
         self.vocab_size = len(self._tok)
 
-    def encode(self, text: str) -> list[int]:
-        return [int(t) for t in self._tok.encode(text, add_special_tokens=True)]
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [int(t) for t in self._tok.encode(text, add_special_tokens=add_special_tokens)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (special tokens kept: a prompt is shown as it was)."""
+        return str(self._tok.decode(list(ids), skip_special_tokens=False))
+
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """Each id's own text (decoded alone: a piece of a multi-byte character shows as
+        U+FFFD, as in vLLM's logprobs)."""
+        return [str(t) for t in self._tok.batch_decode([[i] for i in ids])]
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of ``messages`` under the model's chat template, ready for the answer."""

@@ -83,8 +83,9 @@ class BlockManager:
         return self.pool.num_free
 
     def match_prefix(self, seq: Sequence) -> PrefixHit:
-        """``seq``'s longest cached prefix; nothing is taken yet."""
-        if not self.prefix_caching:
+        """``seq``'s longest cached prefix (none when it does not reuse prefixes:
+        :attr:`Sequence.reuses_prefix`); nothing is taken yet."""
+        if not self.prefix_caching or not seq.reuses_prefix:
             return PrefixHit([], [])
         blocks: list[int] = []
         hashes: list[int] = []
@@ -185,7 +186,7 @@ class BlockManager:
         so the next :meth:`match_prefix` takes them like any local hit. Returns the number of
         blocks loaded. Never takes more pages than are free.
         """
-        if not self.prefix_caching or seq.num_computed_tokens:
+        if not self.prefix_caching or seq.num_computed_tokens or not seq.reuses_prefix:
             return 0
         hashes = self.hasher.chain(
             seq.token_ids[: seq.num_tokens - 1], self.block_tokens, self.root(seq)

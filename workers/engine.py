@@ -46,7 +46,7 @@ from workers.request_book import RequestBook
 from workers.request_checks import check_params, check_resumed, check_token_ids
 from workers.request_table import RequestTable
 from workers.scheduler import Scheduler
-from workers.sequence import FinishReason, SamplingParams, Sequence
+from workers.sequence import FinishReason, SamplingParams, Sequence, TokenLogprob
 from workers.step_exec import execute_contained
 from workers.step_log import StepLog
 
@@ -261,9 +261,11 @@ class Engine:
         outputs = [self._fail(seq, error) for seq, error in done.sampled.failed]
         batch.entries = [entry for entry in batch.entries if not entry.seq.is_finished]
         self.scheduler.update(batch)
-        tokens = done.sampled.tokens
-        outputs += [self._append(s, t) for s, t in zip(done.sampled.seqs, tokens, strict=True)]
-        self.stats.record_step(prompt_tokens > 0, len(tokens), time.perf_counter() - t0)
+        s = done.sampled
+        for seq, logprobs in s.prompt_logprobs:
+            seq.prompt_logprobs.extend(logprobs)
+        outputs += [self._append(*new) for new in zip(s.seqs, s.tokens, s.logprobs, strict=True)]
+        self.stats.record_step(prompt_tokens > 0, len(s.tokens), time.perf_counter() - t0)
         self.stats.preemptions = self.scheduler.num_preemptions
         if self.step_log is not None and shape is not None:
             self.step_log.record(shape, time.perf_counter() - started)
@@ -274,11 +276,11 @@ class Engine:
         self._end(seq, FinishReason.ABORT)
         return self.book.failed(seq, error)
 
-    def _append(self, seq: Sequence, token: int) -> RequestOutput:
+    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         """``seq``'s output for its new ``token``; a request that raises here (e.g. in
         detokenization) fails alone."""
         try:
-            out = self.book.output(seq, token)
+            out = self.book.output(seq, token, logprob)
         except Exception as exc:
             log.exception("finishing the step failed for %s; it fails alone", seq.request_id)
             return self._fail(seq, describe(exc))

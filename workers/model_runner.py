@@ -8,7 +8,9 @@
    ``min_tokens``, penalties; the EOS ids the runner was given are what ``min_tokens``
    holds back). A row whose processing or sampling fails fails alone: the batch is
    processed and sampled again row by row from the same logits (seeded generators rewound
-   first), so its neighbours get exactly the tokens they would have got.
+   first), so its neighbours get exactly the tokens they would have got. Requests that
+   asked get the raw logprobs of their sampled tokens, and of the prompt tokens each
+   prefill chunk predicted (:mod:`workers.logprobs`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import torch
 from workers.block_tables import BlockTables
 from workers.kv_cache import KVCache
 from workers.logits_processors import process
+from workers.logprobs import PromptRows, plan_prompt_rows, prompt_logprobs, sampled_logprobs
 from workers.model.attention import AttentionBatch
 from workers.model.llama import LlamaModel
 from workers.model.rope import RotaryTable
 from workers.sampling import make_generator, sample
 from workers.scheduler import BatchEntry, ScheduledBatch
-from workers.sequence import Sequence
+from workers.sequence import Sequence, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +43,24 @@ def describe(exc: BaseException) -> str:
 
 @dataclass
 class Sampled:
-    """One step's samples: ``tokens[i]`` is ``seqs[i]``'s new token; ``failed`` holds the
-    sequences whose sampling failed, with the reason (they got no token)."""
+    """One step's samples: ``tokens[i]`` is ``seqs[i]``'s new token (``logprobs[i]`` its
+    logprob, None unless asked for); ``failed`` holds the sequences whose sampling failed,
+    with the reason (they got no token); ``prompt_logprobs``: the prompt logprobs each
+    sequence that wants them got this step, in prompt order."""
 
     seqs: list[Sequence] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     failed: list[tuple[Sequence, str]] = field(default_factory=list)
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    prompt_logprobs: list[tuple[Sequence, list[TokenLogprob]]] = field(default_factory=list)
+
+    def merge(self, other: Sampled) -> None:
+        """Append ``other``'s results (a sub-step of the same batch) to these."""
+        self.seqs += other.seqs
+        self.tokens += other.tokens
+        self.failed += other.failed
+        self.logprobs += other.logprobs
+        self.prompt_logprobs += other.prompt_logprobs
 
 
 @dataclass
@@ -55,6 +70,7 @@ class PreparedStep:
     attention: AttentionBatch
     logits_rows: torch.Tensor
     sampled: list[Sequence]
+    prompt_rows: list[PromptRows] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -117,11 +133,14 @@ class ModelRunner:
         ids: list[int] = []
         rows: list[int] = []
         sampled: list[Sequence] = []
+        prompt_rows: list[PromptRows] = []
         table_rows: list[int] = []
         query_lens: list[int] = []
         context_lens: list[int] = []
         for seq, n in order:
             start = seq.num_computed_tokens
+            if (plan := plan_prompt_rows(seq, start, n, len(ids))) is not None:
+                prompt_rows.append(plan)
             ids.extend(seq.token_ids[start : start + n])
             table_rows.append(self.tables.row(seq))
             query_lens.append(n)
@@ -159,6 +178,7 @@ class ModelRunner:
             attention,
             torch.tensor(rows, dtype=torch.long).to(to),
             sampled,
+            prompt_rows,
         )
 
     @torch.inference_mode()
@@ -173,11 +193,15 @@ class ModelRunner:
         hidden = self.model(
             step.input_ids, step.positions, self.rope, self.kv.layers, step.attention, on_layer
         )
+        prompt = prompt_logprobs(hidden, step.prompt_rows, self.model.logits)
         if not step.sampled:
-            return Sampled()
+            return Sampled(prompt_logprobs=prompt)
         logits = self.model.logits(hidden[step.logits_rows])
         self.last_logits = logits
-        return self._sample(logits, step.sampled)
+        result = self._sample(logits, step.sampled)
+        result.logprobs = sampled_logprobs(logits, step.sampled, result.seqs, result.tokens)
+        result.prompt_logprobs = prompt
+        return result
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
         """Sample every row at once; if that fails, row by row (see the module docstring)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from workers.kv_transfer import Transfer
 from workers.model.prepare import default_model_dir
-from workers.sequence import FinishReason
+from workers.sequence import FinishReason, TokenLogprob
 
 
 @dataclass
@@ -31,6 +31,11 @@ class RequestOutput:
     error: str | None = None
     """Set when the engine failed on this request alone (it is finished, ``abort``); the
     other requests of its step went on (:mod:`workers.step_exec`)."""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """One per new token, when the request asked (``SamplingParams.logprobs``)."""
+    prompt_logprobs: list[TokenLogprob] | None = None
+    """On the request's first output, when it asked (``SamplingParams.prompt_logprobs``):
+    prompt tokens 2.. (the first has none)."""
 
 
 @dataclass

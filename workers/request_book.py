@@ -12,7 +12,7 @@ from __future__ import annotations
 from workers.detokenizer import IncrementalText
 from workers.kv_transfer import Transfer
 from workers.outputs import EngineStats, RequestOutput
-from workers.sequence import FinishReason, Sequence
+from workers.sequence import FinishReason, Sequence, TokenLogprob
 from workers.tokenizer import Tokenizer
 
 
@@ -54,9 +54,14 @@ class RequestBook:
                 mine.add(Transfer(step.bytes * count // total, step.seconds, step.exposed_seconds))
         self.stats.kv_write.add(step)
 
-    def output(self, seq: Sequence, token: int) -> RequestOutput:
-        """Append ``token`` to ``seq`` and say what it released and whether it finished."""
-        if seq.num_output_tokens == 0:
+    def output(
+        self, seq: Sequence, token: int, logprob: TokenLogprob | None = None
+    ) -> RequestOutput:
+        """Append ``token`` (of raw logprob ``logprob``, when asked for) to ``seq`` and say
+        what it released and whether it finished; the first output carries the prompt's
+        logprobs, when asked for."""
+        first = seq.num_output_tokens == 0
+        if first:
             self.stats.prompt_tokens_cached += seq.num_cached_tokens
             self.stats.prompt_tokens_from_pool += seq.num_pool_hit_tokens
         seq.token_ids.append(token)
@@ -81,6 +86,10 @@ class RequestBook:
             text=text,
             text_delta=delta,
             transfer=self._transfers.get(seq.request_id),
+            logprobs=[logprob] if logprob is not None else [],
+            prompt_logprobs=list(seq.prompt_logprobs)
+            if first and seq.params.prompt_logprobs is not None
+            else None,
         )
 
     @staticmethod

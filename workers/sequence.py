@@ -20,9 +20,20 @@ from types import MappingProxyType
 from proto.limits import (
     MIN_TEMPERATURE,
     logits_processing_error,
+    logprobs_error,
     stop_error,
     stop_token_ids_count_error,
 )
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's logprob and the ``k`` most likely tokens at its position, best first
+    (:func:`workers.logprobs.token_logprobs`)."""
+
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
 
 
 class SeqStatus(enum.Enum):
@@ -61,6 +72,12 @@ class SamplingParams:
     ``frequency_penalty`` are subtracted per output token (OpenAI's formula). Ranges and
     caps: :func:`proto.limits.logits_processing_error`. Token ids of ``logit_bias`` are
     checked against the model's vocabulary by the engine, which knows it.
+
+    ``logprobs``: each output token comes with its logprob and this many top alternatives
+    (:mod:`workers.logprobs`); ``prompt_logprobs``: so does each prompt token after the
+    first, and the prompt is computed whole (no prefix-cache hit, local or pooled, since a
+    cached position has no logits). ``None``: not asked for; at most
+    :data:`proto.limits.MAX_LOGPROBS`.
     """
 
     max_tokens: int = 16
@@ -76,6 +93,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -98,6 +117,9 @@ class SamplingParams:
             max_tokens=self.max_tokens,
         ):
             raise ValueError(refused[1])
+        for name in ("logprobs", "prompt_logprobs"):
+            if error := logprobs_error(name, getattr(self, name)):
+                raise ValueError(error)
         # a read-only copy: the params stay as validated whatever the caller does with its dict
         object.__setattr__(self, "logit_bias", MappingProxyType(dict(self.logit_bias)))
 
@@ -140,6 +162,9 @@ class Sequence:
     arrival_step: int = 0
     handoff: bool = False
     """Prefill only: end after the first token and leave the prompt's KV in the pool."""
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    """Logprobs of prompt tokens 2.. (``params.prompt_logprobs``), filled as the prefill's
+    chunks run; index ``i`` is the token at position ``i + 1``."""
     hash_root: int | None = None
     """Parent of the first block's hash: the root of the request's cache salt
     (:meth:`kvpool.hashing.PrefixHasher.root`; ``None``: the unsalted root); requests with
@@ -170,6 +195,12 @@ class Sequence:
     def num_pool_hit_tokens(self) -> int:
         """Tokens of the current prefix hit that came from the shared pool."""
         return min(self.num_pool_tokens, self.num_cached_tokens)
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """Whether cached KV may stand in for its prompt (not when its prompt's logprobs
+        are wanted: a cached position has no logits)."""
+        return self.params.prompt_logprobs is None
 
     @property
     def is_finished(self) -> bool:

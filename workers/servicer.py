@@ -41,7 +41,14 @@ from workers.rpc_edge import (
     lease_seconds,
     request_error,
 )
-from workers.wire import finish_reason, load_report, sampling_params, transfer, usage
+from workers.wire import (
+    finish_reason,
+    load_report,
+    logprobs,
+    sampling_params,
+    transfer,
+    usage,
+)
 
 log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -169,6 +176,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             finish_reason=finish_reason(out.finish_reason),
             usage=usage(out),
             transfer=transfer(out.transfer),
+            logprob=logprobs(out.logprobs)[0] if out.logprobs else None,
         )
 
     async def Generate(
@@ -195,6 +203,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     token_ids=out.new_token_ids,
                     text=out.text_delta,
                     finish_reason=finish_reason(out.finish_reason),
+                    logprobs=logprobs(out.logprobs),
+                    prompt_logprobs=logprobs(out.prompt_logprobs or ()),
                 )
                 if first_chunk:
                     chunk.usage.CopyFrom(usage(out))

@@ -34,9 +34,7 @@ class Executed:
     """``(transfer, owners)`` per step written (owners: request id -> its blocks)."""
 
     def merge(self, other: Executed) -> None:
-        self.sampled.seqs += other.sampled.seqs
-        self.sampled.tokens += other.sampled.tokens
-        self.sampled.failed += other.sampled.failed
+        self.sampled.merge(other.sampled)
         self.writes += other.writes
 
 

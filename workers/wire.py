@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from proto import worker_pb2 as pb
 from proto.finish import wire_finish
 from proto.limits import logit_bias_count_error, stop_count_error, stop_token_ids_count_error
 from workers.engine_info import EngineLoad
 from workers.kv_transfer import Transfer
 from workers.outputs import RequestOutput
-from workers.sequence import FinishReason, SamplingParams
+from workers.sequence import FinishReason, SamplingParams, TokenLogprob
 
 
 def sampling_params(msg: pb.SamplingParams) -> SamplingParams:
@@ -37,7 +39,17 @@ def sampling_params(msg: pb.SamplingParams) -> SamplingParams:
         frequency_penalty=msg.frequency_penalty,
         repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
         min_tokens=msg.min_tokens,
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
     )
+
+
+def logprobs(items: Iterable[TokenLogprob]) -> list[pb.TokenLogprob]:
+    """The wire form of tokens' logprobs."""
+    return [
+        pb.TokenLogprob(logprob=lp.logprob, top_ids=lp.top_ids, top_logprobs=lp.top_logprobs)
+        for lp in items
+    ]
 
 
 def finish_reason(reason: FinishReason | None) -> pb.FinishReason.ValueType:

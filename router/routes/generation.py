@@ -10,6 +10,7 @@ aborts the request on every worker.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from fastapi import APIRouter
@@ -19,14 +20,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from router import openapi
 from router.admitted import AdmittedRequest
 from router.errors import APIError
-from router.flow_types import Chunk
 from router.openai_models import ChatCompletionRequest, CompletionRequest
 from router.openai_parse import parse_request
 from router.openapi import GENERATION_ERRORS, GENERATION_OK, openapi_body
 from router.prepare import Preparer
+from router.request_ids import given_request_id
 from router.responses import Formatter
+from router.samples import Sample, start_samples
 from router.service import RouterService
 from router.streaming import ClientGoneError, collect, sse_events, until_disconnected
+
+log = logging.getLogger(__name__)
 
 
 def generation_routes(service: RouterService, secured: bool) -> APIRouter:
@@ -78,16 +82,24 @@ def _too_large(limit: int) -> APIError:
 
 
 async def answer(request: Request, service: RouterService, admitted: AdmittedRequest) -> Response:
-    """Place and run ``admitted``; stream it or answer it whole. Errors of placement are
-    the route's (counted as rejected); errors from the flow were counted by the flow."""
-    chunks = await service.run(admitted)
-    fmt = Formatter.of(admitted)
+    """Place and run ``admitted``'s samples (:mod:`router.samples`); stream them or answer
+    them whole. Errors of placement are the route's (counted as rejected); errors from a
+    flow were counted by the flow."""
+    given = given_request_id(request.scope)
+    if given is not None:
+        log.info("request %s has the client's X-Request-Id %r", admitted.request_id, given)
+    headers = {"X-Request-Id": given or admitted.request_id}
+    named = admitted.logprobs is not None or admitted.echo
+    tokenizer = await service.tokenizer() if named else None
+    samples = await start_samples(service, admitted)
+    fmt = Formatter.of(admitted, tokenizer)
     try:
         if not admitted.stream:
-            whole = await until_disconnected(request, collect(chunks))
-            return JSONResponse(fmt.response(whole))
-        first: Chunk = await until_disconnected(request, anext(chunks))
+            whole = await until_disconnected(request, collect(samples, admitted.n))
+            return JSONResponse(fmt.response(whole), headers=headers)
+        first: Sample = await until_disconnected(request, anext(samples))
     except ClientGoneError:
+        await samples.aclose()
         return Response(status_code=499)
     except APIError as exc:
         exc.counted = True  # by the flow
@@ -95,7 +107,7 @@ async def answer(request: Request, service: RouterService, admitted: AdmittedReq
     except StopAsyncIteration:
         raise APIError(502, "the worker returned nothing") from None
     return StreamingResponse(
-        sse_events(first, chunks, fmt),
+        sse_events(first, samples, fmt, admitted.n),
         media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Request-Id": admitted.request_id},
+        headers={"Cache-Control": "no-cache", **headers},
     )

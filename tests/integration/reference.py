@@ -37,3 +37,10 @@ def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) -> list[i
 def hf_last_logits(model_dir: Path, prompt: list[int]) -> torch.Tensor:
     """fp32 logits at the last prompt position."""
     return hf_model(model_dir)(torch.tensor([prompt])).logits[0, -1].float()  # type: ignore[no-any-return]
+
+
+@torch.inference_mode()
+def hf_logprobs(model_dir: Path, ids: list[int]) -> torch.Tensor:
+    """transformers' log-softmax (fp32) at every position of ``ids`` ``[len, vocab]``."""
+    logits = hf_model(model_dir)(torch.tensor([ids])).logits[0].float()
+    return logits.log_softmax(dim=-1)  # type: ignore[no-any-return]

@@ -121,9 +121,10 @@ def test_chat_plain_and_streamed(harness: Harness, default_model_dir: Path) -> N
 def test_errors_in_openai_format(harness: Harness) -> None:
     client = harness.client()
     with pytest.raises(openai.BadRequestError) as bad:
-        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, n=2)
-    assert bad.value.body == {"message": "only n=1 is supported", "type": "invalid_request_error",
-                              "param": "n", "code": "unsupported_value"}  # fmt: skip
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, best_of=2)
+    assert bad.value.body == {"message": "best_of is not supported (only 1)",
+                              "type": "invalid_request_error", "param": "best_of",
+                              "code": "unsupported_value"}  # fmt: skip
     with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="other", prompt="hi", max_tokens=2)
     assert missing.value.code == "model_not_found"

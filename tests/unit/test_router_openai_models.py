@@ -137,9 +137,10 @@ def test_cache_salt() -> None:
 
 def test_unsupported_features() -> None:
     cases: list[tuple[Any, dict[str, Any], str]] = [
-        (completion, {"prompt": "x", "n": 2}, "n"),
-        (completion, {"prompt": "x", "echo": True}, "echo"),
-        (completion, {"prompt": "x", "logprobs": 2}, "logprobs"),
+        (completion, {"prompt": "x", "n": 17}, "n"),
+        (completion, {"prompt": "x", "n": 0}, "n"),
+        (completion, {"prompt": "x", "logprobs": 21}, "logprobs"),
+        (completion, {"prompt": "x", "echo": 1}, "echo"),
         (completion, {"prompt": "x", "best_of": 3}, "best_of"),
         (completion, {"prompt": ["a", "b"]}, "prompt"),
         (completion, {"prompt": []}, "prompt"),
@@ -147,9 +148,9 @@ def test_unsupported_features() -> None:
         (chat, {"tool_choice": "required"}, "tool_choice"),
         (chat, {"response_format": {"type": "json_object"}}, "response_format"),
         (completion, {"prompt": "x", "stop": ["", "a"]}, "stop"),
-        (chat, {"n": 3}, "n"),
         (chat, {"messages": []}, "messages"),
-        (chat, {"logprobs": True}, "logprobs"),
+        (chat, {"top_logprobs": 2}, "top_logprobs"),
+        (chat, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         (chat, {"tools": [{"type": "function"}]}, "tools"),
     ]
     for fn, fields, param in cases:
@@ -157,12 +158,28 @@ def test_unsupported_features() -> None:
         assert status == 400, fields
         assert body["error"]["param"] == param, fields
         assert body["error"]["type"] == "invalid_request_error"
-    assert error_of(completion, prompt="x", n=2)[1]["error"] == {
-        "message": "only n=1 is supported",
+    assert error_of(chat, top_logprobs=2)[1]["error"] == {
+        "message": "logprobs must be set to true if top_logprobs is used",
         "type": "invalid_request_error",
-        "param": "n",
-        "code": "unsupported_value",
+        "param": "top_logprobs",
+        "code": None,
     }
+
+
+def test_logprobs_echo_and_n_reach_the_wire() -> None:
+    """A completion's ``logprobs`` count is each output token's; with ``echo`` the prompt's
+    too; a chat's ``top_logprobs`` counts only with ``logprobs``; ``n`` is the request's."""
+    plain = completion(prompt="x").wire_params(4)
+    assert not plain.HasField("logprobs") and not plain.HasField("prompt_logprobs")
+    req = completion(prompt="x", logprobs=0, n=3)
+    wire = req.wire_params(4)
+    assert (wire.logprobs, wire.HasField("prompt_logprobs"), req.n) == (0, False, 3)
+    echoed = completion(prompt="x", logprobs=5, echo=True).wire_params(4)
+    assert (echoed.logprobs, echoed.prompt_logprobs) == (5, 5)
+    assert not completion(prompt="x", echo=True).wire_params(4).HasField("prompt_logprobs")
+    assert chat(logprobs=True, top_logprobs=20).wire_params(4).logprobs == 20
+    assert chat(logprobs=True).wire_params(4).logprobs == 0
+    assert not chat(logprobs=False).wire_params(4).HasField("logprobs")
 
 
 def test_stop_limits() -> None:
@@ -331,8 +348,6 @@ REALISTIC_REFUSALS: list[tuple[str, Any]] = [
     ("functions", [{"name": "f"}]),
     ("function_call", {"name": "f"}),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
-    ("logprobs", True),
-    ("top_logprobs", 3),
     ("modalities", ["text", "audio"]),
     ("audio", {"voice": "alloy", "format": "wav"}),
     ("reasoning_effort", "high"),
@@ -341,7 +356,6 @@ REALISTIC_REFUSALS: list[tuple[str, Any]] = [
     ("guided_json", {"type": "object"}),
     ("skip_special_tokens", False),
     ("add_generation_prompt", False),
-    ("echo", True),
     ("best_of", 2),
     ("priority", 1),
 ]
@@ -366,7 +380,7 @@ def test_every_refused_field_passes_when_off_and_fails_when_on(name: str) -> Non
 
 def test_off_values_keep_their_json_type() -> None:
     """``0`` is not ``false``, nor ``"1"`` a ``1``."""
-    assert error_of(chat, logprobs=0)[1]["error"]["param"] == "logprobs"
+    assert error_of(chat, logprobs=0)[1]["error"]["param"] == "logprobs"  # strict: a bool
     assert error_of(completion, prompt="x", best_of="1")[1]["error"]["param"] == "best_of"
     assert chat(min_p=0, length_penalty=1.0, tool_choice="auto", tools=[], logprobs=False)
 

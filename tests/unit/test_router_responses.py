@@ -32,9 +32,9 @@ def formatter(chat: bool, ids: bool, usage: bool = False) -> Formatter:
     return Formatter(chat, "id-1", "m", usage, return_token_ids=ids, prompt_token_ids=PROMPT)
 
 
-async def _chunks(chunks: Sequence[Chunk]) -> AsyncIterator[Chunk]:
+async def _chunks(chunks: Sequence[Chunk]) -> AsyncIterator[tuple[int, Chunk]]:
     for chunk in chunks:
-        yield chunk
+        yield 0, chunk
 
 
 def streamed(fmt: Formatter, chunks: Sequence[Chunk] = CHUNKS) -> list[dict[str, Any]]:
@@ -42,7 +42,7 @@ def streamed(fmt: Formatter, chunks: Sequence[Chunk] = CHUNKS) -> list[dict[str,
 
     async def run() -> list[bytes]:
         rest = _chunks(chunks[1:])
-        return [event async for event in sse_events(chunks[0], rest, fmt)]
+        return [event async for event in sse_events((0, chunks[0]), rest, fmt)]
 
     events = asyncio.run(run())
     assert events[-1] == b"data: [DONE]\n\n"
@@ -54,7 +54,7 @@ def whole(fmt: Formatter) -> dict[str, Any]:
 
 
 def test_collect_joins_every_chunks_text_and_ids() -> None:
-    answer = asyncio.run(collect(_chunks(CHUNKS)))
+    (answer,) = asyncio.run(collect(_chunks(CHUNKS)))
     assert answer == Chunk("Hello you", tuple(IDS), "length", USAGE)
 
 
