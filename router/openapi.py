@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from router.auth import OPEN_PATHS
 from router.openai_models import ChatCompletionRequest, CompletionRequest
+from router.token_models import DetokenizeRequest, TokenizeRequest
 
 SCHEMA_REF = "#/components/schemas/{model}"
 SECURITY_SCHEME = "apiKey"
@@ -47,7 +48,12 @@ HEADERS = {
         }
     },
 }
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (CompletionRequest, ChatCompletionRequest)
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    CompletionRequest,
+    ChatCompletionRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
+)
 GENERATION_ERRORS = (400, 404, 413, 429, 500, 502, 503, 504)
 
 

@@ -12,33 +12,21 @@ tokens included). Both check the model name (404) and the ids against the vocabu
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 
 from router import openapi
 from router.errors import invalid
-from router.openai_models import ChatMessage, TokenId
 from router.openai_parse import parse_request
 from router.prepare import check_model
 from router.routes.generation import read_body
 from router.service import RouterService
+from router.token_models import DetokenizeRequest, TokenizeRequest
 
-
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-    model: str
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
-
-
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-    model: str
-    tokens: Annotated[list[TokenId], Field(max_length=1 << 20)]
+TOKEN_ERRORS = (400, 404, 413, 503)
+JSON_OK = {"application/json": {"schema": {"type": "object"}}}
 
 
 def package_version() -> str:
@@ -53,9 +41,11 @@ def token_routes(service: RouterService, secured: bool) -> APIRouter:
     """The three routes of the module docstring (behind the API keys when ``secured``)."""
     routes = APIRouter()
     limit = service.config.max_body_bytes
-    documented = openapi.responses((), secured)
+    documented = openapi.responses(TOKEN_ERRORS, secured, JSON_OK)
 
-    @routes.post("/tokenize", responses=documented)
+    @routes.post(
+        "/tokenize", responses=documented, openapi_extra=openapi.openapi_body(TokenizeRequest)
+    )
     async def tokenize(request: Request) -> dict[str, Any]:
         req = parse_request(TokenizeRequest, await read_body(request, limit))
         check_model(service, req.model)
@@ -73,7 +63,9 @@ def token_routes(service: RouterService, secured: bool) -> APIRouter:
             ids = await service.tokenizers.off_loop(tok.encode, req.prompt, req.add_special_tokens)
         return {"count": len(ids), "max_model_len": service.max_model_len(), "tokens": ids}
 
-    @routes.post("/detokenize", responses=documented)
+    @routes.post(
+        "/detokenize", responses=documented, openapi_extra=openapi.openapi_body(DetokenizeRequest)
+    )
     async def detokenize(request: Request) -> dict[str, Any]:
         req = parse_request(DetokenizeRequest, await read_body(request, limit))
         check_model(service, req.model)
@@ -82,7 +74,7 @@ def token_routes(service: RouterService, secured: bool) -> APIRouter:
             raise invalid(f"token ids must be below {tok.vocab_size}", "tokens", "invalid_value")
         return {"prompt": await service.tokenizers.off_loop(tok.decode, req.tokens)}
 
-    @routes.get("/version", responses=documented)
+    @routes.get("/version", responses=openapi.responses((), secured, JSON_OK))
     async def get_version() -> dict[str, str]:
         return {"version": package_version()}
 
