@@ -9,8 +9,8 @@ a request, in one place, before any worker is called.
 2. the model: 503 when no decode-capable worker is registered, 404 for another model;
 3. the tokenizer (:meth:`RouterService.tokenizer`: 503 without ``--tokenizer-dir``);
 4. the prompt, tokenized off the event loop (:meth:`TokenizerSlot.off_loop`): a
-   completion's text with :meth:`PromptTokenizer.encode` (its token ids as given), a chat's
-   messages with :meth:`PromptTokenizer.encode_chat` (400 ``messages`` when the template
+   completion's text with :meth:`Tokenizer.encode` (its token ids as given), a chat's
+   messages with :meth:`Tokenizer.encode_chat` (400 ``messages`` when the template
    refuses them);
 5. a completion's token ids against the vocabulary (400 ``prompt``);
 6. the length (400 for an empty prompt, or prompt + output past the model's context
@@ -29,12 +29,12 @@ import uuid
 
 from starlette.types import Scope
 
+from proto.tokenization import Tokenizer
 from router.admitted import AdmittedRequest
 from router.auth import request_salt
 from router.errors import APIError, invalid, unavailable
 from router.openai_models import ChatCompletionRequest, CompletionRequest
 from router.service import RouterService
-from router.tokenizer import PromptTokenizer
 
 OpenAIRequest = CompletionRequest | ChatCompletionRequest
 
@@ -90,7 +90,7 @@ class Preparer:
             prompt_text=req.prompt_text if isinstance(req, CompletionRequest) else None,
         )
 
-    async def _completion_ids(self, req: CompletionRequest, tok: PromptTokenizer) -> list[int]:
+    async def _completion_ids(self, req: CompletionRequest, tok: Tokenizer) -> list[int]:
         """The prompt's token ids (text encoded off the loop); 400 for an id outside the
         vocabulary."""
         ids = req.prompt_input()
@@ -100,7 +100,7 @@ class Preparer:
             raise invalid(f"token ids must be below {tok.vocab_size}", "prompt", "invalid_value")
         return ids
 
-    async def _chat_ids(self, req: ChatCompletionRequest, tok: PromptTokenizer) -> list[int]:
+    async def _chat_ids(self, req: ChatCompletionRequest, tok: Tokenizer) -> list[int]:
         """The messages through the chat template, off the loop; 400 when it refuses them."""
         try:
             messages = [m.to_template() for m in req.messages]

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proto import worker_pb2 as pb
+from proto.tokenization import Tokenizer
 from router.admitted import AdmittedRequest
 from router.flow_types import Chunk, Usage
 from router.logprob_format import CompletionLogprobs, TokenTexts, chat_logprobs
-from router.tokenizer import PromptTokenizer
 
 DONE = b"data: [DONE]\n\n"
 
@@ -86,12 +86,12 @@ class Formatter:
     _cursors: dict[int, CompletionLogprobs] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, admitted: AdmittedRequest, tokenizer: PromptTokenizer | None = None) -> Formatter:
+    def of(cls, admitted: AdmittedRequest, tokenizer: Tokenizer | None = None) -> Formatter:
         """The formatter of ``admitted``'s answer (``tokenizer`` names tokens and the
         echoed prompt; needed for logprobs and echo)."""
         prompt = admitted.prompt_text
         if prompt is None and admitted.echo and tokenizer is not None:
-            prompt = tokenizer.decode(admitted.prompt_token_ids)
+            prompt = tokenizer.decode(list(admitted.prompt_token_ids), skip_special_tokens=False)
         fmt = cls(
             admitted.chat,
             admitted.response_id,

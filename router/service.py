@@ -35,6 +35,7 @@ from pathlib import Path
 
 from kvpool.config import PoolConfig
 from proto.registry import ClusterConfig, Rejection
+from proto.tokenization import Tokenizer
 from router.admitted import AdmittedRequest
 from router.cache_stats import CacheStats
 from router.config import RouterConfig
@@ -49,7 +50,7 @@ from router.live_worker import LiveWorker
 from router.metrics import RouterMetrics
 from router.pool_lookup import PoolLookup
 from router.telemetry import Telemetry
-from router.tokenizer import PromptTokenizer, TokenizerSlot
+from router.tokenizer import TokenizerSlot
 from router.workers import WorkerView
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class RouterService:
         lengths = [w.record.max_model_len for w in self.view.live() if w.record.max_model_len > 0]
         return min(lengths) if lengths else None
 
-    async def tokenizer(self) -> PromptTokenizer:
+    async def tokenizer(self) -> Tokenizer:
         """The router's tokenizer, loaded once; 503 without ``tokenizer_dir``."""
         return await self.tokenizers.get(self._tokenizer_dir)
 

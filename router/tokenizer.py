@@ -1,7 +1,9 @@
 """Prompts to token ids: the served model's tokenizer and chat template, read locally.
 
-The router tokenizes so that it can check lengths, look prompts up in the pool and hand
-workers token ids. The directory is a Hugging Face model directory on this machine
+The tokenizer is the wrapper the workers use too (:class:`proto.tokenization.Tokenizer`);
+this module holds the router's part of it: one load in the background, and the threads
+that run it. The router tokenizes so that it can check lengths, look prompts up in the
+pool and hand workers token ids. The directory is a Hugging Face model directory on this machine
 (``tokenizer.json``, ``tokenizer_config.json``, a chat template); nothing is fetched. It
 is the router's own ``tokenizer_dir`` setting, never a path read from the worker registry
 (a record's ``model_dir`` names a directory on the worker's machine, and whoever can write
@@ -14,14 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, TypeVarTuple
+from typing import TypeVar, TypeVarTuple
 
 import anyio
 import anyio.to_thread
 
-from proto.tokenization import load_tokenizer
+from proto.tokenization import Tokenizer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -31,36 +33,6 @@ TOKENIZE_THREADS = 4
 """Threads that tokenize at once, per router. A few: tokenizing is CPU work (the fast
 tokenizer releases the GIL, so they do run in parallel), more threads than cores buy
 nothing, and requests beyond them wait in turn, each holding no more than its body."""
-
-
-class PromptTokenizer:
-    def __init__(self, model_dir: Path) -> None:
-        self.model_dir = model_dir
-        self._tok: Any = load_tokenizer(model_dir)
-        self.vocab_size = len(self._tok)
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [int(t) for t in self._tok.encode(text, add_special_tokens=add_special_tokens)]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """The text of ``ids`` (special tokens kept: a prompt is shown as it was)."""
-        return str(self._tok.decode(list(ids), skip_special_tokens=False))
-
-    def token_texts(self, ids: Sequence[int]) -> list[str]:
-        """Each id's own text (decoded alone: a piece of a multi-byte character shows as
-        U+FFFD, as in vLLM's logprobs)."""
-        return [str(t) for t in self._tok.batch_decode([[i] for i in ids])]
-
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of ``messages`` under the model's chat template, ready for the answer."""
-        if not self._tok.chat_template:
-            raise ValueError("this model has no chat template; use /v1/completions")
-        out = self._tok.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        if isinstance(out, dict) or hasattr(out, "keys"):
-            out = out["input_ids"]
-        return [int(t) for t in out]
 
 
 class TokenizerSlot:
@@ -81,8 +53,8 @@ class TokenizerSlot:
     """
 
     def __init__(self) -> None:
-        self._tokenizer: PromptTokenizer | None = None
-        self._task: asyncio.Task[PromptTokenizer] | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._task: asyncio.Task[Tokenizer] | None = None
         self._threads = anyio.CapacityLimiter(TOKENIZE_THREADS)
 
     @property
@@ -99,7 +71,7 @@ class TokenizerSlot:
         self._task = asyncio.get_running_loop().create_task(self._load(model_dir))
         self._task.add_done_callback(_retrieve)  # a failure nobody awaited is logged only
 
-    async def get(self, model_dir: Callable[[], Path]) -> PromptTokenizer:
+    async def get(self, model_dir: Callable[[], Path]) -> Tokenizer:
         """The tokenizer; ``model_dir`` says where it is when no load has started yet."""
         if self._tokenizer is not None:
             return self._tokenizer
@@ -115,9 +87,9 @@ class TokenizerSlot:
         returns only once its work has ended, which tokenizing always does."""
         return await anyio.to_thread.run_sync(work, *args, limiter=self._threads)
 
-    async def _load(self, model_dir: Path) -> PromptTokenizer:
+    async def _load(self, model_dir: Path) -> Tokenizer:
         try:
-            tok = await asyncio.to_thread(PromptTokenizer, model_dir)
+            tok = await asyncio.to_thread(Tokenizer, model_dir)
         except Exception as exc:
             log.warning("could not load the tokenizer from %s: %s", model_dir, exc)
             raise
@@ -125,6 +97,6 @@ class TokenizerSlot:
         return tok
 
 
-def _retrieve(task: asyncio.Task[PromptTokenizer]) -> None:
+def _retrieve(task: asyncio.Task[Tokenizer]) -> None:
     if not task.cancelled():
         task.exception()

@@ -1,40 +1,46 @@
 """A request's output text, grown one token at a time and released in safe pieces.
 
-Each :meth:`IncrementalText.push` decodes only a short window of tokens (the previous
-token's context and the new ones), so a long answer costs O(n) in total, not O(n^2). Text
-is held back while it ends in an incomplete character (a multi-byte character split over
-tokens) and, when the request has stop strings, while its tail could still become the start
-of one: what has been released is never taken back. When a stop string appears, the text is
-cut before it and the request is over.
+Each token's text comes from a :class:`~proto.tokenization.TextStream` (``tokenizers``'
+``DecodeStream``: a window of the last few tokens decoded in Rust), so a long answer costs
+O(n) in total, not O(n^2), and nothing is decoded here. A token that leaves the text in an
+incomplete character (a multi-byte character split over tokens) adds nothing until a later
+one completes it. When the request has stop strings, the text is also held back while its
+tail could still become the start of one: what has been released is never taken back. When
+a stop string appears, the text is cut before it and the request is over.
 
-Stop strings are looked for only where a match can end in the new text: a push examines
-at most the new text plus ``len(s) - 1`` characters before it for each stop string ``s``,
+Stop strings are looked for only where a match can end in the new text: a token examines
+at most its text plus ``len(s) - 1`` characters before it for each stop string ``s``,
 and only the text not yet released is kept as one string (released pieces are joined only
 when :attr:`IncrementalText.text` is read), so a token's work does not grow with the text
-before it. The result is the same as searching the whole text after every push: a match
+before it. The result is the same as searching the whole text after every token: a match
 lying wholly in earlier text would have ended the request then.
 
-Two workers that push the same tokens with the same stop strings release the same text, so
-a decode worker that continues a request after a remote prefill can rebuild the released
-state by pushing the first token again.
+Pushing tokens together is pushing them one at a time: each token's text, stop search and
+``min_tokens`` check depend only on the tokens before it, and a push's released text is what
+its tokens released one by one. So two workers that push the same tokens with the same stop
+strings release the same text: a decode worker that continues a request after a remote
+prefill rebuilds the released state by pushing the first token again, and one that resumes
+a request pushes all its earlier tokens at once and releases nothing twice (even when they
+end inside a character).
 
 With ``min_tokens`` (vLLM's: no stop check before that many output tokens), stop strings are
 not looked for in the text the first ``min_tokens - 1`` tokens complete; from the
 ``min_tokens``-th token on, a stop string ending in new text is found as usual, even one
 that starts in the unchecked text (as vLLM, which searches the new text and the stop
-string's length before it). Which tokens are unchecked depends only on their index, so
-pushing tokens one at a time or together (a resumed request) gives the same result.
+string's length before it).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-INCOMPLETE = "\ufffd"
 
+class TokenStream(Protocol):
+    """One sequence's text, a piece per token (:class:`proto.tokenization.TextStream`)."""
 
-class Decoder(Protocol):
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
+    def step(self, token_id: int) -> str:
+        """The text ``token_id`` completes ("" while a character is incomplete)."""
+        ...
 
 
 def find_stop(text: str, stop: tuple[str, ...], new_from: int) -> int:
@@ -53,19 +59,23 @@ class IncrementalText:
 
     Contract: :meth:`push` tokens in order, then call :meth:`finish` once when the request
     ends (after it, nothing more is released). ``stopped`` tells that a stop string was found;
-    the text is then cut before it and later pushes are ignored.
+    the text is then cut before it and later pushes are ignored. ``stream`` is this request's
+    own (a fresh :meth:`proto.tokenization.Tokenizer.stream`).
     """
 
-    def __init__(self, decoder: Decoder, stop: tuple[str, ...] = (), min_tokens: int = 0) -> None:
+    def __init__(
+        self, stream: TokenStream, stop: tuple[str, ...] = (), min_tokens: int = 0
+    ) -> None:
         """``min_tokens``: the request's; see the module docstring."""
-        self.decoder = decoder
+        self.stream = stream
         self.stop = stop
         self.unchecked = max(0, min_tokens - 1)
         """How many first tokens' text is not searched for stop strings."""
         self.hold = max((len(s) for s in stop), default=1) - 1
         """How many characters at the end of the text are held back: a stop string may
         still start there."""
-        self.token_ids: list[int] = []
+        self.num_tokens = 0
+        """How many tokens were pushed (up to a stop string, once one is found)."""
         self.released = 0
         """How many characters of ``text`` have been handed out."""
         self.stopped = False
@@ -76,8 +86,6 @@ class IncrementalText:
         """The released text, as handed out."""
         self._pending = ""
         """The decoded text not released yet: at most ``hold`` characters between pushes."""
-        self._prefix_offset = 0
-        self._read_offset = 0
 
     @property
     def text(self) -> str:
@@ -87,35 +95,18 @@ class IncrementalText:
 
     def push(self, token_ids: list[int]) -> str:
         """Add tokens; returns the newly released text (may be empty)."""
-        if self.stopped or self.finished:
+        if self.finished:
             return ""
-        split = min(len(token_ids), max(0, self.unchecked - len(self.token_ids)))
-        if split:
-            self._extend(token_ids[:split], search=False)
-        if split < len(token_ids):
-            self._extend(token_ids[split:], search=True)
+        for token_id in token_ids:
+            if self.stopped:
+                break
+            new = self.stream.step(token_id)
+            self.num_tokens += 1
+            if self.num_tokens <= self.unchecked:
+                self._pending += new
+            elif new:
+                self._add(new)
         return self._release()
-
-    def _extend(self, token_ids: list[int], search: bool) -> None:
-        """Add tokens and their completed text to the pending text, looking for stop
-        strings in it if ``search``."""
-        self.token_ids.extend(token_ids)
-        new = self._decode_new()
-        if new and search:
-            self._add(new)
-        elif new:
-            self._pending += new
-
-    def _decode_new(self) -> str:
-        """The text the new tokens complete ("" while it ends in an incomplete character);
-        moves the decode window past them once they are complete."""
-        prefix = self.decoder.decode(self.token_ids[self._prefix_offset : self._read_offset])
-        full = self.decoder.decode(self.token_ids[self._prefix_offset :])
-        if full.endswith(INCOMPLETE) or len(full) <= len(prefix):
-            return ""
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(self.token_ids)
-        return full[len(prefix) :]
 
     def _add(self, new: str) -> None:
         """Append ``new`` to the pending text, cut before a stop string ending in it."""

@@ -19,6 +19,7 @@ from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace, PrefixHasher
 from kvpool.keyring import Keyring
 from kvpool.pool import KVPool
+from proto.tokenization import Tokenizer
 from workers.config import EngineConfig
 from workers.kv_cache import KVCache, blocks_for_memory
 from workers.kv_transfer import join_pool
@@ -29,7 +30,6 @@ from workers.model.rope import RotaryTable
 from workers.model_runner import ModelRunner
 from workers.outputs import resolve_model_dir
 from workers.scheduler import SchedulerConfig
-from workers.tokenizer import Tokenizer
 
 
 def use_native(config: EngineConfig) -> bool:

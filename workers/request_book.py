@@ -9,11 +9,11 @@ engine finishes a request in its scheduler when an output says it finished.
 
 from __future__ import annotations
 
+from proto.tokenization import Tokenizer
 from workers.detokenizer import IncrementalText
 from workers.kv_transfer import Transfer
 from workers.outputs import EngineStats, RequestOutput
 from workers.sequence import FinishReason, Sequence, TokenLogprob
-from workers.tokenizer import Tokenizer
 
 
 class RequestBook:
@@ -34,7 +34,7 @@ class RequestBook:
     def track(self, seq: Sequence) -> None:
         """Start the entry of ``seq``."""
         p = seq.params
-        self._texts[seq.request_id] = IncrementalText(self.tokenizer, p.stop, p.min_tokens)
+        self._texts[seq.request_id] = IncrementalText(self.tokenizer.stream(), p.stop, p.min_tokens)
         self._transfers[seq.request_id] = Transfer()
 
     def released(self, request_id: str, token_ids: list[int]) -> None:

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     tok = engine.tokenizer
     prompts = args.prompt or [sys.stdin.read()]
     ids = [
-        tok.apply_chat_template([{"role": "user", "content": p}]) if args.chat else tok.encode(p)
+        tok.encode_chat([{"role": "user", "content": p}]) if args.chat else tok.encode(p)
         for p in prompts
     ]
     params = SamplingParams(

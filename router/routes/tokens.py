@@ -72,7 +72,7 @@ def token_routes(service: RouterService, secured: bool) -> APIRouter:
         tok = await service.tokenizer()
         if any(t >= tok.vocab_size for t in req.tokens):
             raise invalid(f"token ids must be below {tok.vocab_size}", "tokens", "invalid_value")
-        return {"prompt": await service.tokenizers.off_loop(tok.decode, req.tokens)}
+        return {"prompt": await service.tokenizers.off_loop(tok.decode, req.tokens, False)}
 
     @routes.get("/version", responses=openapi.responses((), secured, JSON_OK))
     async def get_version() -> dict[str, str]:

@@ -82,8 +82,8 @@ def write_tasks(root: Path) -> None:
         for question, choices, answer in QUESTIONS:
             f.write(json.dumps({"question": question, "choices": choices, "answer": answer}) + "\n")
     with (root / "gen.jsonl").open("w") as f:
-        for question, answer in PROMPTS:
-            f.write(json.dumps({"question": question, "answer": answer}) + "\n")
+        for prompt, target in PROMPTS:
+            f.write(json.dumps({"question": prompt, "answer": target}) + "\n")
     (root / "kvs_mc.yaml").write_text(MC_TASK.format(data=root / "mc.jsonl"))
     (root / "kvs_gen.yaml").write_text(GEN_TASK.format(data=root / "gen.jsonl"))
 
@@ -163,7 +163,6 @@ def test_lm_eval_scores_match_the_reference(
         (ids,) = payload["prompt"]
         (choice,) = answer["choices"]
         want = hf_greedy(tiny_model_dir, ids, payload["max_tokens"])
-        print("DBG", payload, answer, want)
         assert choice["text"] == _cut(_decode(tiny_model_dir, want), payload["stop"])
     assert "exact_match,none" in results["kvs_gen"]
 

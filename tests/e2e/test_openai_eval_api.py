@@ -96,7 +96,9 @@ def test_completion_logprobs_whole_and_streamed(
             offsets += part.text_offset or []
     # the same values (a cached prefix changes the kernels' shapes: within fp32 noise)
     assert len(got) == len(lp.token_logprobs) and offsets == lp.text_offset
-    assert all(math.isclose(a, b, abs_tol=ATOL) for a, b in zip(got, lp.token_logprobs))
+    assert all(
+        math.isclose(a, b, abs_tol=ATOL) for a, b in zip(got, lp.token_logprobs, strict=True)
+    )
 
 
 def test_echo_gives_the_prompts_logprobs_as_lm_eval_reads_them(

@@ -108,15 +108,6 @@ def test_invalid_requests_are_refused_before_any_allocation(tiny_model_dir: Path
     assert engine.num_free_blocks == free and not engine.has_unfinished
 
 
-def test_chat_template_renders_the_model_format(default_model_dir: Path) -> None:
-    from workers.tokenizer import Tokenizer
-
-    tok = Tokenizer(default_model_dir)
-    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
-    text = tok.decode(ids, skip_special_tokens=False)
-    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
-
-
 def drain(engine: Engine) -> list[int]:
     """Step until nothing is left; the tokens produced meanwhile."""
     tokens: list[int] = []

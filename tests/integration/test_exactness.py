@@ -150,7 +150,7 @@ def test_smollm2_matches_transformers(default_model_dir: Path) -> None:
     )
     tok = engine.tokenizer
     prompts = [
-        tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]),
+        tok.encode_chat([{"role": "user", "content": "What is the capital of France?"}]),
         tok.encode("The quick brown fox jumps over the lazy dog. " * 12),
         tok.encode("def fibonacci(n):"),
     ]

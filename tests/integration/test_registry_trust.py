@@ -42,6 +42,7 @@ from proto.registry import (
     connect,
     list_workers,
 )
+from proto.tokenization import Tokenizer
 from router import tokenizer as tokenizer_module
 from tests.integration.router_harness import MODEL, Harness, StubWorker, running_redis
 from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
@@ -279,13 +280,12 @@ def test_a_record_never_names_the_tokenizer(
     router loads none and refuses requests with the setting named; with one it loads that
     directory only."""
     loaded: list[Path] = []
-    real = tokenizer_module.PromptTokenizer
 
-    def recording(model_dir: Path) -> tokenizer_module.PromptTokenizer:
+    def recording(model_dir: Path) -> Tokenizer:
         loaded.append(model_dir)
-        return real(model_dir)
+        return Tokenizer(model_dir)
 
-    monkeypatch.setattr(tokenizer_module, "PromptTokenizer", recording)
+    monkeypatch.setattr(tokenizer_module, "Tokenizer", recording)
     stubs = [StubWorker("d1", "decode")]
     with running_redis(tmp_path) as url:
         with Harness(url, default_model_dir, stubs, {"tokenizer_dir": ""}) as h:

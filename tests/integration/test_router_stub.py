@@ -22,6 +22,7 @@ from transformers import AutoTokenizer
 
 from kvpool.net import free_local_ports
 from kvserve.cluster.redis import RedisConfig, RedisProcess
+from proto.tokenization import Tokenizer
 from router import tokenizer as tokenizer_module
 from tests.integration.router_harness import (
     MODEL,
@@ -271,13 +272,12 @@ def test_health_waits_for_the_tokenizer_loaded_in_the_background(
     """The router loads the tokenizer once it sees a worker, not on the first request, and
     calls itself healthy only when that load is done."""
     gate = threading.Event()
-    real = tokenizer_module.PromptTokenizer
 
-    def held(model_dir: Path) -> tokenizer_module.PromptTokenizer:
+    def held(model_dir: Path) -> Tokenizer:
         assert gate.wait(30)
-        return real(model_dir)
+        return Tokenizer(model_dir)
 
-    monkeypatch.setattr(tokenizer_module, "PromptTokenizer", held)
+    monkeypatch.setattr(tokenizer_module, "Tokenizer", held)
     with Harness(redis_url, default_model_dir, [StubWorker("d1", "decode")]) as h:
 
         def loading() -> bool:

@@ -1,9 +1,11 @@
 """Stop strings in :class:`workers.detokenizer.IncrementalText`: what is released when, where
-the text is cut, and that a token's search covers only the window a match can end in.
+the text is cut, that a token's search covers only the window a match can end in, and that
+pushing tokens together releases what pushing them one at a time does.
 
-Tokens here are byte strings (a character may be split over tokens, as with byte-level
-BPE); :class:`WholeText` is the reference: it decodes every token and searches the whole
-text after every push.
+Tokens here are byte strings in a real ``tokenizers`` vocabulary with the byte-level
+decoder (a character may be split over tokens, as with byte-level BPE), streamed by
+:class:`proto.tokenization.TextStream`; :class:`WholeText` is the reference: after every
+token it decodes all tokens in Python and searches the whole text.
 """
 
 from __future__ import annotations
@@ -13,30 +15,56 @@ from itertools import pairwise
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import AddedToken, decoders, models
+from tokenizers import Tokenizer as Backend
 
 import workers.detokenizer as detok
 from proto.limits import MAX_STOP_STRING_CHARS
-from workers.detokenizer import INCOMPLETE, IncrementalText, find_stop
+from proto.tokenization import TextStream
+from workers.detokenizer import IncrementalText, find_stop
+
+INCOMPLETE = "\ufffd"
+
+
+def byte_chars() -> dict[int, str]:
+    """GPT-2's byte -> character table, which the byte-level decoder reads tokens with."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    extra = iter(range(256, 512))
+    return {b: chr(b) if b in printable else chr(next(extra)) for b in range(256)}
+
+
+CHARS = byte_chars()
 
 
 class ByteDecoder:
-    """A byte-level vocabulary: token ``i`` is ``vocab[i]``; invalid UTF-8 decodes to
-    U+FFFD, as Hugging Face tokenizers do."""
+    """A byte-level vocabulary grown on demand: token ``i`` is the bytes ``vocab[i]``."""
 
     def __init__(self) -> None:
-        self.vocab: list[bytes] = []
+        self.backend = Backend(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+        self.backend.decoder = decoders.ByteLevel()
+        self.vocab: dict[int, bytes] = {}
 
     def tokens(self, pieces: list[bytes]) -> list[int]:
-        """Ids for ``pieces`` (each a new token)."""
-        self.vocab.extend(pieces)
-        return list(range(len(self.vocab) - len(pieces), len(self.vocab)))
+        """Ids for ``pieces`` (new tokens, or the ids of pieces seen before)."""
+        names = ["".join(CHARS[b] for b in piece) for piece in pieces]
+        self.backend.add_tokens([AddedToken(name, normalized=False) for name in names])
+        ids = [self.backend.token_to_id(name) for name in names]
+        found = [i for i in ids if i is not None]
+        assert len(found) == len(ids)
+        self.vocab.update(zip(found, pieces, strict=True))
+        return found
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+    def stream(self) -> TextStream:
+        return TextStream(self.backend)
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The reference: invalid UTF-8 decodes to U+FFFD, as Hugging Face tokenizers do."""
         return b"".join(self.vocab[i] for i in token_ids).decode("utf-8", errors="replace")
 
 
 class WholeText:
-    """Reference: the text of all tokens, searched whole for every stop string."""
+    """Reference: after each token, the text of all tokens up to the last one that completes
+    a character, searched whole for every stop string."""
 
     def __init__(self, decoder: ByteDecoder, stop: tuple[str, ...]) -> None:
         self.decoder = decoder
@@ -48,16 +76,17 @@ class WholeText:
         self.stopped = False
 
     def push(self, token_ids: list[int]) -> str:
-        if self.stopped:
-            return ""
-        self.token_ids.extend(token_ids)
-        full = self.decoder.decode(self.token_ids)
-        if not full.endswith(INCOMPLETE):
-            self.text = full
-        hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
-            self.stopped = True
+        for token in token_ids:
+            if self.stopped:
+                break
+            self.token_ids.append(token)
+            full = self.decoder.decode(self.token_ids)
+            if not full.endswith(INCOMPLETE):
+                self.text = full
+            hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
+            if hits:
+                self.text = self.text[: min(hits)]
+                self.stopped = True
         return self.release(final=self.stopped)
 
     def release(self, final: bool) -> str:
@@ -70,7 +99,7 @@ class WholeText:
 def run(pieces: list[str | bytes], stop: tuple[str, ...]) -> tuple[list[str], IncrementalText]:
     """Push each piece as one token; the released text of each push, then of ``finish``."""
     decoder = ByteDecoder()
-    text = IncrementalText(decoder, stop)
+    text = IncrementalText(decoder.stream(), stop)
     raw = [p.encode() if isinstance(p, str) else p for p in pieces]
     deltas = [text.push([token]) for token in decoder.tokens(raw)]
     return [*deltas, text.finish()], text
@@ -139,7 +168,7 @@ def test_without_stop_strings_everything_is_released_at_once() -> None:
 
 def test_finish_releases_the_held_back_tail_and_ends_the_text() -> None:
     decoder = ByteDecoder()
-    text = IncrementalText(decoder, ("STOP",))
+    text = IncrementalText(decoder.stream(), ("STOP",))
     a, b = decoder.tokens([b"xxST", b"more"])
     assert text.push([a]) == "x"
     assert text.finish() == "xST"
@@ -175,13 +204,47 @@ def test_matches_a_search_over_the_whole_text(
 ) -> None:
     pushes, stop = case
     decoder = ByteDecoder()
-    ours, ref = IncrementalText(decoder, stop), WholeText(decoder, stop)
+    ours, ref = IncrementalText(decoder.stream(), stop), WholeText(decoder, stop)
     for group in pushes:
         ids = decoder.tokens(group)
         assert ours.push(ids) == ref.push(ids)
         assert ours.stopped == ref.stopped
     assert ours.finish() == ref.release(final=True)
     assert ours.text == ref.text and ours.released == len(ref.text)
+
+
+def test_tokens_pushed_together_release_what_they_released_one_by_one() -> None:
+    """A resumed request: one worker streamed the tokens, the next pushes them at once (they
+    end inside a character) and goes on; the text it releases then is the rest, not again
+    what the first worker released before the split character."""
+    euro = "€".encode()
+    decoder = ByteDecoder()
+    ids = decoder.tokens([b"ab", euro[:1], euro[1:2], euro[2:] + b"c", b"d"])
+    first, resumed = IncrementalText(decoder.stream()), IncrementalText(decoder.stream())
+    streamed = [first.push([token]) for token in ids]
+    assert streamed == ["ab", "", "", "€c", "d"]
+    assert resumed.push(ids[:2]) == "ab" and resumed.released == first.released - 3
+    assert [resumed.push([token]) for token in ids[2:]] == streamed[2:]
+    assert resumed.text == first.text == "ab€cd"
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams(), st.integers(0, 3), st.data())
+def test_a_resumed_request_releases_the_rest_of_the_text(
+    case: tuple[list[list[bytes]], tuple[str, ...]], min_tokens: int, data: st.DataObject
+) -> None:
+    """Any tokens pushed at once, then one at a time, release what pushing all of them one
+    at a time releases from there on, with and without ``min_tokens``."""
+    pushes, stop = case
+    decoder = ByteDecoder()
+    ids = decoder.tokens([token for group in pushes for token in group])
+    split = data.draw(st.integers(0, len(ids)))
+    first = IncrementalText(decoder.stream(), stop, min_tokens)
+    resumed = IncrementalText(decoder.stream(), stop, min_tokens)
+    streamed = [first.push([token]) for token in ids]
+    assert resumed.push(ids[:split]) == "".join(streamed[:split])
+    assert [resumed.push([token]) for token in ids[split:]] == streamed[split:]
+    assert resumed.finish() == first.finish() and resumed.stopped == first.stopped
 
 
 def test_a_tokens_search_is_bounded_by_its_text_and_the_longest_stop(
@@ -200,7 +263,7 @@ def test_a_tokens_search_is_bounded_by_its_text_and_the_longest_stop(
     longest = MAX_STOP_STRING_CHARS
     stop = ("z" * longest, "y" * (longest - 1) + "q", "short")
     decoder = ByteDecoder()
-    text = IncrementalText(decoder, stop)
+    text = IncrementalText(decoder.stream(), stop)
     for token in decoder.tokens([b"y", b"z", b"ab"] * 3000):
         text.push([token])
     assert len(windows) == 9000 and not text.stopped

@@ -7,7 +7,10 @@ lazy import inside a function counts the same as one at the top).
 - within ``kvserve``, the simulator and the load generator import no benchmark
   (``kvserve.bench``): what they share lives with them, apart from the live run
   ``sim validate`` checks the simulator against (:data:`BENCH_ALLOWED`);
-- the pure bookkeeping modules import nothing that computes on tensors or does I/O.
+- the pure bookkeeping modules import nothing that computes on tensors or does I/O;
+- ``router``, ``workers`` and ``proto`` take the tokenizer from :mod:`proto.tokenization`
+  only (the one wrapper both sides share): no other module imports ``tokenizers`` or a
+  transformers tokenizer class, apart from the GGUF conversion (:data:`TOKENIZER_HOMES`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ BENCH_ALLOWED = {("kvserve/sim/validate.py", "kvserve.bench.compare", "run_deplo
 """``(file, module, name)``: the one benchmark piece the simulator takes, the live run that
 ``sim validate`` compares the simulation with."""
 
+ONE_TOKENIZER = ("router", "workers", "proto")
+"""Packages whose modules load and run the tokenizer only through ``proto.tokenization``."""
+TOKENIZER_HOMES = ("proto/tokenization.py", "workers/model/prepare.py")
+"""The shared wrapper, and the conversion that reads the GGUF's vocabulary to write the
+``tokenizer.json`` the wrapper loads."""
+
 
 def imports(path: Path, root: Path = ROOT) -> set[str]:
     """Every module ``path`` (under ``root``) imports, absolute (relative imports resolved)."""
@@ -81,6 +90,17 @@ def bench_imports(path: Path, root: Path = ROOT) -> set[str]:
         if (relative, module, name) not in BENCH_ALLOWED
         for target in [module if name is None else f"{module}.{name}"]
         if within(target, (BENCH,))
+    }
+
+
+def tokenizer_imports(path: Path, root: Path = ROOT) -> set[str]:
+    """What ``path`` imports of ``tokenizers`` and transformers' tokenizer classes, as text."""
+    relative = path.relative_to(root).as_posix()
+    return {
+        f"{relative} imports {module if name is None else f'{module}.{name}'}"
+        for module, name in imported_names(path, root)
+        if within(module, ("tokenizers",))
+        or (within(module, ("transformers",)) and "Tokenizer" in (name or module))
     }
 
 
@@ -139,6 +159,30 @@ def test_the_bench_rule_allows_only_the_named_import(tmp_path: Path) -> None:
     assert bench_imports(other, tmp_path) == {
         "kvserve/sim/other.py imports kvserve.bench",
         "kvserve/sim/other.py imports kvserve.bench.serve.timed",
+    }
+
+
+@pytest.mark.parametrize("package", ONE_TOKENIZER)
+def test_the_tokenizer_is_loaded_only_through_the_shared_wrapper(package: str) -> None:
+    broken = {
+        line
+        for path in sources(package)
+        if path.relative_to(ROOT).as_posix() not in TOKENIZER_HOMES
+        for line in tokenizer_imports(path)
+    }
+    assert not broken, sorted(broken)
+
+
+def test_the_tokenizer_rule_sees_the_library_and_the_classes(tmp_path: Path) -> None:
+    module = tmp_path / "router" / "probe.py"
+    module.parent.mkdir()
+    module.write_text(
+        "from tokenizers.decoders import DecodeStream\nimport transformers\n"
+        "def f():\n    from transformers import AutoTokenizer, AutoConfig\n"
+    )
+    assert tokenizer_imports(module, tmp_path) == {
+        "router/probe.py imports tokenizers.decoders.DecodeStream",
+        "router/probe.py imports transformers.AutoTokenizer",
     }
 
 
