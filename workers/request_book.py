@@ -71,9 +71,11 @@ class RequestBook:
         if reason is None and seq.handoff:
             reason = FinishReason.HANDOFF
         text = None
-        if reason is not None:
+        if reason is not None and reason is not FinishReason.HANDOFF:
             delta += texts.finish()
             text = texts.text
+        # a hand-off releases only what the decode worker, pushing the same token, will
+        # count as released: text held back for a possible stop string comes from there
         return RequestOutput(
             request_id=seq.request_id,
             prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],

@@ -224,3 +224,17 @@ def test_still_refused(cluster: Cluster, route: str, fields: dict[str, Any], par
         body["prompt"] = "x"
     status, err, _ = post(cluster, route, body)
     assert status == 400 and err["error"]["param"] == param, err
+
+
+def test_stop_strings_do_not_repeat_the_handed_off_token(client: openai.OpenAI) -> None:
+    """The prefill worker's first token text, held back for a possible stop string, is
+    released by the decode worker, once: the text is the answer's ids decoded (a bug
+    lm-eval's ``generate_until`` found: the first token's text came twice)."""
+    prompt = [65, 42, 3314, 288, 1296, 30, 198, 49, 42]
+    reply = client.completions.create(
+        model=MODEL_NAME, prompt=prompt, max_tokens=6, temperature=0,
+        stop=["\n", "<|im_end|>"], extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    (choice,) = reply.choices
+    ids = choice.model_extra["token_ids"]  # type: ignore[index]
+    assert choice.text == post_detokenize(client, ids)
