@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +48,7 @@ from proto.limits import (
 from router.errors import invalid
 from router.flow_types import sampling_params
 from router.openai_fields import REFUSED, Off, is_off
+from router.openai_messages import ChatMessage
 
 TokenId = Annotated[int, Field(ge=0, lt=1 << 32)]
 TokenCount = Annotated[int, Field(ge=1, lt=1 << 32)]
@@ -257,25 +258,6 @@ class CompletionRequest(SamplingFields):
             raise invalid("only one prompt per request is supported", "prompt", "unsupported_value")
         one = p[0]
         return one if isinstance(one, str) else [int(t) for t in one]
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-
-    def to_template(self) -> dict[str, str]:
-        """The message as the chat template takes it (``developer`` speaks as ``system``)."""
-        content = self.content
-        text = content if isinstance(content, str) else "".join(p.text for p in content or [])
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -7,7 +7,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from router.openai_models import ChatMessage, TokenId
+from router.openai_messages import ChatMessage
+from router.openai_models import TokenId
 
 MAX_DETOKENIZE = 1 << 20
 """The most token ids one ``/detokenize`` takes (a body cap bounds them before)."""
