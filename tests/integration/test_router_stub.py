@@ -258,7 +258,7 @@ def test_health_stats_and_metrics(harness: Harness) -> None:
     ttft = (("mode", "disagg"), model, ("worker", "p1"))
     assert ("vllm:time_to_first_token_seconds_count", ttft) in got
     assert ("vllm:request_success_total", (("finished_reason", "length"), model)) in got
-    worker_state = ("vllm:num_requests", "vllm:kv_cache", "kvserve:worker", "kvserve:kv_pages")
+    worker_state = ("vllm:num_requests", "vllm:kv_cache", "kvserve:worker_", "kvserve:kv_pages")
     assert not [name for name, _ in got if name.startswith(worker_state)]  # the workers' own
 
 
