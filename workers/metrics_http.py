@@ -25,17 +25,20 @@ each scrape calls ``sample()`` (bounded by its own timeout); ``server.shutdown()
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from proto import worker_pb2 as pb
@@ -129,10 +132,29 @@ class WorkerCollector(Collector):
         yield queue
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """One scrape a second would flood the worker's log."""
+
+
 def serve_metrics(host: str, port: int, collector: WorkerCollector) -> WSGIServer:
-    """Start ``/metrics`` on ``host:port`` (see the module docstring)."""
+    """Start ``/metrics`` on ``host:port`` (see the module docstring) on a daemon thread.
+
+    Always the classic text format, whatever the scraper's ``Accept`` asks, as the router
+    serves: prometheus_client's OpenMetrics encoder, which Prometheus prefers, rewrites a
+    name's ``:`` to ``_`` for a scraper that did not ask for UTF-8 names (``vllm:`` would
+    reach Prometheus as ``vllm_``)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server, _ = start_http_server(port, addr=host, registry=registry)
+    app = make_wsgi_app(registry)
+
+    def text_only(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        body: Iterable[bytes] = app(
+            {**environ, "HTTP_ACCEPT": CONTENT_TYPE_PLAIN_0_0_4}, start_response
+        )
+        return body
+
+    server = make_server(host, port, text_only, ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     log.info("metrics on http://%s:%d/metrics", host, port)
     return server

@@ -20,16 +20,29 @@ from workers.sequence import SamplingParams, Sequence
 Sampler = Callable[[], WorkerSample]
 
 
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;"
+    "version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+"""What Prometheus 2 asks a target for: OpenMetrics first."""
+
+
 def scrape(sample: Sampler, role: str = "decode") -> tuple[dict[str, str], list[Sample]]:
-    """``(type by family name, samples)`` of one scrape of a worker serving ``sample``."""
+    """``(type by family name, samples)`` of one scrape of a worker serving ``sample``,
+    asked for as Prometheus asks."""
     (port,) = free_local_ports(1)
     server = serve_metrics("127.0.0.1", port, WorkerCollector("d-0", "tiny", sample, lambda: role))
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics", headers={"Accept": PROMETHEUS_ACCEPT}
+    )
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             text = reply.read().decode()
     finally:
         server.shutdown()
         server.server_close()
+    assert "vllm_" not in text and "kvserve_" not in text  # no name rewritten to legacy form
     families = list(text_string_to_metric_families(text))
     return {f.name: f.type for f in families}, [s for f in families for s in f.samples]
 
