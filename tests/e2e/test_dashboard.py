@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -132,10 +133,13 @@ def test_every_dashboard_query_returns_data(tiny_model_dir: Path, tmp_path: Path
             )
             faults.thaw(cluster, frozen)
             assert faults.wait_routable(cluster)
-            for i in range(4):  # the controller's window, emptied by the move, fills again
+            for i in range(30):  # the controller's window, emptied by the move, fills again
                 client.completions.create(
                     model=MODEL_NAME, prompt=prompt_of(30, 900 + i), max_tokens=4
                 )
+                if prom.query("kvserve:slo_attainment >= 0"):  # NaN compares false
+                    break
+                time.sleep(0.5)
             prom.wait_for("kvserve:migrations_total > 0", 30)
             prom.wait_for('up{job="router"} == 1', 10)
             prom.wait_for("count(up == 1) == 5", 30)  # router, 3 workers, master
