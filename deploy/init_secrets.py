@@ -16,14 +16,16 @@ a named volume that only those services mount, read-only (:data:`FILES`):
 - ``redis/``: ``redis.conf`` (its ``requirepass``; Redis is started with it) and
   ``password`` (for its health check);
 - ``exporter/passwords.json``: redis_exporter's ``REDIS_PASSWORD_FILE``;
-- ``prometheus/router_key``: the bearer token of Prometheus's scrape of the router.
+- ``prometheus/router_key``: the bearer token of Prometheus's scrape of the router;
+- ``grafana/admin_password``: Grafana's admin password (``GF_SECURITY_ADMIN_PASSWORD__FILE``).
 
 The cluster secret and the Redis password are the ones given in this service's environment
 (``KVSERVE_CLUSTER_SECRET``, ``KVSERVE_REDIS_PASSWORD``), else the ones written by an
 earlier run (so a service recreated later still agrees with the others), else new ones
-(:func:`proto.trust.new_secret`, :func:`kvserve.cluster.redis.new_password`); the
-Prometheus key likewise, never given. Every file is replaced atomically, mode 0444 (the
-readers run as different users; each volume is mounted only where it is read). Invalid
+(:func:`proto.trust.new_secret`, :func:`kvserve.cluster.redis.new_password`); Grafana's
+password likewise (``KVSERVE_GRAFANA_PASSWORD``); the Prometheus key likewise, never
+given. Every file is replaced atomically, mode 0444 (the readers run as different users;
+each volume is mounted only where it is read). Invalid
 input (a short secret, a malformed key list) exits non-zero, naming the setting, and then
 no other service starts.
 """
@@ -56,6 +58,7 @@ FILES = (
     "redis/password",
     "exporter/passwords.json",
     "prometheus/router_key",
+    "grafana/admin_password",
 )
 """Every file written, relative to the root (tests/unit/test_compose.py checks that each
 is where its reader looks)."""
@@ -76,6 +79,8 @@ def contents(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
     secret = _kept(root, FILES[0], environ.get("KVSERVE_CLUSTER_SECRET", ""), new_secret())
     password = _kept(root, FILES[1], environ.get("KVSERVE_REDIS_PASSWORD", ""), new_password())
     prometheus = _kept(root, "prometheus/router_key", "", new_password())
+    grafana = environ.get("KVSERVE_GRAFANA_PASSWORD", "")
+    grafana = _kept(root, "grafana/admin_password", grafana, new_password())
     check_secret(secret)
     redis = RedisConfig(password=password)  # raises on line breaks and NUL
     keys = environ.get("KVSERVE_API_KEY", "").strip()
@@ -93,6 +98,7 @@ def contents(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
         password,
         json.dumps({REDIS_ADDR: password}),
         prometheus,
+        grafana,
     )
     return dict(zip(FILES, texts, strict=True))
 

@@ -82,7 +82,7 @@ class RouterConfig:
       idle worker predicts 150 s), and a shedder that refuses work the cluster would have
       served is worse than none. Production: set it to the longest first-token wait your
       clients and proxies tolerate (e.g. 30, under nginx's 60 s ``proxy_read_timeout``),
-      once ``kvserve_worker_prefill_tokens_per_s`` shows steady speeds.
+      once ``kvserve:prefill_tokens_per_second`` shows steady speeds.
     """
 
     router_host: str = "127.0.0.1"

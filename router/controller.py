@@ -17,7 +17,7 @@ Lifecycle of :class:`RoleController`:
    in-flight requests and reservations, hence the deadline of a whole request plus a lease;
    the reply completes the change (cool-down; the hold lasts until the registry shows the
    new role) and any error fails it (the hold ends at once); either is logged and counted
-   in ``kvserve_role_changes_total``;
+   in ``kvserve:role_changes_total``;
 5. ``stop()`` cancels the loop and any move in flight (the worker's cancelled ``SetRole``
    leaves its role as it was).
 """

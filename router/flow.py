@@ -87,6 +87,7 @@ class RequestFlow:
         self._mode = plan.mode
         self._ttft_s: float | None = None
         self._migrations = 0
+        self._finish: str | None = None
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         plan = self.plan
@@ -115,6 +116,8 @@ class RequestFlow:
                 self._ttft_s,
                 self._completion_tokens,
                 self._migrations,
+                len(self.plan.prompt_token_ids),
+                self._finish,
             )
             self.observer.on_finish(result)
             self._kv_wait.wake()
@@ -288,7 +291,8 @@ class RequestFlow:
         request runs); 503 when the worker aborted it."""
         if reason == pb.FINISH_REASON_ABORT:
             raise unavailable("a worker aborted the request (draining or out of memory)")
-        return openai_finish(reason)
+        self._finish = openai_finish(reason)
+        return self._finish
 
     def _usage(self) -> Usage:
         return Usage(len(self.plan.prompt_token_ids), self._completion_tokens, self._cached_tokens)

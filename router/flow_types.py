@@ -49,7 +49,9 @@ class FlowResult:
     local); ``worker_id``: the worker that decoded ('' if none); ``status``: ``ok``,
     ``error``, ``timeout`` or ``cancelled``; ``e2e_s`` / ``ttft_s``: seconds from arrival
     to the end / to the first token (None: no token came); ``output_tokens``: tokens sent;
-    ``migrations``: times the request moved to another decode worker after output began.
+    ``migrations``: times the request moved to another decode worker after output began;
+    ``prompt_tokens``: the prompt's length; ``finish_reason``: the client's finish reason
+    (None: the flow ended without one).
     """
 
     mode: str
@@ -59,6 +61,8 @@ class FlowResult:
     ttft_s: float | None
     output_tokens: int
     migrations: int = 0
+    prompt_tokens: int = 0
+    finish_reason: str | None = None
 
     @property
     def tpot_s(self) -> float | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from proto.metric_names import OURS
 from proto.refusals import Rejection
 from router.prefix_index import IndexStats, Outcome
 
@@ -21,28 +22,28 @@ class IndexMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self.batches = Counter(
-            "kvserve_kv_event_batches", "KV event batches read, by what the index did with "
+            f"{OURS}kv_event_batches", "KV event batches read, by what the index did with "
             "them (applied, snapshot, stale, gap, ignored)", ("outcome",), registry=r,
         )  # fmt: skip
         self.rejected = Counter(
-            "kvserve_kv_event_rejected", "KV event stream entries refused, by reason (mac: "
+            f"{OURS}kv_event_rejected", "KV event stream entries refused, by reason (mac: "
             "not written with the cluster secret; invalid; size)", ("reason",), registry=r,
         )  # fmt: skip
         self.blocks = Gauge(
-            "kvserve_prefix_index_blocks", "Blocks the router's index says each worker holds "
+            f"{OURS}prefix_index_blocks", "Blocks the router's index says each worker holds "
             "locally (0 while it waits for the worker's snapshot)", ("worker",), registry=r,
         )  # fmt: skip
         self.predicted = Counter(
-            "kvserve_local_hit_predicted_tokens", "Prompt tokens the router's index predicted "
+            f"{OURS}local_hit_predicted_tokens", "Prompt tokens the router's index predicted "
             "the prefilling worker to hold locally (prefills it had a prediction for)",
             ("worker",), registry=r,
         )  # fmt: skip
         self.actual = Counter(
-            "kvserve_local_hit_actual_tokens", "Prompt tokens the prefilling worker actually "
+            f"{OURS}local_hit_actual_tokens", "Prompt tokens the prefilling worker actually "
             "took from its local cache, for the same prefills", ("worker",), registry=r,
         )  # fmt: skip
         self.predictions = Counter(
-            "kvserve_local_hit_predictions", "Prefills by how the predicted local hit compared "
+            f"{OURS}local_hit_predictions", "Prefills by how the predicted local hit compared "
             "with the actual one (exact, over, under)", ("worker", "outcome"), registry=r,
         )  # fmt: skip
         self._workers: set[str] = set()

@@ -23,7 +23,7 @@ Lifecycle of :class:`RouterService`:
 
 Every worker record used here (model name, ``max_model_len``, load, pool key space) has
 passed the registry's MAC and schema checks (:mod:`router.workers`); the refused ones are
-counted in ``kvserve_registry_rejected_records_total``.
+counted in ``kvserve:registry_rejected_records_total``.
 """
 
 from __future__ import annotations
@@ -141,7 +141,8 @@ class RouterService:
     def _on_poll(self, live: list[LiveWorker]) -> None:
         self.kv_index.sync(live)
         self.metrics.index.update_blocks(self.kv_index.index.stats())
-        self.metrics.update_workers((w.worker_id, w.record.load) for w in live)
+        if live:  # the workers' model, never --served-model-name: see proto.metric_names
+            self.metrics.set_model(live[0].record.model)
         self.metrics.update_roles(w.role for w in live)
         reports = {w.worker_id: w.record.heartbeat_at for w in live}
         if reports != self._reports:  # fresh load reports: pages may have come free

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import Counter
-
 from proto import worker_pb2 as pb
 from router.cache_stats import CacheStats, PrefillRecord
 from router.flow_types import FlowResult
@@ -24,15 +22,9 @@ class Telemetry:
         self.cache_stats = cache_stats
         self.on_result = on_result
         """Called with every finished flow's result (after the metrics)."""
-        self.migrations = Counter(
-            "kvserve_migrations",
-            "Requests moved to another decode worker after output began (the first failed)",
-            ("from_worker", "to_worker"),
-            registry=metrics.registry,
-        )
 
     def on_prefill(self, worker_id: str, usage: pb.PromptUsage, predicted: int | None) -> None:
-        self.metrics.observe_prefill(worker_id, usage)
+        self.metrics.requests.observe_prefill(worker_id, usage)
         if predicted is not None:
             self.metrics.index.observe_prediction(worker_id, predicted, usage.local_tokens)
         parts = usage.local_tokens + usage.pool_tokens + usage.computed_tokens
@@ -49,20 +41,19 @@ class Telemetry:
         )
 
     def on_transfer(self, direction: str, transfer: pb.Transfer) -> None:
-        self.metrics.observe_transfer(direction, transfer)
+        self.metrics.observe_transfer(direction, transfer.bytes, transfer.seconds)
 
     def on_first_token(self, mode: str, worker_id: str, seconds: float) -> None:
-        self.metrics.ttft.labels(mode, worker_id).observe(seconds)
+        self.metrics.requests.observe_first_token(mode, worker_id, seconds)
 
     def on_chunk(self, mode: str, worker_id: str, gap_s: float, tokens: int) -> None:
-        self.metrics.itl.labels(mode, worker_id).observe(gap_s / max(1, tokens))
+        self.metrics.requests.observe_chunk(mode, worker_id, gap_s, tokens)
 
     def on_migrate(self, from_worker: str, to_worker: str) -> None:
-        self.migrations.labels(from_worker, to_worker).inc()
+        self.metrics.migrations.labels(from_worker, to_worker).inc()
 
     def on_finish(self, result: FlowResult) -> None:
         self.metrics.count_request(result.status)
-        if result.status == "ok":
-            self.metrics.e2e.labels(result.mode, result.worker_id).observe(result.e2e_s)
+        self.metrics.requests.observe_finish(result)
         if self.on_result is not None:
             self.on_result(result)

@@ -6,8 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# iproute2: `ip netns` for up --hosts; g++: the native attention kernels (workers/model/csrc)
-apt_packages=(libibverbs1 libnuma1 redis-server iproute2 g++)
+# iproute2: `ip netns` for up --hosts; g++: the native attention kernels (workers/model/csrc);
+# prometheus: tests/e2e/test_dashboard.py checks the Grafana dashboard's queries through it
+apt_packages=(libibverbs1 libnuma1 redis-server iproute2 g++ prometheus)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -135,6 +135,7 @@ class Engine:
         self._requests.check_new(request_id, token_ids)
         check_params(params, self.model_config.vocab_size)
         seq = Sequence(request_id, token_ids, params, prompt, arrival_step=self.stats.steps)
+        seq.queued_at = time.perf_counter()
         seq.hash_root = self.hasher.root(cache_salt)
         self.scheduler.add(seq)
         self._requests.track(seq)
@@ -251,6 +252,7 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        self.stats.record_scheduled((entry.seq for entry in batch.entries), started)
         shape = batch.shape() if self.step_log is not None else None
         t0 = time.perf_counter()
         prompt_tokens = batch.prompt_tokens

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workers.histogram import Buckets
 from workers.kv_transfer import Transfer
 from workers.model.prepare import default_model_dir
-from workers.sequence import FinishReason, TokenLogprob
+from workers.sequence import FinishReason, Sequence, TokenLogprob
 
 
 @dataclass
@@ -56,6 +58,17 @@ class EngineStats:
     decode_step_tokens: int = 0
     kv_write: Transfer = field(default_factory=Transfer)
     kv_read: Transfer = field(default_factory=Transfer)
+    queue_time: Buckets = field(default_factory=Buckets)
+    """Seconds each request waited in the queue before it was first scheduled."""
+
+    def record_scheduled(self, seqs: Iterable[Sequence], now: float) -> None:
+        """Observe the queue time of each of ``seqs`` scheduled for the first time (its
+        ``queued_at`` set: ``now`` is on the same clock) and clear it, so a preempted
+        request's later waits are not counted again."""
+        for seq in seqs:
+            if seq.queued_at is not None:
+                self.queue_time.observe(max(0.0, now - seq.queued_at))
+                seq.queued_at = None
 
     def record_step(self, prefill: bool, output_tokens: int, seconds: float) -> None:
         """Count one step that ran ``seconds`` and sampled ``output_tokens``; ``prefill``:

@@ -160,6 +160,8 @@ class Sequence:
     table kept elsewhere (:class:`workers.block_tables.BlockTables`) knows to start over."""
     block_hashes: list[int] = field(default_factory=list)
     arrival_step: int = 0
+    queued_at: float | None = None
+    """When it was queued (``time.perf_counter``), until first scheduled; then None."""
     handoff: bool = False
     """Prefill only: end after the first token and leave the prompt's KV in the pool."""
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)

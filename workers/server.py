@@ -37,7 +37,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvpool.config import PoolConfig
 from proto import channels, worker_pb2_grpc
-from proto import worker_pb2 as pb
 from proto.registry import (
     ClusterConfig,
     ContractMismatchError,
@@ -52,7 +51,7 @@ from workers.engine import Engine
 from workers.engine_loop import EngineLoop
 from workers.kv_publisher import EventPublisher
 from workers.kv_transfer import layout_of
-from workers.metrics_http import serve_metrics
+from workers.metrics_http import WorkerCollector, WorkerSample, serve_metrics
 from workers.registration import Heartbeat
 from workers.servicer import WorkerServicer
 from workers.warmup import warm_up
@@ -150,12 +149,13 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
     loop = EngineLoop(engine, on_round=lambda e: events.collect(e.scheduler.blocks.pool))
     servicer = WorkerServicer(loop, worker.role, lambda: None)
 
-    def report(timeout: float = REPORT_WAIT_S) -> pb.LoadReport:
+    def sample(timeout: float = REPORT_WAIT_S) -> WorkerSample:
         load = loop.call(lambda e: e.load()).result(timeout=timeout)
-        return load_report(load, servicer.role, servicer.draining)
+        report = load_report(load, servicer.role, servicer.draining)
+        return WorkerSample(report, load.stats.preemptions, load.stats.queue_time)
 
     def load() -> dict[str, object]:  # bounded by the beat: see workers.registration
-        return MessageToDict(report(cluster.heartbeat_s), preserving_proto_field_name=True)
+        return MessageToDict(sample(cluster.heartbeat_s).report, preserving_proto_field_name=True)
 
     heartbeat = Heartbeat(cluster, record, load)
     loop.start()
@@ -171,7 +171,10 @@ async def _serve(worker: WorkerConfig, engine: Engine, cluster: ClusterConfig) -
     metrics = None
     if worker.worker_metrics_port:
         try:
-            metrics = serve_metrics(worker.worker_host, worker.worker_metrics_port, report)
+            collector = WorkerCollector(
+                record.worker_id, record.model, sample, role=lambda: servicer.role
+            )
+            metrics = serve_metrics(worker.worker_host, worker.worker_metrics_port, collector)
         except OSError as exc:
             log.error("cannot serve /metrics on port %d: %s", worker.worker_metrics_port, exc)
             loop.stop()

@@ -137,7 +137,7 @@ class FaultInjector:
 
 
 def _migrations(cluster: Cluster) -> int:
-    return int(faults.router_metric(cluster, "kvserve_migrations_total"))
+    return int(faults.router_metric(cluster, "kvserve:migrations_total"))
 
 
 def _error_windows(outcomes: list[Outcome | None], t0: float) -> dict[str, list[float]]:

@@ -78,10 +78,17 @@ class ProcessPlan:
     env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold secrets
     prefix: tuple[str, ...] = ()
     """Runs ``argv`` on its host (:attr:`Host.prefix`)."""
+    metrics_port: int = 0
+    """A worker's Prometheus ``/metrics`` port on ``host`` (0: none)."""
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Its ``/metrics`` URL ('' without a metrics port)."""
+        return f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else ""
 
 
 @dataclass(frozen=True)
@@ -110,12 +117,17 @@ def plan_cluster(spec: ClusterSpec, cores: Sequence[int]) -> ClusterPlan:
         )
     ports = spec.named_ports()
     workers = []
-    for (name, role), mine in zip(spec.worker_roles(), slices, strict=True):
+    for i, ((name, role), mine) in enumerate(zip(spec.worker_roles(), slices, strict=True)):
         pinned = spec.pin_cores and not shared
         threads = spec.threads_per_worker or spec.engine.threads
         threads = threads or (len(mine) if pinned else auto_threads)
         cores_of = mine if spec.pin_cores else ()
-        workers.append(_worker_plan(spec, name, role, ports[name], cores_of, threads))
+        plan = _worker_plan(spec, name, role, ports[name], cores_of, threads)
+        metrics = spec.worker_metrics_port(i)
+        if metrics:
+            argv = (*plan.argv, "--worker-metrics-port", str(metrics))
+            plan = dataclasses.replace(plan, argv=argv, metrics_port=metrics)
+        workers.append(plan)
     return ClusterPlan(tuple(workers), _router_plan(spec), shared, tuple(notes))
 
 

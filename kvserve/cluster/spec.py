@@ -74,6 +74,8 @@ class ClusterSpec:
     - ``api_key``: the router's API keys (``""``: none; router only).
     - ``router_port``, ``worker_base_port`` (or explicit ``worker_ports``), ``redis_port``,
       ``master`` (mooncake_master's ports and policy): see :meth:`with_free_ports`.
+    - ``worker_metrics_base_port`` (or explicit ``worker_metrics_ports``): each worker's
+      Prometheus ``/metrics`` on this port and up, in worker order (0 and none listed: off).
     - ``engine``: forwarded to every worker (the router reads the tokenizer from the same
       model, :attr:`model_dir`); ``threads`` there is overridden by
       ``threads_per_worker`` when that is set; with both 0 a worker gets its core count.
@@ -94,6 +96,8 @@ class ClusterSpec:
     router_port: int = 8000
     worker_base_port: int = 50061
     worker_ports: tuple[int, ...] = ()
+    worker_metrics_base_port: int = 0
+    worker_metrics_ports: tuple[int, ...] = ()
     redis_port: int = 6379
     cluster: ClusterConfig = field(default_factory=new_cluster_config)
     api_key: str = field(default="", repr=False)
@@ -128,6 +132,11 @@ class ClusterSpec:
         if self.worker_ports and len(self.worker_ports) != self.num_workers:
             raise ValueError(
                 f"worker_ports lists {len(self.worker_ports)} ports for {self.num_workers} workers"
+            )
+        listed = len(self.worker_metrics_ports)
+        if listed and listed != self.num_workers:
+            raise ValueError(
+                f"worker_metrics_ports lists {listed} ports for {self.num_workers} workers"
             )
         ports = list(self.named_ports().values())
         if any(not 0 < p < 65536 for p in ports) or len(set(ports)) != len(ports):
@@ -195,11 +204,20 @@ class ClusterSpec:
             self.worker_base_port + i for i in range(self.num_workers)
         ]
 
+    def worker_metrics_port(self, index: int) -> int:
+        """The ``/metrics`` port of the ``index``-th worker (0: none)."""
+        if self.worker_metrics_ports:
+            return self.worker_metrics_ports[index]
+        return self.worker_metrics_base_port + index if self.worker_metrics_base_port else 0
+
     def named_ports(self) -> dict[str, int]:
         """Every port this cluster listens on, by process (for the in-use check; the
         process is the name's first word)."""
         named = {"router": self.router_port, "redis": self.redis_port}
-        named.update(zip((n for n, _ in self.worker_roles()), self._worker_ports(), strict=True))
+        names = [n for n, _ in self.worker_roles()]
+        named.update(zip(names, self._worker_ports(), strict=True))
+        metrics = {f"{n} metrics": self.worker_metrics_port(i) for i, n in enumerate(names)}
+        named.update({name: port for name, port in metrics.items() if port})
         if self.use_pool:
             m = self.master
             named["mooncake_master rpc"] = m.master_port
@@ -248,7 +266,9 @@ class ClusterSpec:
 
     def with_free_ports(self) -> ClusterSpec:
         """This spec with every port replaced by one free on loopback right now."""
-        router, redis_port, rpc, meta, metrics, *workers = free_local_ports(5 + self.num_workers)
+        n = self.num_workers
+        scraped = n if self.worker_metrics_port(0) else 0
+        router, redis_port, rpc, meta, metrics, *workers = free_local_ports(5 + n + scraped)
         master = dataclasses.replace(
             self.master, master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics
         )
@@ -257,7 +277,8 @@ class ClusterSpec:
             router_port=router,
             redis_port=redis_port,
             master=master,
-            worker_ports=tuple(workers),
+            worker_ports=tuple(workers[:n]),
+            worker_metrics_ports=tuple(workers[n:]),
         )
 
     def plan(self, available_cores: Sequence[int] | None = None) -> ClusterPlan:

@@ -62,7 +62,9 @@ def _announce(cluster: Cluster, seconds: float) -> None:
     lines += [f"  {what:<12} {cluster.router_url}{path}" for what, path in ROUTER_PATHS.items()]
     for name in cluster.worker_names:
         scheme = "grpcs" if spec.cluster_config.grpc_tls else "grpc"
-        lines.append(f"  {name:<12} {scheme}://{cluster.plan_of(name).address}")
+        plan = cluster.plan_of(name)
+        metrics = f"  {plan.metrics_url}" if plan.metrics_port else ""
+        lines.append(f"  {name:<12} {scheme}://{plan.address}{metrics}")
     lines.append(f"  {'redis':<12} {spec.redis_config.url}")
     if cluster.master is not None:
         lines.append(f"  {'pool master':<12} {cluster.master.rpc_address}")

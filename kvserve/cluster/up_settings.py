@@ -42,6 +42,8 @@ class UpConfig:
     - ``host``: address every process binds to;
     - ``router_port``: the router's HTTP port;
     - ``worker_base_port``: the first worker's gRPC port (the others count up from it);
+    - ``worker_metrics_base_port``: the first worker's Prometheus ``/metrics`` port (the
+      others count up from it; 0: none);
     - ``redis_port``: the registry's port;
     - ``free_ports``: use free loopback ports for every process;
     - ``log_dir``: one log file per process (default: a temp dir);
@@ -67,6 +69,7 @@ class UpConfig:
     host: str = "127.0.0.1"
     router_port: int = 8000
     worker_base_port: int = 50061
+    worker_metrics_base_port: int = 9100
     redis_port: int = 6379
     free_ports: bool = False
     log_dir: str = ""
@@ -107,6 +110,7 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
         host=up.host,
         router_port=up.router_port,
         worker_base_port=up.worker_base_port,
+        worker_metrics_base_port=up.worker_metrics_base_port,
         redis_port=up.redis_port,
         master=config_from_args(MasterConfig, args),
         use_pool=up.use_pool,

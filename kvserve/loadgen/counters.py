@@ -1,6 +1,8 @@
 """The router's Prometheus counters as a benchmark reads them around a run: KV bytes and
-seconds by direction, prompt tokens by source (``local``, ``pool``, ``computed``);
-servers without them give None."""
+seconds by direction, prompt tokens by source (``local``, ``pool``, ``computed``: vLLM's
+``vllm:prompt_tokens_by_source_total``, its source names translated back by
+:data:`proto.metric_names.PROMPT_SOURCES`, so a vLLM server gives them too); servers
+without them give None."""
 
 from __future__ import annotations
 
@@ -8,11 +10,14 @@ from typing import Any
 
 import aiohttp
 
+from proto.metric_names import OURS, PROMPT_SOURCES, VLLM
+
 COUNTERS = {
-    "kvserve_kv_bytes_total": ("kv_bytes", "direction"),
-    "kvserve_kv_seconds_total": ("kv_seconds", "direction"),
-    "kvserve_prompt_tokens_total": ("prompt_tokens", "source"),
+    f"{OURS}kv_transfer_bytes_total": ("kv_bytes", "direction"),
+    f"{OURS}kv_transfer_seconds_total": ("kv_seconds", "direction"),
+    f"{VLLM}prompt_tokens_by_source_total": ("prompt_tokens", "source"),
 }
+OUR_SOURCES = {theirs: ours for ours, theirs in PROMPT_SOURCES.items()}
 
 
 def parse_counters(text: str) -> dict[str, dict[str, float]] | None:
@@ -27,6 +32,7 @@ def parse_counters(text: str) -> dict[str, dict[str, float]] | None:
                 key, label = COUNTERS[sample.name]
                 values = found.setdefault(key, {})
                 value = sample.labels.get(label, "")
+                value = OUR_SOURCES.get(value, value) if key == "prompt_tokens" else value
                 values[value] = values.get(value, 0.0) + float(sample.value)
     return found
 

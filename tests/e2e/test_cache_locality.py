@@ -73,7 +73,7 @@ def wait_indexed(cluster: Cluster, worker: str, blocks: int) -> None:
     for _ in range(100):
         with urllib.request.urlopen(cluster.router_url + "/metrics", timeout=10) as r:
             text = r.read().decode()
-        line = f'kvserve_prefix_index_blocks{{worker="{worker}"}} '
+        line = f'kvserve:prefix_index_blocks{{worker="{worker}"}} '
         found = [float(x.split()[-1]) for x in text.splitlines() if x.startswith(line)]
         if found and found[0] >= blocks:
             return

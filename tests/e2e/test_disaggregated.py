@@ -97,6 +97,12 @@ def client(cluster: Cluster) -> openai.OpenAI:
     return cluster_client(cluster)
 
 
+def pool_tokens(cluster: Cluster) -> float:
+    """Prompt tokens the pool supplied, as the router counts them."""
+    by_source = "vllm:prompt_tokens_by_source_total"
+    return faults.router_metric(cluster, by_source, source="external_kv_transfer")
+
+
 def netns_of(pid: int | str | None) -> str:
     return str(Path(f"/proc/{pid}/ns/net").readlink())
 
@@ -233,7 +239,7 @@ def test_shared_prefix_from_the_pool_on_the_other_prefill_worker(
         model=MODEL_NAME, prompt=[*prefix, 11, 12, 13], max_tokens=2, temperature=0
     )
     before = cache_stats(cluster)
-    pool_before = faults.router_metric(cluster, "kvserve_prompt_tokens_total", source="pool")
+    pool_before = pool_tokens(cluster)
     second = client.completions.create(
         model=MODEL_NAME, prompt=[*prefix, 21, 22, 23, 24], max_tokens=2, temperature=0
     )
@@ -248,7 +254,7 @@ def test_shared_prefix_from_the_pool_on_the_other_prefill_worker(
     assert worker["pool_tokens"] - was["pool_tokens"] == len(prefix)
     assert worker["local_tokens"] == was["local_tokens"]
     assert worker["computed_tokens"] - was["computed_tokens"] == 4
-    pool_after = faults.router_metric(cluster, "kvserve_prompt_tokens_total", source="pool")
+    pool_after = pool_tokens(cluster)
     assert pool_after - pool_before == len(prefix)
 
 
@@ -330,7 +336,7 @@ def test_decode_host_cut_off_mid_load(
     load = [threading.Thread(target=background, args=(i,)) for i in range(1, len(prompts))]
     for thread in load:
         thread.start()
-    migrations = faults.router_metric(cluster, "kvserve_migrations_total")
+    migrations = faults.router_metric(cluster, "kvserve:migrations_total")
     cut: list[str] = []
 
     def cut_off(name: str) -> None:
@@ -346,6 +352,6 @@ def test_decode_host_cut_off_mid_load(
             net.link_up(name)
     assert set(got) == set(expected)
     assert not_greedy(got, expected, prompts, tiny_model_dir) == {}
-    assert faults.router_metric(cluster, "kvserve_migrations_total") > migrations
+    assert faults.router_metric(cluster, "kvserve:migrations_total") > migrations
     assert faults.wait_routable(cluster, timeout=60)
     assert faults.wait_idle(cluster, timeout=60) == dict.fromkeys(cluster.worker_names, 0)

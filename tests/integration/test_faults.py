@@ -62,7 +62,7 @@ def test_decode_worker_frozen_or_killed_mid_stream(client: openai.OpenAI, cluste
     stream ends with an error event."""
     prompt = prompt_of(40, 1)
     reference = complete(client, prompt, LONG)
-    migrations = faults.router_metric(cluster, "kvserve_migrations_total")
+    migrations = faults.router_metric(cluster, "kvserve:migrations_total")
     got, frozen = fault_mid_stream(
         client, cluster, prompt, lambda name: faults.freeze(cluster, name)
     )
@@ -72,7 +72,7 @@ def test_decode_worker_frozen_or_killed_mid_stream(client: openai.OpenAI, cluste
     assert faults.wait_routable(cluster)
     got, killed = fault_mid_stream(client, cluster, prompt, lambda name: faults.kill(cluster, name))
     assert got == reference
-    assert faults.router_metric(cluster, "kvserve_migrations_total") == migrations + 2
+    assert faults.router_metric(cluster, "kvserve:migrations_total") == migrations + 2
     last = [n for n in cluster.worker_names if n.startswith("decode") and n != killed]
     assert faults.wait_idle(cluster, last) == {last[0]: 0}
     with pytest.raises(openai.APIError):

@@ -36,7 +36,7 @@ THRESHOLD = 40
 """Prompts with at most this many uncached tokens are prefilled by the decode worker."""
 LONG, SHORT, OUTPUT = 96, 32, 32
 HOG_PAGES = 20
-WAITING = "kvserve_requests_waiting_for_kv"
+WAITING = "kvserve:requests_waiting_for_kv"
 WAIT_S = 60.0
 
 
@@ -129,7 +129,7 @@ def test_a_burst_beyond_the_decode_cache_waits_and_completes_exactly(
     prompts = [prompt_of(LONG, s) for s in range(1, 9)]  # 6 pages each to reserve
     prompts += [prompt_of(SHORT, s) for s in range(11, 15)]
     alone = [complete(client, p, OUTPUT, salt="alone") for p in prompts]
-    waited = faults.router_metric(cluster, "kvserve_kv_wait_seconds_count")
+    waited = faults.router_metric(cluster, "kvserve:kv_wait_seconds_count")
     hog = Hog(cluster, HOG_PAGES, seed=99)
     with ThreadPoolExecutor(len(prompts)) as pool:
         futures = [pool.submit(outcome, client, p) for p in prompts]
@@ -141,7 +141,7 @@ def test_a_burst_beyond_the_decode_cache_waits_and_completes_exactly(
     errors = [r for r in results if isinstance(r, Exception)]
     assert errors == []
     assert results == alone
-    assert faults.router_metric(cluster, "kvserve_kv_wait_seconds_count") > waited
+    assert faults.router_metric(cluster, "kvserve:kv_wait_seconds_count") > waited
 
 
 def test_a_request_that_can_never_fit_is_refused_at_once(client: openai.OpenAI) -> None:

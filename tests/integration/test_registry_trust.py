@@ -106,7 +106,7 @@ def rejected(cluster: Cluster, reason: str) -> float:
     """The router's count of registry values refused for ``reason``."""
     with urllib.request.urlopen(cluster.router_url + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    pattern = rf'kvserve_registry_rejected_records_total\{{reason="{reason}"\}} (\S+)'
+    pattern = rf'kvserve:registry_rejected_records_total\{{reason="{reason}"\}} (\S+)'
     found = re.search(pattern, text)
     return float(found.group(1)) if found else 0.0
 

@@ -45,7 +45,8 @@ def moved(cluster: Cluster) -> bool:
 
 
 def prefilled_on(cluster: Cluster, worker: str) -> float:
-    return router_metric(cluster, "kvserve_ttft_seconds_count", mode="disagg", worker=worker)
+    ttft = "vllm:time_to_first_token_seconds_count"
+    return router_metric(cluster, ttft, mode="disagg", worker=worker)
 
 
 class Load:
@@ -113,9 +114,9 @@ def test_controller_moves_a_decode_worker_to_prefill_and_loses_no_request(
         records = list_workers(connect(spec.cluster_config), spec.cluster_config.keys)
         assert {r.worker_id: r.role for r in records}[worker] == "prefill"
 
-        changes = router_metric(cluster, "kvserve_role_changes_total", from_role="decode",
+        changes = router_metric(cluster, "kvserve:role_changes_total", from_role="decode",
                          to_role="prefill", result="completed")  # fmt: skip
         assert changes == 1
-        assert router_metric(cluster, "kvserve_workers", role="prefill") == 1
-        assert router_metric(cluster, "kvserve_workers", role="decode") == 1
-        assert router_metric(cluster, "kvserve_slo_attainment", metric="tpot") == 1.0
+        assert router_metric(cluster, "kvserve:workers", role="prefill") == 1
+        assert router_metric(cluster, "kvserve:workers", role="decode") == 1
+        assert router_metric(cluster, "kvserve:slo_attainment", metric="tpot") == 1.0

@@ -134,9 +134,9 @@ def test_every_route_but_health_needs_a_key(harness: Harness) -> None:
 
 def _auth_failures(harness: Harness) -> float:
     for line in harness.get("/metrics")[1].decode().splitlines():
-        if line.startswith("kvserve_auth_failures_total "):
+        if line.startswith("kvserve:auth_failures_total "):
             return float(line.split()[1])
-    raise AssertionError("no kvserve_auth_failures_total")
+    raise AssertionError("no kvserve:auth_failures_total")
 
 
 def test_official_client_with_and_without_a_key(harness: Harness) -> None:
@@ -224,5 +224,5 @@ def _admission(harness: Harness) -> None:
     out = client.completions.create(model=MODEL, prompt=[7, 8], max_tokens=1)  # local: in
     assert out.choices[0].text == " t8"
     metrics = harness.get("/metrics")[1].decode()
-    assert 'kvserve_admission_rejections_total{worker="p1"} 1.0' in metrics
-    assert 'kvserve_requests_total{status="rejected"} 1.0' in metrics
+    assert 'kvserve:admission_rejections_total{worker="p1"} 1.0' in metrics
+    assert 'kvserve:requests_total{status="rejected"} 1.0' in metrics

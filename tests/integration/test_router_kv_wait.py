@@ -29,7 +29,7 @@ from tests.integration.router_harness import (
 )
 from tests.integration.test_disconnect import RawRequest
 
-WAITING = "kvserve_requests_waiting_for_kv"
+WAITING = "kvserve:requests_waiting_for_kv"
 LONG = [9, 8, 7, 6, 5, 4, 3, 2]  # over the harness's threshold (4): disaggregated
 SHORT = [3, 4]  # prefilled by the decode worker itself
 WAIT_S = 60.0
@@ -118,7 +118,7 @@ def test_a_request_waits_for_pages_then_completes(harness: Harness) -> None:
     Reserve calls: woken, not polling), and completes once pages come free."""
     p1, d1, d2 = (harness.stubs[n] for n in ("p1", "d1", "d2"))
     prefills, reserves = len(p1.called("Prefill")), len(d1.called("Reserve"))
-    waited = metric(harness, "kvserve_kv_wait_seconds_count")
+    waited = metric(harness, "kvserve:kv_wait_seconds_count")
     refuse_all(harness)
     call = Call(harness, LONG)
     assert until(waiting(harness, 1))
@@ -129,7 +129,7 @@ def test_a_request_waits_for_pages_then_completes(harness: Harness) -> None:
     assert d2.called("Generate")[-1] == call.request_id
     assert len(d1.called("Reserve")) - reserves < 10
     assert metric(harness, WAITING) == 0
-    assert metric(harness, "kvserve_kv_wait_seconds_count") == waited + 1
+    assert metric(harness, "kvserve:kv_wait_seconds_count") == waited + 1
 
 
 def test_waiting_requests_go_first_come_first_served(harness: Harness) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families as parse
 from transformers import AutoTokenizer
 
 from kvpool.net import free_local_ports
@@ -248,13 +249,19 @@ def test_health_stats_and_metrics(harness: Harness) -> None:
     assert stats["since_start"]["workers"]["p1"]["request_rates"]["pool"] == 1.0
     assert stats["pool_lookup"] == {"enabled": False, "connected": False}
     status, body = harness.get("/metrics")
-    text = body.decode()
-    assert 'kvserve_requests_total{status="ok"}' in text
-    assert 'kvserve_prompt_tokens_total{source="pool",worker="p1"}' in text
-    assert 'kvserve_kv_bytes_total{direction="write"}' in text
-    assert 'kvserve_ttft_seconds_count{mode="disagg",worker="p1"}' in text
-    assert 'kvserve_worker_free_pages{worker="d1"} 200.0' in text
-    assert 'kvserve_worker_queued_prefill_tokens{worker="d1"} 20.0' in text
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))) for f in parse(body.decode()) for s in f.samples
+    }
+    model = ("model_name", MODEL)
+    assert ("kvserve:requests_total", (("status", "ok"),)) in got
+    source = ("source", "external_kv_transfer")
+    assert ("vllm:prompt_tokens_by_source_total", (model, source, ("worker", "p1"))) in got
+    assert ("kvserve:kv_transfer_bytes_total", (("direction", "write"),)) in got
+    ttft = (("mode", "disagg"), model, ("worker", "p1"))
+    assert ("vllm:time_to_first_token_seconds_count", ttft) in got
+    assert ("vllm:request_success_total", (("finished_reason", "length"), model)) in got
+    worker_state = ("vllm:num_requests", "vllm:kv_cache", "kvserve:worker_", "kvserve:kv_pages")
+    assert not [name for name, _ in got if name.startswith(worker_state)]  # the workers' own
 
 
 def test_health_without_workers(redis_url: str, default_model_dir: Path) -> None:

@@ -160,6 +160,19 @@ def test_free_ports_are_distinct_and_cover_every_process() -> None:
     ports += [m.master_port, m.master_metadata_port, m.master_metrics_port]
     assert len(set(ports)) == 9 and len(s.worker_ports) == 4
     assert [w.port for w in s.plan([0]).workers] == list(s.worker_ports)
+    assert not s.worker_metrics_ports and all(not w.metrics_port for w in s.plan([0]).workers)
+
+
+def test_worker_metrics_ports() -> None:
+    s = spec(prefill=1, decode=2, worker_metrics_base_port=9100)
+    workers = s.plan([0]).workers
+    assert [w.metrics_port for w in workers] == [9100, 9101, 9102]
+    assert workers[2].argv[-2:] == ("--worker-metrics-port", "9102")
+    assert workers[0].metrics_url == "http://127.0.0.1:9100/metrics"
+    free = s.with_free_ports()
+    ports = [*free.worker_ports, *free.worker_metrics_ports, free.router_port]
+    assert len(free.worker_metrics_ports) == 3 and len(set(ports)) == 7
+    assert [w.metrics_port for w in free.plan([0]).workers] == list(free.worker_metrics_ports)
 
 
 def test_split_cores() -> None:
@@ -195,6 +208,8 @@ def test_redis_command() -> None:
         ({"redis_port": 70000}, "1..65535"),
         ({"master": MasterConfig(master_port=8000)}, "distinct"),
         ({"worker_ports": (1, 2, 3)}, "3 ports for 2 workers"),
+        ({"worker_metrics_ports": (1,)}, "1 ports for 2 workers"),
+        ({"worker_metrics_base_port": 50062}, "distinct"),
         ({"threads_per_worker": -1}, "threads_per_worker"),
         ({"cores": (0, 0)}, "distinct CPU"),
         ({"cluster_name": "a:b"}, "cluster"),

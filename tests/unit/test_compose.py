@@ -205,11 +205,15 @@ def test_prometheus_scrapes_every_component_where_it_serves_metrics(
         "pool": [f"master:{master.master_metrics_port}"],
         "redis": ["redis-exporter:9121"],  # redis_exporter's own port
     }
+    workers = expected.setdefault("workers", [])  # one job: the role is a label, not the job
     for role in ("prefill", "decode"):
         worker = config_from_args(WorkerConfig, parse(SERVICES[role], monkeypatch))
         assert worker.worker_metrics_port, f"{role} serves no /metrics"
-        expected[role] = [f"{role}:{worker.worker_metrics_port}"]
+        workers.append(f"{role}:{worker.worker_metrics_port}")
     assert _scrape_targets() == expected
+    for job in yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]:  # no role by job
+        assert not job.get("relabel_configs") and not job.get("metric_relabel_configs")
+        assert all(not s.get("labels") for s in job.get("static_configs", []))
     assert router.master_metrics_url == f"http://master:{master.master_metrics_port}/metrics"
     jobs = yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]
     (job,) = (j for j in jobs if j["job_name"] == "router")

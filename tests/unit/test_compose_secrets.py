@@ -64,9 +64,9 @@ def test_rdma_machines_must_be_given_the_shared_secrets(
         assert cluster.cluster_secret == grant(RDMA_ENV["KVSERVE_CLUSTER_SECRET"], holder)
 
 
-def test_only_the_router_and_prometheus_are_published_and_on_loopback_only() -> None:
+def test_only_the_router_prometheus_and_grafana_are_published_and_on_loopback_only() -> None:
     published = {n: s["ports"] for n, s in SERVICES.items() if s.get("ports")}
-    assert set(published) == {"router", "prometheus"}
+    assert set(published) == {"router", "prometheus", "grafana"}
     assert all(str(p).startswith("127.0.0.1:") for ports in published.values() for p in ports)
 
 
@@ -88,6 +88,9 @@ def test_secrets_are_made_up_once_kept_and_given_ones_win(tmp_path: Path) -> Non
             and (tmp_path / f"{holder}/redis_password").read_text() == "pw"
         )
     assert (tmp_path / "redis/redis.conf").read_text() == 'requirepass "pw"\n'
+    assert (tmp_path / "grafana/admin_password").read_text() == first["grafana/admin_password"]
+    module.write(tmp_path, {"KVSERVE_GRAFANA_PASSWORD": "gp"})
+    assert (tmp_path / "grafana/admin_password").read_text() == "gp"
     assert json.loads((tmp_path / "exporter/passwords.json").read_text()) == {
         environment(SERVICES["redis-exporter"])["REDIS_ADDR"]: "pw"
     }
@@ -125,7 +128,10 @@ def test_each_secret_is_mounted_only_where_it_is_read(secrets_roots: dict[str, P
         "secrets-redis": {"redis"},
         "secrets-exporter": {"redis-exporter"},
         "secrets-prometheus": {"prometheus"},
+        "secrets-grafana": {"grafana"},
     }
+    grafana = SERVICES["grafana"]
+    assert secret_file(grafana, environment(grafana)["GF_SECURITY_ADMIN_PASSWORD__FILE"], root)
     for name in ("prefill", "decode", "router"):
         exported = secret_env(SERVICES[name], root)
         assert exported["KVSERVE_REDIS_PASSWORD"] == password

@@ -173,10 +173,26 @@ def test_server_counters_count_from_zero_when_absent_before() -> None:
     from kvserve.loadgen.counters import counters_delta, parse_counters
 
     empty = parse_counters(
-        "# HELP kvserve_kv_bytes_total bytes\n# TYPE kvserve_kv_bytes_total counter\n"
+        "# HELP kvserve:kv_transfer_bytes_total bytes\n"
+        "# TYPE kvserve:kv_transfer_bytes_total counter\n"
     )
-    later = parse_counters('kvserve_kv_bytes_total{direction="write"} 10.0\n')
+    later = parse_counters('kvserve:kv_transfer_bytes_total{direction="write"} 10.0\n')
     assert empty == {} and later
     assert counters_delta(empty, later) == later  # first use: everything is new
     assert counters_delta(empty, empty) is None  # a server without our counters
     assert counters_delta(None, later) is None  # could not read it before
+
+
+def test_prompt_sources_read_back_from_vllm_names() -> None:
+    from kvserve.loadgen.counters import parse_counters
+
+    text = "".join(
+        f'vllm:prompt_tokens_by_source_total{{model_name="m",worker="{w}",source="{s}"}} {n}\n'
+        for w, s, n in [
+            ("p0", "local_cache_hit", 3),
+            ("p1", "local_cache_hit", 4),
+            ("p0", "external_kv_transfer", 5),
+            ("p0", "local_compute", 6),
+        ]
+    )
+    assert parse_counters(text) == {"prompt_tokens": {"local": 7, "pool": 5, "computed": 6}}

@@ -34,4 +34,4 @@ def test_flow_results_feed_the_window_and_the_report() -> None:
     assert (snapshot["ttft_attainment"], snapshot["tpot_attainment"]) == (0.5, 0.0)
     assert controller.tick() is None  # no live worker, nothing to move
     text = controller.metrics.render().decode()
-    assert 'kvserve_slo_attainment{metric="ttft"} 0.5' in text
+    assert 'kvserve:slo_attainment{metric="ttft"} 0.5' in text
