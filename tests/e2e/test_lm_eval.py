@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import pytest
 
 from kvserve.cluster.launch import Cluster
 from tests.integration.reference import hf_greedy, hf_logprobs
-from tests.tiny_cluster import MODEL_NAME, tiny_cluster_spec
+from tests.tiny_cluster import MODEL_NAME
 
 ATOL = 1e-4
 QUESTIONS = [
@@ -72,9 +71,9 @@ metric_list:
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tiny_cluster_spec(tiny_model_dir, tmp_path_factory.mktemp("cluster"))) as up:
-        yield up
+def cluster(eval_cluster: Cluster) -> Cluster:
+    """The cluster shared with the other evaluation-API tests (``conftest.py``)."""
+    return eval_cluster
 
 
 def write_tasks(root: Path) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +25,15 @@ import pytest
 
 from kvserve.cluster.launch import Cluster
 from tests.integration.reference import hf_logprobs
-from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
+from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of
 
 ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tiny_cluster_spec(tiny_model_dir, tmp_path_factory.mktemp("cluster"))) as up:
-        yield up
+def cluster(eval_cluster: Cluster) -> Cluster:
+    """The cluster shared with the other evaluation-API tests (``conftest.py``)."""
+    return eval_cluster
 
 
 @pytest.fixture(scope="module")
