@@ -50,6 +50,7 @@ from router.flow_types import (
     FlowObserver,
     FlowResult,
     Usage,
+    checked_logprobs,
     rpc_error,
     status_of,
 )
@@ -149,7 +150,9 @@ class RequestFlow:
         self._first_token("disagg", prefill.worker_id)
         self._completion_tokens = 1
         finish = self._finish_reason(reply.finish_reason)
-        logprobs = (reply.logprob,) if reply.HasField("logprob") else ()
+        got = (reply.logprob,) if reply.HasField("logprob") else ()
+        params, pid = self.plan.params, prefill.worker_id
+        logprobs = checked_logprobs(got, 1, params, "logprobs", pid)
         if finish is not None:
             await self._involved.abort([decoder])  # nothing to decode: free the reservation now
             yield Chunk(reply.text, (reply.first_token,), finish, self._usage(), logprobs)
@@ -251,26 +254,30 @@ class RequestFlow:
         elif first_token is not None:
             request.first_token = first_token
         call = worker.stub.Generate(request, timeout=self.plan.time_left())
+        prompt, wid = len(plan.prompt_token_ids), worker.worker_id
         last = plan.clock()
         awaiting_prefill = first_token is None and not resume
         try:
             async for msg in call:
                 now = plan.clock()
-                prompt_logprobs = tuple(msg.prompt_logprobs) if awaiting_prefill else ()
+                prompt_logprobs: tuple[pb.TokenLogprob, ...] = ()
                 if awaiting_prefill:
                     awaiting_prefill = False
-                    self._prefilled(worker.worker_id, msg.usage)
-                    self._first_token("local", worker.worker_id)
+                    prompt_logprobs = checked_logprobs(
+                        msg.prompt_logprobs, prompt - 1, plan.params, "prompt_logprobs", wid
+                    )
+                    self._prefilled(wid, msg.usage)
+                    self._first_token("local", wid)
                 elif msg.token_ids:
-                    gap = now - last
-                    self.observer.on_chunk(self._mode, worker.worker_id, gap, len(msg.token_ids))
+                    self.observer.on_chunk(self._mode, wid, now - last, len(msg.token_ids))
                 last = now
                 if msg.HasField("transfer") and msg.transfer.bytes:
                     self.observer.on_transfer("read", msg.transfer)
                 self._completion_tokens += len(msg.token_ids)
                 finish = self._finish_reason(msg.finish_reason)
                 usage = self._usage() if finish else None
-                ids, logprobs = tuple(msg.token_ids), tuple(msg.logprobs)
+                ids = tuple(msg.token_ids)
+                logprobs = checked_logprobs(msg.logprobs, len(ids), plan.params, "logprobs", wid)
                 yield Chunk(msg.text, ids, finish, usage, logprobs, prompt_logprobs)
                 if finish is not None:
                     return

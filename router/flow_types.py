@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import grpc
 
@@ -151,3 +151,27 @@ def rpc_error(exc: grpc.aio.AioRpcError) -> APIError:
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
         return unavailable(f"a worker is unavailable: {detail}")
     return APIError(500, f"a worker failed: {detail}")
+
+
+def checked_logprobs(
+    values: Sequence[pb.TokenLogprob],
+    count: int,
+    params: pb.SamplingParams,
+    field: Literal["logprobs", "prompt_logprobs"],
+    worker_id: str,
+) -> tuple[pb.TokenLogprob, ...]:
+    """A worker's logprobs for ``count`` tokens of a request whose ``params`` ask (or not)
+    for ``field``: ``count`` entries of at most the asked alternatives each, or none when
+    none was asked; 502 for any other shape, so a worker's bad answer fails its own request,
+    never the router."""
+    wanted = getattr(params, field) if params.HasField(field) else None
+    if wanted is None and not values:
+        return ()
+    ok = (
+        wanted is not None
+        and len(values) == count
+        and all(len(v.top_ids) == len(v.top_logprobs) <= wanted for v in values)
+    )
+    if not ok:
+        raise APIError(502, f"worker {worker_id} returned logprobs of the wrong shape")
+    return tuple(values)
