@@ -53,6 +53,8 @@ def token_routes(service: RouterService, secured: bool) -> APIRouter:
         if (req.prompt is None) == (req.messages is None):
             raise invalid("give exactly one of prompt and messages", "prompt")
         if req.messages is not None:
+            if not req.messages:
+                raise invalid("messages must not be empty", "messages", "invalid_value")
             messages = [m.to_template() for m in req.messages]
             try:
                 ids = await service.tokenizers.off_loop(tok.encode_chat, messages)
