@@ -93,8 +93,9 @@ class MooncakeStore:
             from mooncake.store import MooncakeDistributedStore
         except ImportError as exc:  # missing wheel or missing libibverbs1
             raise PoolUnavailableError(
-                f"cannot import mooncake.store ({exc}); run scripts/setup.sh (it installs "
-                "mooncake-transfer-engine-non-cuda and Debian's libibverbs1)"
+                f"cannot import mooncake.store ({exc}): the pool needs Mooncake Store, "
+                "kvserve's pool-cpu extra (pool-cuda on a GPU machine), and Debian's "
+                "libibverbs1; scripts/setup.sh installs both"
             ) from exc
         host, _, port = config.pool_master.rpartition(":")
         master = (host.strip("[]"), int(port)) if port.isdigit() else None

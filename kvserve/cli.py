@@ -13,10 +13,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
+from kvserve.extras import missing_extra
 from kvserve.settings import SettingError, add_config_args, setting
 from kvserve.settings_file import active, config_path, load
 from kvserve.verbs import Verb, add_verbs
+from proto.package import package_version
 
 VERBS = (
     Verb(
@@ -80,21 +83,12 @@ class CommonConfig:
     log_level: str = setting("INFO", choices=LOG_LEVELS, parse=str.upper)
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("kvserve")
-    except PackageNotFoundError:  # a source tree that was never installed
-        return "unknown"
-
-
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``only`` (the verb about to be parsed, or ``""`` for
     none), the :data:`GROUPS` verbs other than ``only`` are listed without their arguments,
     so that a worker, the router or ``--help`` do not import what only benchmarks need."""
     parser = argparse.ArgumentParser(prog="kvserve", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"kvserve {_version()}")
+    parser.add_argument("--version", action="version", version=f"kvserve {package_version()}")
     parser.add_argument(
         "--config",
         default=argparse.SUPPRESS,
@@ -121,11 +115,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if layer is not None:
             layer.check_all_taken()
     except SettingError as exc:  # a malformed KVSERVE_* variable or file key: one line
-        print(f"kvserve: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc))
+    except ModuleNotFoundError as exc:  # a benchmark verb's arguments, without its extra
+        return _error(missing_extra(exc) or _reraise(exc))
     args = parser.parse_args(words)
     try:
         return int(args.func(args))
     except (ValueError, FileNotFoundError) as exc:
-        print(f"kvserve: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc))
+    except ModuleNotFoundError as exc:
+        return _error(missing_extra(exc) or _reraise(exc))
+
+
+def _error(message: str) -> int:
+    """Print ``message`` as kvserve's one-line error; 2 (a usage or setup error)."""
+    print(f"kvserve: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _reraise(exc: BaseException) -> NoReturn:
+    """Raise ``exc`` again (a missing module no extra brings: a broken install)."""
+    raise exc

