@@ -43,6 +43,7 @@ from router.request_ids import RequestIdMiddleware
 from router.routes.generation import generation_routes
 from router.routes.info import info_routes
 from router.routes.ops import ops_routes
+from router.routes.page import page_routes
 from router.routes.tokens import token_routes
 from router.service import RouterService
 
@@ -72,6 +73,7 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
     openapi.install(app, secured=keys.enabled)
     for routes in (generation_routes, info_routes, ops_routes, token_routes):
         app.include_router(routes(service, keys.enabled))
+    app.include_router(page_routes())
     return app
 
 

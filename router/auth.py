@@ -7,12 +7,14 @@ Contract:
    unnamed, ``""``). The first ``=`` ends the tenant name, so a key that itself contains
    ``=`` (padded base64) must be written with its tenant. Tenant names are 1-64 of
    ``A-Z a-z 0-9 _ . -``; keys are visible ASCII without ``,``; a key may appear once.
-2. With keys, every HTTP request except ``GET /health`` (load-balancer probes) must carry
+2. With keys, every HTTP request except ``GET /health`` (load-balancer probes) and the
+   status page's files (:data:`STATUS_PAGE`: static, they hold no data) must carry
    ``Authorization: Bearer <key>``; the API, ``/metrics``, ``/v1/models``,
-   ``/v1/cache/stats``, ``/v1/controller`` and the OpenAPI docs (``/openapi.json``,
-   ``/docs``, ``/redoc``) are all covered, and so are unknown paths (a 401 reveals no
-   route). Anything else is answered 401 in OpenAI's error format, code
-   ``invalid_api_key``, with ``WWW-Authenticate: Bearer``, before the body is read.
+   ``/v1/cache/stats``, ``/v1/controller``, ``/v1/status`` (the page's data) and the
+   OpenAPI docs (``/openapi.json``, ``/docs``, ``/redoc``) are all covered, and so are
+   unknown paths (a 401 reveals no route). Anything else is answered 401 in OpenAI's
+   error format, code ``invalid_api_key``, with ``WWW-Authenticate: Bearer``, before the
+   body is read.
 3. Keys are compared in constant time: the presented token and every configured key are
    hashed (SHA-256, so lengths leak nothing) and compared with :func:`hmac.compare_digest`
    against every key, without an early exit.
@@ -35,7 +37,11 @@ from typing import Any
 
 from router.errors import APIError
 
-OPEN_PATHS = frozenset({"/health"})
+STATUS_PAGE = {"/": "status.html", "/status.js": "status.js", "/status.css": "status.css"}
+"""The status page: path -> its file in ``router/static`` (:mod:`router.routes.page`).
+Public: a browser cannot send a key with a page load, and the files hold no data; the
+page's script asks for a key and sends it to ``/v1/status``."""
+OPEN_PATHS = frozenset({"/health", *STATUS_PAGE})
 TENANT_STATE = "kvserve_tenant"
 _TENANT_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _KEY_RE = re.compile(r"[\x21-\x2b\x2d-\x7e]+")  # visible ASCII except ","

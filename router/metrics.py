@@ -104,6 +104,15 @@ class RouterMetrics:
     def count_request(self, status: str) -> None:
         self.statuses.labels(status).inc()
 
+    def request_counts(self) -> dict[str, int]:
+        """``kvserve:requests_total`` as ``{status: requests}``, the statuses seen so far."""
+        return {
+            sample.labels["status"]: int(sample.value)
+            for family in self.statuses.collect()
+            for sample in family.samples
+            if sample.name.endswith("_total")
+        }
+
     def set_model(self, name: str) -> None:
         """The ``model_name`` of the request figures from now on (the workers' model)."""
         self.requests.model_name = name

@@ -35,6 +35,12 @@ ABORT = "abort"
 vLLM counts an aborted request."""
 
 
+def itl_of(gap_s: float, tokens: int) -> float:
+    """The inter-token latency of a streamed chunk of ``tokens`` tokens that came
+    ``gap_s`` after the previous one (a chunk counts as at least one token)."""
+    return gap_s / max(1, tokens)
+
+
 class RequestMetrics:
     """Registered on the router's registry by :class:`router.metrics.RouterMetrics`.
 
@@ -109,7 +115,7 @@ class RequestMetrics:
         self.ttft.labels(self.model_name, mode, worker).observe(seconds)
 
     def observe_chunk(self, mode: str, worker: str, gap_s: float, tokens: int) -> None:
-        self.itl.labels(self.model_name, mode, worker).observe(gap_s / max(1, tokens))
+        self.itl.labels(self.model_name, mode, worker).observe(itl_of(gap_s, tokens))
 
     def observe_finish(self, result: FlowResult) -> None:
         """A flow ended: its generated tokens (whatever the status), and for a flow that

@@ -46,6 +46,7 @@ from router.flow_plan import Planner
 from router.flow_types import Chunk
 from router.kv_index import KVIndex
 from router.kv_wait import KVWaitQueue
+from router.latency_window import LiveLatency
 from router.live_worker import LiveWorker
 from router.metrics import RouterMetrics
 from router.pool_lookup import PoolLookup
@@ -72,7 +73,10 @@ class RouterService:
         self.cache_stats = CacheStats()
         self.view = WorkerView(cluster, on_poll=self._on_poll, on_reject=self._on_reject)
         self.controller = RoleController(router, self.view, self.metrics)
-        self.telemetry = Telemetry(self.metrics, self.cache_stats, self.controller.record)
+        self.latency = LiveLatency()
+        self.telemetry = Telemetry(
+            self.metrics, self.cache_stats, self.controller.record, self.latency
+        )
         self.pool = PoolLookup(pool, cluster, router.pool_lookup, router.pool_lookup_timeout_s)
         self.kv_index = KVIndex(cluster, self.metrics.index.count_batch, self._on_reject_event)
         self.planner = Planner(router, self.view.live, self.pool, self.metrics, self.kv_index)

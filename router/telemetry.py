@@ -1,5 +1,6 @@
 """The :class:`router.flow_types.FlowObserver` of the app: flows report to metrics, cache
-stats and, through ``on_result``, to the P:D controller's SLO window."""
+stats, the live latency windows of the status page (when given) and, through
+``on_result``, to the P:D controller's SLO window."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from collections.abc import Callable
 from proto import worker_pb2 as pb
 from router.cache_stats import CacheStats, PrefillRecord
 from router.flow_types import FlowResult
+from router.latency_window import LiveLatency
 from router.metrics import RouterMetrics
+from router.request_metrics import itl_of
 
 
 class Telemetry:
@@ -17,9 +20,12 @@ class Telemetry:
         metrics: RouterMetrics,
         cache_stats: CacheStats,
         on_result: Callable[[FlowResult], None] | None = None,
+        latency: LiveLatency | None = None,
     ) -> None:
         self.metrics = metrics
         self.cache_stats = cache_stats
+        self.latency = latency
+        """Takes every TTFT and ITL sample that the histograms take (None: not kept)."""
         self.on_result = on_result
         """Called with every finished flow's result (after the metrics)."""
 
@@ -45,9 +51,13 @@ class Telemetry:
 
     def on_first_token(self, mode: str, worker_id: str, seconds: float) -> None:
         self.metrics.requests.observe_first_token(mode, worker_id, seconds)
+        if self.latency is not None:
+            self.latency.ttft.add(seconds)
 
     def on_chunk(self, mode: str, worker_id: str, gap_s: float, tokens: int) -> None:
         self.metrics.requests.observe_chunk(mode, worker_id, gap_s, tokens)
+        if self.latency is not None:
+            self.latency.itl.add(itl_of(gap_s, tokens))
 
     def on_migrate(self, from_worker: str, to_worker: str) -> None:
         self.metrics.migrations.labels(from_worker, to_worker).inc()

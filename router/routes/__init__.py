@@ -3,5 +3,8 @@
 
 - :mod:`router.routes.generation`: ``POST /v1/completions`` and ``/v1/chat/completions``;
 - :mod:`router.routes.info`: ``GET /v1/models`` and ``/health``;
-- :mod:`router.routes.ops`: ``GET /metrics``, ``/v1/controller`` and ``/v1/cache/stats``.
+- :mod:`router.routes.ops`: ``GET /metrics``, ``/v1/controller``, ``/v1/cache/stats`` and
+  ``/v1/status``;
+- :mod:`router.routes.tokens`: ``POST /tokenize``, ``/detokenize`` and ``GET /version``;
+- :mod:`router.routes.page`: the status page, ``GET /`` and its script and style.
 """

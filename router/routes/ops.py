@@ -1,5 +1,6 @@
 """Operations: ``GET /metrics`` (Prometheus), ``GET /v1/controller`` (the P:D
-controller) and ``GET /v1/cache/stats`` (prefix cache and pool statistics)."""
+controller), ``GET /v1/cache/stats`` (prefix cache and pool statistics) and
+``GET /v1/status`` (what the status page shows, :mod:`router.status`)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ from starlette.responses import Response
 from router import openapi
 from router.pool_stats import pool_stats
 from router.service import RouterService
+from router.status import StatusReport, status_report
 
 TEXT = {"text/plain": {"schema": {"type": "string"}}}
 
 
 def ops_routes(service: RouterService, secured: bool) -> APIRouter:
-    """The three routes over ``service`` (behind the API keys when ``secured``):
+    """The four routes over ``service`` (behind the API keys when ``secured``):
     :meth:`RouterService.render_metrics`; the controller's report; the cache statistics
-    with the pool lookup's state and (``--master-metrics-url``) the pool master's. Only
-    ``/v1/controller`` has a docstring: it is its OpenAPI description."""
+    with the pool lookup's state and (``--master-metrics-url``) the pool master's; the
+    status report. Only ``/v1/controller`` and ``/v1/status`` have a docstring: it is
+    their OpenAPI description."""
     routes = APIRouter()
     reads = openapi.responses((), secured)
     config = service.config
@@ -41,5 +44,11 @@ def ops_routes(service: RouterService, secured: bool) -> APIRouter:
         if config.master_metrics_url:
             out["pool"] = await pool_stats(config.master_metrics_url)
         return out
+
+    @routes.get("/v1/status", responses=reads)
+    async def status() -> StatusReport:
+        """What the status page shows: the workers (role, state, queue, KV use), cache hit
+        rates, live TTFT / ITL, request counts and the P:D controller's latest decisions."""
+        return status_report(service)
 
     return routes

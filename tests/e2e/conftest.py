@@ -1,7 +1,8 @@
-"""The cluster that the evaluation-API tests share (``test_lm_eval.py`` and
-``test_openai_eval_api.py``, next to each other in the run): a prefill and a decode worker
-on the tiny model, every request disaggregated. Package-scoped, so it starts once for both
-and stops after the last test of this folder."""
+"""The cluster that the evaluation-API tests and the status page's test share
+(``test_lm_eval.py``, ``test_openai_eval_api.py`` and ``test_status_page.py``, next to each
+other in the run): a prefill and a decode worker on the tiny model, every request
+disaggregated. Package-scoped, so it starts once for all three and stops after the last
+test of this folder."""
 
 from __future__ import annotations
 

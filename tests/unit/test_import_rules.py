@@ -43,6 +43,7 @@ PURE = (
     "router/kv_wait.py",
     "router/ratio.py",
     "router/ratio_config.py",
+    "router/latency_window.py",
 )
 IMPURE = ("torch", "numpy", "grpc", "redis", "socket", "subprocess", "urllib", "mooncake")
 NO_BENCH = ("kvserve/sim", "kvserve/loadgen")

@@ -135,22 +135,25 @@ def call(app: Any, path: str, authorization: str | None = None) -> list[dict[str
     return sent
 
 
-def test_middleware_guards_every_path_but_health() -> None:
+def test_middleware_guards_every_path_but_health_and_the_status_page() -> None:
     inner, rejected = Recorder(), []
     app = ApiKeyMiddleware(inner, parse_api_keys("sk-shared,alice=sk-alice"),
                            on_reject=lambda: rejected.append(1))  # fmt: skip
-    for path in ("/v1/completions", "/metrics", "/openapi.json", "/docs", "/nowhere"):
+    for path in ("/v1/completions", "/metrics", "/openapi.json", "/docs", "/v1/status"):
         start, body = call(app, path, "Bearer wrong")
         assert start["status"] == 401
         assert (b"www-authenticate", b"Bearer") in start["headers"]
         assert json.loads(body["body"]) == unauthorized().body()
     assert call(app, "/v1/models")[0]["status"] == 401  # no header at all
     assert not inner.scopes and len(rejected) == 6
-    assert call(app, "/health")[0]["status"] == 204
+    assert call(app, "/status.html")[0]["status"] == 401  # unknown: guarded (404 hidden)
+    rejected.pop()
+    for path in ("/health", "/", "/status.js", "/status.css"):
+        assert call(app, path)[0]["status"] == 204
     assert call(app, "/v1/models", "Bearer sk-alice")[0]["status"] == 204
     assert call(app, "/v1/models", "Bearer sk-shared")[0]["status"] == 204
-    assert [tenant_of(s) for s in inner.scopes] == ["", "alice", ""]
-    assert inner.scopes[1]["state"] == {"shared": 1, auth.TENANT_STATE: "alice"}
+    assert [tenant_of(s) for s in inner.scopes] == ["", "", "", "", "alice", ""]
+    assert inner.scopes[4]["state"] == {"shared": 1, auth.TENANT_STATE: "alice"}
     assert len(rejected) == 6
 
 
