@@ -5,6 +5,8 @@ with the command that installs it: these tests never skip."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,6 +16,10 @@ import pytest
 from playwright.sync_api import ConsoleMessage, Error, Page, ViewportSize, sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
+DOCS_IMAGE = Path(__file__).resolve().parents[1] / "docs" / "img" / "status_page.png"
+"""The README's screenshot of the status page (:func:`screenshot` with ``docs=True``)."""
+UPDATE_DOCS = "KVSERVE_UPDATE_SCREENSHOTS"
+PNG = b"\x89PNG\r\n\x1a\n"
 LOAD_FAILED = "Failed to load resource:"
 VIEWPORT: ViewportSize = {"width": 1400, "height": 700}
 
@@ -54,3 +60,21 @@ def chromium_page() -> Iterator[Browsed]:
             yield browsed
         finally:
             browser.close()
+
+
+def sign_in(page: Page, key: str) -> None:
+    """Give the status page, once it asks (``GET /v1/status`` answered 401), ``key``."""
+    page.wait_for_selector("#key-form:not([hidden])")
+    page.fill("#key", key)
+    page.click("#key-form button")
+
+
+def screenshot(page: Page, folder: Path, docs: bool = False) -> Path:
+    """The whole page as ``folder/status_page.png`` (checked to be a PNG); with ``docs`` and
+    ``KVSERVE_UPDATE_SCREENSHOTS=1``, copied to :data:`DOCS_IMAGE` too."""
+    shot = folder / "status_page.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.read_bytes().startswith(PNG)
+    if docs and os.environ.get(UPDATE_DOCS) == "1":
+        shutil.copyfile(shot, DOCS_IMAGE)
+    return shot

@@ -10,7 +10,10 @@ in one job and the master. Traffic: closed-loop senders until the controller mov
 decode worker to prefill (its series then say ``role="prefill"``, whatever the job), then
 a stream whose decode worker freezes mid-way, so it migrates, and a few requests more (the
 controller's SLO window starts over after a move). Then every target of every panel is
-queried through Prometheus's HTTP API and must return a finite value.
+queried through Prometheus's HTTP API and must return a finite value; and the router's
+status page, opened in headless Chromium with the client's key, shows the three workers
+(one of them now a prefill worker) and the controller's completed move (its screenshot is
+the README's: :func:`tests.browser.screenshot`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pytest
 
 from kvserve.cluster import faults
 from kvserve.cluster.launch import Cluster
+from tests.browser import chromium_page, screenshot, sign_in
 from tests.dashboard import queries
 from tests.midstream import fault_mid_stream
 from tests.prometheus import Prometheus, prometheus_binary
@@ -149,3 +153,35 @@ def test_every_dashboard_query_returns_data(tiny_model_dir: Path, tmp_path: Path
                 if not finite(prom.query(q.at(WINDOW)))
             ]
             assert not empty, f"panels without data: {empty}"
+        check_status_page(cluster, worker[0]["metric"]["worker"], tmp_path)
+
+
+MOVED = """(worker) => [...document.querySelectorAll('#decisions tbody tr')].some(
+    (r) => r.cells.length === 5 && r.cells[1].textContent === worker
+        && r.cells[4].textContent === 'completed')"""
+"""Script: the decisions table shows ``worker``'s move as completed."""
+
+
+def check_status_page(cluster: Cluster, moved: str, folder: Path) -> None:
+    """The status page with the client's key: 3 workers, ``moved`` among them as a prefill
+    worker, and its move in the controller's decisions ("decode → prefill", completed)."""
+    with chromium_page() as browsed:
+        page = browsed.page
+        page.goto(cluster.router_url + "/")
+        sign_in(page, CLIENT_KEY)
+        page.wait_for_function(MOVED, arg=moved, timeout=30_000)
+        assert page.text_content("#worker-count") == "(3)"
+        rows = page.locator("#workers tbody tr")
+        roles = dict(
+            zip(
+                [t.strip() for t in rows.locator("td:first-child").all_text_contents()],
+                rows.evaluate_all("rows => rows.map(r => r.dataset.role)"),
+                strict=True,
+            )
+        )
+        assert roles[moved] == "prefill" and sorted(roles.values()).count("decode") == 2
+        assert page.text_content("#controller-state") == "on"
+        move = page.locator("#decisions tbody tr", has_text=moved).first.locator("td")
+        assert move.nth(2).text_content() == "decode → prefill"
+        assert browsed.errors == []
+        screenshot(page, folder, docs=True)

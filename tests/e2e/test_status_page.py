@@ -7,15 +7,14 @@ the official ``openai`` client: prompts sent twice (the second finds its prefix 
 prefill worker's cache) and a streamed completion. The page must show both workers with
 their roles, the figures of ``GET /v1/status`` (hit rates, request counts, TTFT / ITL)
 and the controller's section, then a request more on its next refresh. A screenshot goes
-to the test's folder; with ``KVSERVE_UPDATE_SCREENSHOTS=1`` also to
-``docs/img/status_page.png`` (the README's).
+to the test's folder. The page with API keys and the controller's decisions, on a cluster
+whose controller moves a worker, is checked in ``test_dashboard.py`` (which takes the
+README's screenshot).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import urllib.request
 from pathlib import Path
 
@@ -23,11 +22,9 @@ from playwright.sync_api import Locator
 
 from kvserve.cluster.launch import Cluster
 from router.status import StatusReport
-from tests.browser import chromium_page
+from tests.browser import chromium_page, screenshot
 from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of
 
-DOCS_IMAGE = Path(__file__).resolve().parents[2] / "docs" / "img" / "status_page.png"
-PNG = b"\x89PNG\r\n\x1a\n"
 SHOWN_REQUESTS = (
     "Number((document.querySelector('#requests tr.total td')?.textContent ?? '0')"
     ".replace(/,/g, ''))"
@@ -103,10 +100,4 @@ def test_status_page_shows_the_live_cluster(eval_cluster: Cluster, tmp_path: Pat
         client.completions.create(model=MODEL_NAME, prompt=prompt_of(48, 8300), max_tokens=4)
         page.wait_for_function(LIVE, arg=[2, shown], timeout=30_000)  # the next refresh
         assert browsed.errors == []
-
-        shot = tmp_path / "status_page.png"
-        page.screenshot(path=str(shot), full_page=True)
-    assert shot.read_bytes().startswith(PNG)
-    if os.environ.get("KVSERVE_UPDATE_SCREENSHOTS") == "1":
-        DOCS_IMAGE.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shot, DOCS_IMAGE)
+        screenshot(page, tmp_path)
