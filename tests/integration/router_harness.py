@@ -1,7 +1,8 @@
 """Stub workers and a router harness for the router's integration tests.
 
 The stub workers are real ``grpc.aio`` servers and deterministic: output token ``i`` of a
-prompt ``p`` is ``p[i % len(p)] + 1`` and its text is ``" t<id>"``. They record every call
+prompt ``p`` is ``p[i % len(p)] + 1`` and its text is ``" t<id>"``; asked for logprobs,
+they answer each token's in the shape a worker must (:func:`stub_logprob`). They record every call
 (method, request id); the verbs in ``refusing`` answer UNAVAILABLE, as a draining worker's;
 ``refuse`` and ``too_big`` make ``Reserve`` answer "no free pages now" and "can never fit".
 :class:`Harness` runs them and the router (uvicorn) on one event loop in a thread,
@@ -21,7 +22,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import openai
@@ -58,6 +59,18 @@ def prompt_usage(n: int) -> pb.PromptUsage:
     return pb.PromptUsage(
         prompt_tokens=n, local_tokens=local, pool_tokens=pool, computed_tokens=n - local - pool
     )
+
+
+def stub_logprob(
+    token: int, params: pb.SamplingParams, field: Literal["logprobs", "prompt_logprobs"]
+) -> list[pb.TokenLogprob]:
+    """``token``'s logprob entry when ``params`` ask for ``field`` (``logprobs`` or
+    ``prompt_logprobs``), else none: -1 for the token, and as many alternatives as asked
+    (the token first, then the ids after it, each 1 lower)."""
+    if not params.HasField(field):
+        return []
+    top = [token + k for k in range(getattr(params, field))]
+    return [pb.TokenLogprob(logprob=-1.0, top_ids=top, top_logprobs=[-1.0 - k for k in top])]
 
 
 STUB_CONTRACT = f"{Namespace(model=MODEL, dtype='float32', block_tokens=16).key}|stub-wire"
@@ -112,13 +125,16 @@ class StubWorker(WorkerServicer):
         await self._admit("Prefill", request.request_id, context)
         prompt = list(request.prompt_token_ids)
         first = out_token(prompt, 0)
-        return pb.PrefillReply(
+        reply = pb.PrefillReply(
             first_token=first,
             text=f" t{first}",
             finish_reason=LENGTH if request.params.max_tokens == 1 else UNFINISHED,
             usage=prompt_usage(len(prompt)),
             transfer=pb.Transfer(bytes=1000, seconds=0.5),
         )
+        for logprob in stub_logprob(first, request.params, "logprobs"):
+            reply.logprob.CopyFrom(logprob)
+        return reply
 
     @override
     async def Generate(
@@ -139,10 +155,16 @@ class StubWorker(WorkerServicer):
             await asyncio.sleep(self.delay_s)
             tok = out_token(prompt, i)
             chunk = pb.TokenChunk(token_ids=[tok], text=f" t{tok}")
+            chunk.logprobs.extend(stub_logprob(tok, request.params, "logprobs"))
             if i == n - 1:
                 chunk.finish_reason = LENGTH
             if i == start:
                 chunk.usage.CopyFrom(prompt_usage(len(prompt)))
+                if not (remote or resume):
+                    for t in prompt[1:]:
+                        chunk.prompt_logprobs.extend(
+                            stub_logprob(t, request.params, "prompt_logprobs")
+                        )
                 if remote:
                     chunk.transfer.CopyFrom(pb.Transfer(bytes=700, seconds=0.25))
             yield chunk

@@ -70,6 +70,29 @@ def test_disaggregated_completion(harness: Harness) -> None:
     assert rid not in d1.called("Abort") + p1.called("Abort")
 
 
+@pytest.mark.parametrize("top", [0, 2])
+def test_logprobs_cross_the_hand_off_in_the_workers_shape(harness: Harness, top: int) -> None:
+    """The stubs answer logprobs as a worker must (the first token's from the prefill
+    worker, the rest from the decode worker): the router passes them on, none refused as
+    ill-shaped (the HTTP fuzz test once found a 502 here, when the stubs sent none)."""
+    prompt = [10, 20, 30, 40, 50, 60, 70]
+    client = harness.client()
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, logprobs=top)
+    logprobs = out.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs == [-1.0] * 3
+    assert [len(t) for t in logprobs.top_logprobs or []] == [max(top, 1)] * 3  # the token too
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hello there, how are you today?"}],
+        max_tokens=3,
+        logprobs=True,
+        top_logprobs=top,
+    )
+    content = chat.choices[0].logprobs and chat.choices[0].logprobs.content
+    assert content and [c.logprob for c in content] == [-1.0] * 3
+    assert [len(c.top_logprobs) for c in content] == [top] * 3
+
+
 def test_short_prompt_is_prefilled_by_the_decode_worker(harness: Harness) -> None:
     d1 = harness.stubs["d1"]
     reserves = len(d1.called("Reserve"))

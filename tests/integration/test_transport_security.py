@@ -242,10 +242,18 @@ def test_real_worker_over_mutual_tls_and_frozen(
             worker.stop(10)
 
 
+def read_link(fd: Path) -> str | None:
+    """Where the descriptor ``fd`` of ``/proc/<pid>/fd`` points; None once it is closed."""
+    try:
+        return str(fd.readlink())
+    except FileNotFoundError:
+        return None
+
+
 def listening(pid: int) -> list[str]:
-    """``ip:port`` of every TCP socket process ``pid`` listens on (from ``/proc``)."""
-    fds = Path(f"/proc/{pid}/fd")
-    links = [str(fd.readlink()) for fd in fds.iterdir()]
+    """``ip:port`` of every TCP socket process ``pid`` listens on (from ``/proc``; a
+    descriptor closed while they are read is skipped: it is no listening socket)."""
+    links = [link for fd in Path(f"/proc/{pid}/fd").iterdir() if (link := read_link(fd))]
     inodes = {link[8:-1] for link in links if link.startswith("socket:[")}
     found = []
     for table in ("tcp", "tcp6"):
