@@ -14,7 +14,8 @@ A result row per (deployment, policy), keyed by both. The headline is the ratio 
 DistServe goodputs (the highest rate with at least 90% of requests meeting both SLOs,
 interpolated) of the first run to the second (two deployments, or one deployment under two
 policies), with every attainment curve in the results (and plotted side by side with
-``--out``). Absolute SLOs are required so every run is held to the same targets.
+``--out``, which also saves what the plots are drawn from: :mod:`.compare_plot`; ``--replot``
+draws them again). Absolute SLOs are required so every run is held to the same targets.
 """
 
 from __future__ import annotations
@@ -48,13 +49,16 @@ class CompareConfig:
     - ``deployments``: splits to start in turn (``<n>p<m>d<k>m``), the first against the
       second;
     - ``policies``: router policies, each run on every deployment (a fresh cluster each);
-    - ``disagg_threshold_tokens``: the router's (default: the router's, 256).
+    - ``disagg_threshold_tokens``: the router's (default: the router's, 256);
+    - ``replot``: run nothing, draw the plots again from this ``compare_runs.json`` (what
+      ``--out`` saves) into ``--out`` (default: the file's folder).
     """
 
     env_prefix: ClassVar[str] = BENCH_ENV
     deployments: list[str] = setting(["1p1d", "2m"])
     policies: list[str] = setting(["cache_aware"], choices=POLICIES, aliases=("--policy",))
     disagg_threshold_tokens: int | None = None
+    replot: Path | None = None
 
 
 SETTINGS = (CompareConfig, SegmentConfig, *opt.LOAD_SETTINGS, EngineConfig)
@@ -118,6 +122,12 @@ def goodput(result: dict[str, Any]) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replot is not None:
+        from kvserve.bench.compare_plot import replot
+
+        files = replot(args.replot, args.out or args.replot.parent)
+        log(f"bench compare: plots of {args.replot} drawn again: {', '.join(map(str, files))}")
+        return 0
     if args.slo_ttft_s is None and args.slo_tpot_s is None and args.slo_tbt_s is None:
         raise ValueError("bench compare needs absolute SLOs: --slo-ttft-s and --slo-tpot-s")
     engine = config_from_args(EngineConfig, args)
@@ -144,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
     second = goodputs[1] if len(goodputs) > 1 else None
     ratio = first / second if first is not None and second else None
     if args.out is not None:
+        from kvserve.bench.compare_plot import write_plots
+
         write_plots(args.out, results)
     conditions = next(iter(results.values()))["conditions"]
     conditions = {
@@ -167,17 +179,3 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     return 0
-
-
-def write_plots(out: Path, results: dict[tuple[str, str], dict[str, Any]]) -> None:
-    """The attainment curves, goodputs and latency CDFs of every (deployment, policy) run."""
-    from kvserve.loadgen import plots
-
-    out.mkdir(parents=True, exist_ok=True)
-    named = {f"{name} {policy}": r for (name, policy), r in results.items()}
-    series = [(name, r["points"]) for name, r in named.items()]
-    plots.attainment_vs_rate(series, out / "attainment_vs_rate.png")
-    bars = [(name, goodput(r)) for name, r in named.items()]
-    plots.goodput_bars(bars, out / "goodput.png", "goodput (req/s)")
-    runs = [(f"{name} {label}", recs) for name, r in named.items() for label, recs in r["runs"]]
-    plots.latency_cdfs(runs, out / "latency_cdf.png")

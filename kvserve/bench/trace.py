@@ -13,7 +13,7 @@
 4. With ``--sweep-overlap-weights`` and ``--sweep-home-slacks`` (and/or
    ``--sweep-decode-weights``): the sweep that measures ``cache_aware``'s locality weights
    (:mod:`kvserve.bench.tracesweep`) over the same capacities and worker counts.
-5. Print one JSON object; with ``--out``, also PNG plots (needs matplotlib).
+5. Print one JSON object; with ``--out``, also PNG plots (:mod:`.trace_plot`).
 
 Headline: real-pool token hit rate over the offline LRU's at the largest capacity.
 """
@@ -160,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
         rows += sweep_rows(requests, chains, points, grid, args.sweep_decode_weights, model)
     emit("trace", _conditions(args, len(requests), capacities, settings), rows, _headline(rows))
     if args.out is not None:
+        from kvserve.bench.trace_plot import plot
+
         plot(rows, args.out)
     return 0
 
@@ -243,45 +245,3 @@ def _headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "ratio": ratio(pool, lru) if pool is not None else None,
         "target": 1.0,
     }
-
-
-def plot(rows: list[dict[str, Any]], out: Path) -> None:
-    """Write ``hit_rate_vs_capacity.png`` and ``local_vs_shared.png`` into ``out``; without
-    matplotlib, log and write nothing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log("plots skipped: matplotlib is not installed")
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    caps = [r for r in rows if r["section"] == "capacity"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [r["capacity_blocks"] for r in caps]
-    ax.plot(xs, [r["lru"]["token_hit_rate"] for r in caps], "o-", label="offline LRU")
-    if all("pool" in r for r in caps):
-        ax.plot(xs, [r["pool"]["token_hit_rate"] for r in caps], "s-", label="Mooncake pool")
-    ax.set(xscale="log", xlabel="capacity (blocks)", ylabel="prefix hit rate (tokens)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "hit_rate_vs_capacity.png", dpi=120)
-    plt.close(fig)
-    cluster = [r for r in rows if r["section"] == "cluster"]
-    top = max(r["capacity_blocks"] for r in cluster) if cluster else 0
-    cluster = [r for r in cluster if r["capacity_blocks"] == top]
-    if not cluster:
-        return
-    fig, ax = plt.subplots(figsize=(max(6, len(cluster) * 0.8), 4))
-    labels = [f"{r['policy']}\nN={r['workers']}" for r in cluster]
-    pos = list(range(len(cluster)))
-    for shift, kind in ((-0.2, "local"), (0.2, "shared")):
-        heights = [r[f"token_hit_rate_{kind}"] for r in cluster]
-        ax.bar([p + shift for p in pos], heights, 0.4, label=kind)
-    ax.set_xticks(pos, labels, rotation=30, ha="right", fontsize=7)
-    ax.set(ylabel="prefix hit rate (tokens)", title=f"capacity {top} blocks")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "local_vs_shared.png", dpi=120)
-    plt.close(fig)

@@ -2,7 +2,8 @@
 
 Every function takes LISTS of labelled runs, so ``bench compare`` can overlay deployments:
 
-- :func:`latency_cdfs`: empirical CDFs of TTFT, TPOT and ITL, one line per run;
+- :func:`latency_cdfs`: empirical CDFs of TTFT, TPOT and ITL, one line per run, on a log
+  time axis (a tail ten times the median stays readable);
 - :func:`attainment_vs_rate`: SLO attainment against request rate, one line per series,
   with the goodput threshold as a dashed line;
 - :func:`goodput_bars`: one bar per label (e.g. DistServe goodput per deployment);
@@ -25,6 +26,7 @@ Series = Sequence[tuple[str, Sequence[tuple[float, float | None]]]]
 
 
 def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,6 +36,7 @@ def pyplot() -> Any:
 
 
 def save(fig: Any, path: Path) -> Path:
+    """Lay ``fig`` out, write it to ``path`` (folders made), close it; ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -47,7 +50,15 @@ def cdf_points(values: Sequence[float]) -> tuple[list[float], list[float]]:
     return xs, [(i + 1) / len(xs) for i in range(len(xs))]
 
 
+def positive_cdf_points(values: Sequence[float]) -> tuple[list[float], list[float]]:
+    """:func:`cdf_points` without the points a log axis cannot show (values <= 0): they
+    still count in every share."""
+    points = [(x, y) for x, y in zip(*cdf_points(values), strict=True) if x > 0]
+    return [x for x, _ in points], [y for _, y in points]
+
+
 def latency_cdfs(runs: Runs, path: Path) -> Path:
+    """One panel per metric (TTFT, TPOT, ITL), one CDF line per run, times on a log axis."""
     metrics: dict[str, Callable[[RequestRecord], Sequence[float | None]]] = {
         "TTFT": lambda r: [r.ttft_s],
         "TPOT": lambda r: [r.tpot_s],
@@ -58,11 +69,12 @@ def latency_cdfs(runs: Runs, path: Path) -> Path:
         for label, records in runs:
             values = present([v for r in records if r.ok for v in values_of(r)])
             if values:
-                ax.plot(*cdf_points(values), label=label, drawstyle="steps-post")
-        ax.set_xlabel(f"{name} (s)")
+                ax.plot(*positive_cdf_points(values), label=label, drawstyle="steps-post")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{name} (s, log scale)")
         ax.set_ylabel("share of requests" if name != "ITL" else "share of gaps")
         ax.set_title(f"{name} CDF")
-        ax.grid(alpha=0.3)
+        ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=8)
     return save(fig, path)
 

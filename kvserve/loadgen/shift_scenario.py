@@ -115,10 +115,27 @@ def shift_row(
     }
 
 
+MOVE_COLOURS = ("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
+"""The dotted lines of the controller's moves, one colour each (then round again)."""
+
+
+def move_label(move: dict[str, Any]) -> str:
+    """``d7 decode -> prefill, decided at 15 s, done at 18 s`` (one time when both round
+    to the same second)."""
+    name = f"{move['worker_id']} {move['from_role']} -> {move['to_role']}"
+    done, decided = round(move["done_s"]), move.get("decided_s")
+    if decided is None or round(decided) == done:
+        return f"{name} at {done} s"
+    return f"{name}, decided at {round(decided)} s, done at {done} s"
+
+
 def plot(rows: Sequence[dict[str, Any]], phases: Sequence[Phase], path: Path, title: str) -> Path:
+    """SLO attainment over time of each run (``shift_row`` rows), a dashed line at each
+    phase's start with its label in a band above the data, and a dotted line per move
+    of the controller, named in the legend (beside the axes: no label crosses a curve)."""
     from kvserve.loadgen.plots import pyplot, save
 
-    fig, ax = pyplot().subplots(figsize=(8, 4))
+    fig, ax = pyplot().subplots(figsize=(10, 4.5))
     for row in rows:
         points = [(t, a) for t, a in row["attainment_over_time"] if a is not None]
         ax.plot(
@@ -127,24 +144,26 @@ def plot(rows: Sequence[dict[str, Any]], phases: Sequence[Phase], path: Path, ti
             marker=".",
             label=f"controller {row['controller']}",
         )
-        for move in row["moves"]:
-            if move.get("done_s") is not None:
-                ax.axvline(move["done_s"], color="tab:green", linestyle=":", alpha=0.8)
-                ax.annotate(
-                    f"{move['worker_id']}: {move['from_role']}->{move['to_role']}",
-                    (move["done_s"], 0.05),
-                    fontsize=7,
-                    rotation=90,
-                )
+    moves = [m for row in rows for m in row["moves"] if m.get("done_s") is not None]
+    for k, move in enumerate(moves):
+        ax.axvline(
+            move["done_s"],
+            color=MOVE_COLOURS[k % len(MOVE_COLOURS)],
+            linestyle=":",
+            linewidth=1.8,
+            label=move_label(move),
+        )
     for start, phase in zip(phase_starts(phases), phases, strict=True):
         ax.axvline(start, color="grey", linestyle="--", alpha=0.5)
-        ax.annotate(phase.label, (start, 1.02), fontsize=7)
-    ax.set_ylim(0, 1.1)
+        ax.annotate(f"phase {phase.label}", (start, 1.09), xytext=(4, 0),
+                    textcoords="offset points", fontsize=8, va="center")  # fmt: skip
+    ax.set_ylim(0, 1.18)
+    ax.set_yticks([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
     ax.set_xlabel("time since the load started (s)")
     ax.set_ylabel("SLO attainment (sliding window)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return save(fig, path)
 
 
