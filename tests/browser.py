@@ -1,7 +1,12 @@
 """Headless Chromium for the tests: Debian's ``chromium`` package (scripts/setup.sh
 installs it), driven by Playwright for Python, which launches that binary instead of
 downloading a browser of its own. A missing binary fails the test that asked for it,
-with the command that installs it: these tests never skip."""
+with the command that installs it: these tests never skip.
+
+``page.wait_for_function`` takes a function (``"() => ..."``), never a bare expression:
+Playwright polls a bare expression through ``eval``, which the status page's
+Content-Security-Policy refuses whenever the first check is false.
+"""
 
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ def test_the_page_asks_for_a_key_then_shows_the_workers(harness: Harness) -> Non
         assert page.is_hidden("#status")
         page.fill("#key", "sk-wrong")
         page.click("#key-form button")
-        page.wait_for_function("document.getElementById('key-error').textContent !== ''")
+        page.wait_for_function("() => document.getElementById('key-error').textContent !== ''")
         assert page.text_content("#key-error") == "That key was refused."
         page.fill("#key", KEY)
         page.click("#key-form button")
