@@ -3,14 +3,7 @@
 from __future__ import annotations
 
 from router.cache_stats import CacheStats, PrefillRecord
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fake_clock import Clock
 
 
 def test_empty_report_has_no_rates() -> None:

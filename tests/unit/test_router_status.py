@@ -18,14 +18,7 @@ from router.ratio import RoleChange
 from router.status import DECISIONS, controller_status
 from router.telemetry import Telemetry
 from router.workers import WorkerView
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fake_clock import Clock
 
 
 def test_summary_is_nearest_rank() -> None:
