@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PROTOCOLS = ("tcp", "rdma")
+STAGING = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,15 @@ class PoolConfig:
     - ``pool_local_buffer_mib``: the client's own transfer buffer.
     - ``pool_request_ttl_s``: lifetime of request-scoped objects (partial last blocks)
       that nobody collected.
+    - ``kv_staging``: how KV moves between the KV cache and the pool
+      (:mod:`kvpool.span_io`). ``auto`` (default): in place for a KV cache in host memory,
+      through host staging slots for one on a GPU; ``always``: through the staging slots
+      for any cache (on the CPU too: every line of the GPU path but the device copies);
+      ``never``: in place for any cache (on a GPU, the device memory is registered with
+      the pool as it is, for GPUDirect RDMA with Mooncake's CUDA build; digests still go
+      through a host slot).
+    - ``kv_staging_mib``: host memory of the staging slots (pinned on a GPU machine); a
+      transfer larger than a quarter of it goes in several rounds.
     """
 
     pool_master: str = "127.0.0.1:50051"
@@ -41,6 +51,8 @@ class PoolConfig:
     pool_segment_mib: int = 512
     pool_local_buffer_mib: int = 64
     pool_request_ttl_s: float = 60.0
+    kv_staging: str = field(default="auto", metadata={"choices": STAGING})
+    kv_staging_mib: int = 64
 
     def __post_init__(self) -> None:
         if self.pool_protocol not in PROTOCOLS:
@@ -53,6 +65,10 @@ class PoolConfig:
             raise ValueError("pool_segment_mib must be >= 0 and pool_local_buffer_mib >= 1")
         if self.pool_request_ttl_s <= 0:
             raise ValueError("pool_request_ttl_s must be positive")
+        if self.kv_staging not in STAGING:
+            raise ValueError(f"kv_staging must be one of {STAGING}, got {self.kv_staging!r}")
+        if self.kv_staging_mib < 1:
+            raise ValueError(f"kv_staging_mib must be positive, got {self.kv_staging_mib}")
 
     @property
     def metadata_server(self) -> str:
