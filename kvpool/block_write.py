@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
+from kvpool.span_io import CacheSpan
+
 if TYPE_CHECKING:
     from kvpool.pool import KVPool
 
@@ -45,20 +47,21 @@ class BlockWrite:
         self.seconds = 0.0
         self.bytes = 0
 
-    def write_layer(self, layer: int) -> None:
+    def write_layer(self, layer: int, after: object | None = None) -> None:
+        """Put layer ``layer`` of every block; ``after`` is the pool's
+        :meth:`~kvpool.span_io.DirectIO.mark` taken when that layer was computed (the
+        copies out of a GPU wait for it)."""
         if not self.blocks:
             return
         t0 = time.perf_counter()
-        pool, size = self.pool, self.pool.layout.span_bytes
-        ptrs = [pool.slab_ptr + pool.layout.offset(layer, block.page) for block in self.blocks]
         keys = [f"{block.meta_key}/{layer}" for block in self.blocks]
-        codes = pool.store.put_from(keys, ptrs, [size] * len(keys))
-        for i, (code, ptr) in enumerate(zip(codes, ptrs, strict=True)):
-            if code != 0:
+        spans = [CacheSpan(layer, block.page) for block in self.blocks]
+        for i, digest in enumerate(self.pool.io.send(keys, spans, after)):
+            if digest is None:
                 self.ok[i] = False
             else:
-                self.sums[i][layer] = pool.digest(ptr, size)
-                self.bytes += size
+                self.sums[i][layer] = digest
+                self.bytes += self.pool.layout.span_bytes
         self.seconds += time.perf_counter() - t0
 
     def commit(self) -> int:
@@ -82,6 +85,7 @@ class BlockWrite:
 
     def write_all(self) -> int:
         """Every layer, then :meth:`commit` (the write after compute, not overlapped)."""
+        after = self.pool.io.mark()
         for layer in range(self.pool.layout.num_layers):
-            self.write_layer(layer)
+            self.write_layer(layer, after)
         return self.commit()

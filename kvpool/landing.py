@@ -7,8 +7,9 @@ every pending :class:`Landing` of a worker:
 
 1. ``Lander.add(Landing(...))``: the landing's (block, layer) objects are polled in
    block-major order through a sliding window (the order a chunked prefill writes them);
-   those that exist are read straight into their (reserved, not yet used) pages, each
-   digested as it is read. A read that fails (e.g. the object was evicted meanwhile) makes
+   those that exist are read into their (reserved, not yet used) pages (in place, or
+   through the pool's staging slots: :mod:`kvpool.span_io`), each digested as it is
+   read. A read that fails (e.g. the object was evicted meanwhile) makes
    that block and every later one unusable: they are no longer polled;
 2. when every usable layer is in, the blocks' metas are polled until they exist (a writer
    puts them last). Each meta is checked as it is fetched (:meth:`KVPool.parse_meta`:
@@ -39,6 +40,7 @@ import time
 from typing import NamedTuple
 
 from kvpool.pool import BlockMeta, KVPool
+from kvpool.span_io import CacheSpan
 
 log = logging.getLogger(__name__)
 WINDOW = 256
@@ -117,19 +119,15 @@ class Landing:
         ready = [span for span, flag in zip(window, flags, strict=True) if flag == 1]
         if ready:
             t0 = time.perf_counter()
-            size = self.pool.layout.span_bytes
-            base, layout = self.pool.slab_ptr, self.pool.layout
-            got = self.pool.store.get_into(
+            got = self.pool.io.receive(
                 [f"{self.meta_keys[i]}/{layer}" for i, layer in ready],
-                [base + layout.offset(layer, self.pages[i]) for i, layer in ready],
-                [size] * len(ready),
+                [CacheSpan(layer, self.pages[i]) for i, layer in ready],
             )
-            for (i, layer), n in zip(ready, got, strict=True):
+            for (i, layer), (n, digest) in zip(ready, got, strict=True):
                 self.got[i][layer] = n
                 self.bytes += max(n, 0)
-                if n == size:
-                    ptr = base + layout.offset(layer, self.pages[i])
-                    self.sums[i][layer] = self.pool.digest(ptr, n)
+                if n == self.pool.layout.span_bytes:
+                    self.sums[i][layer] = digest
                 else:
                     self.usable = min(self.usable, i)
                     self.read_limit = min(self.read_limit, i)

@@ -31,6 +31,7 @@ from kvpool.hashing import Namespace
 from kvpool.keys import KeySpace, completeness, longest_prefix
 from kvpool.layout import KVLayout
 from kvpool.meta import BlockMeta, MetaCodec, MetaFault, layer_digest
+from kvpool.span_io import CacheSpan, DirectIO, Received, SpanCopier, SpanIO, StagedIO
 from kvpool.store import MooncakeStore
 
 __all__ = ["BlockMeta", "BlockWrite", "KVPool", "Lease", "PendingBlock", "PoolStats"]
@@ -74,9 +75,13 @@ class PoolStats:
 
 
 class KVPool:
-    """One worker's view of the pool over its KV slab at ``slab_ptr`` (host memory).
+    """One worker's view of the pool over its KV slab.
 
-    Lifecycle: construct (registers the slab for zero-copy transfers) -> ``lookup`` /
+    ``memory`` is the address of a host-memory slab (moved in place) or a
+    :class:`kvpool.span_io.SpanCopier` (moved through its host staging slots, or in place
+    from device memory): :attr:`io` does every transfer (:mod:`kvpool.span_io`).
+
+    Lifecycle: construct (registers memory for zero-copy transfers) -> ``lookup`` /
     ``save`` / ``load`` and the request-scoped ``put_partial`` / ``take_partial``, with
     :meth:`sweep` called now and then to expire this writer's uncollected partial blocks ->
     :meth:`close` (unregisters). Not thread-safe: one engine thread owns it.
@@ -91,7 +96,7 @@ class KVPool:
         store: MooncakeStore,
         namespace: Namespace,
         layout: KVLayout,
-        slab_ptr: int,
+        memory: int | SpanCopier,
         writer: str,
         request_ttl_s: float = 60.0,
         block_key: bytes = b"",
@@ -99,7 +104,6 @@ class KVPool:
         self.store = store
         self.namespace = namespace
         self.layout = layout
-        self.slab_ptr = slab_ptr
         self.writer = writer
         self.request_ttl_s = request_ttl_s
         self.keys = KeySpace.of(namespace, layout.num_layers, block_key)
@@ -108,13 +112,21 @@ class KVPool:
         """``digest(ptr, size)``: the layer digest of the namespace's algorithm."""
         self.stats = PoolStats()
         self._leases: list[Lease] = []  # a heap
-        store.register(slab_ptr, layout.slab_bytes)
+        self.slab_ptr = memory if isinstance(memory, int) else memory.cache_ptr
+        """Where the KV slab starts (host or device memory)."""
+        self.io: SpanIO = (
+            DirectIO(store, layout, memory, self.digest)
+            if isinstance(memory, int)
+            else StagedIO(store, layout, memory, self.digest)
+        )
 
-    def _spans(self, page: int) -> list[int]:
-        return [
-            self.slab_ptr + self.layout.offset(layer, page)
-            for layer in range(self.layout.num_layers)
-        ]
+    @property
+    def staged(self) -> bool:
+        """Whether transfers go through host staging slots (:mod:`kvpool.span_io`)."""
+        return isinstance(self.io, StagedIO)
+
+    def _spans(self, page: int) -> list[CacheSpan]:
+        return [CacheSpan(layer, page) for layer in range(self.layout.num_layers)]
 
     # -- lookup ----------------------------------------------------------------------------
     def lookup(self, hashes: list[int]) -> int:
@@ -208,30 +220,28 @@ class KVPool:
         ``metas`` are fetched here unless the caller already has them.
         """
         metas = self._leading_metas(meta_keys) if metas is None else metas
-        size = self.layout.span_bytes
         per = self.layout.num_layers
         keys = [k for meta_key in meta_keys[: len(metas)] for k in self.keys.layer_keys(meta_key)]
-        ptrs = [ptr for page in pages[: len(metas)] for ptr in self._spans(page)]
-        got = self.store.get_into(keys, ptrs, [size] * len(keys))
+        spans = [span for page in pages[: len(metas)] for span in self._spans(page)]
+        got = self.io.receive(keys, spans)
         self.stats.objects_read += len(keys)
-        self.stats.bytes_read += sum(g for g in got if g > 0)
+        self.stats.bytes_read += sum(g.nbytes for g in got if g.nbytes > 0)
         for i, meta in enumerate(metas):
-            if not self.verify_block(got[i * per : (i + 1) * per], pages[i], meta.sums):
+            if not self.verify_block(got[i * per : (i + 1) * per], meta.sums):
                 self._heal(meta_keys[i])
                 return i
         return len(metas)
 
-    def verify_block(self, got: list[int], page: int, sums: list[bytes]) -> bool:
-        """Whether every layer of ``page`` was read in full and matches its digest in
+    def verify_block(self, got: list[Received], sums: list[bytes]) -> bool:
+        """Whether every layer of a block was read in full and matches its digest in
         ``sums`` (counted otherwise)."""
         size = self.layout.span_bytes
-        if any(g != size for g in got):
+        if any(g.nbytes != size for g in got):
             self.stats.short_reads += 1
             return False
-        for ptr, expected in zip(self._spans(page), sums, strict=True):
-            if self.digest(ptr, size) != expected:
-                self.stats.checksum_failures += 1
-                return False
+        if [g.digest for g in got] != sums:
+            self.stats.checksum_failures += 1
+            return False
         return True
 
     def _heal(self, meta_key: str) -> None:
@@ -290,4 +300,4 @@ class KVPool:
         return expired
 
     def close(self) -> None:
-        self.store.unregister(self.slab_ptr)
+        self.io.close()

@@ -45,10 +45,10 @@ class CacheSpan(NamedTuple):
 
 
 class Received(NamedTuple):
-    """One span of a receive: ``count`` bytes read (negative: an error) and, when it was read
+    """One span of a receive: ``nbytes`` read (negative: an error) and, when it was read
     in full, its ``digest`` (else ``b""``); only a span read in full reached its page."""
 
-    count: int
+    nbytes: int
     digest: bytes
 
 
@@ -70,7 +70,9 @@ class SpanCopier(Protocol):
         """A point in the compute so far (on a GPU, an event on the compute stream), taken on
         the thread that computes; ``None`` where compute is synchronous."""
 
-    def to_host(self, spans: Sequence[CacheSpan], slots: Sequence[int], after: object | None) -> None:
+    def to_host(
+        self, spans: Sequence[CacheSpan], slots: Sequence[int], after: object | None
+    ) -> None:
         """Copy ``spans`` into ``slots``, after the compute up to ``after``; returns once the
         copies landed."""
 
@@ -145,7 +147,9 @@ class StagedIO:
         self.slots = SlotPool(copier.num_slots)
         self.round = max(1, copier.num_slots // 4)
         """Spans moved per round (several threads share the slots)."""
-        self._direct = DirectIO(store, layout, copier.cache_ptr, digest) if copier.in_place else None
+        self._direct = (
+            DirectIO(store, layout, copier.cache_ptr, digest) if copier.in_place else None
+        )
         store.register(copier.host_ptr, copier.num_slots * layout.span_bytes)
 
     def _slot_ptr(self, slot: int) -> int:
@@ -190,7 +194,9 @@ class StagedIO:
             with self.slots.taken(part.stop - part.start) as slots:
                 targets = self._targets(spans[part], slots)
                 got = self.store.get_into(list(keys[part]), targets, [size] * len(slots))
-                full = [(s, sp) for s, sp, n in zip(slots, spans[part], got) if n == size]
+                full = [
+                    (s, sp) for s, sp, n in zip(slots, spans[part], got, strict=True) if n == size
+                ]
                 if self._direct is not None:
                     self.copier.to_host([sp for _, sp in full], [s for s, _ in full], None)
                 elif full:

@@ -13,6 +13,7 @@ import openai
 
 from kvpool.config import PoolConfig
 from kvserve.cluster.launch import Cluster, ClusterSpec
+from tests.staging import STAGING
 from workers.config import EngineConfig
 
 BLOCK = 16
@@ -30,7 +31,7 @@ def tiny_cluster_spec(
     defaults: dict[str, Any] = {
         "prefill": 1,
         "decode": 1,
-        "pool": PoolConfig(pool_segment_mib=64, pool_local_buffer_mib=16),
+        "pool": PoolConfig(pool_segment_mib=64, pool_local_buffer_mib=16, kv_staging=STAGING),
         "disagg_threshold_tokens": 0,
         "pin_cores": False,
         "threads_per_worker": 1,

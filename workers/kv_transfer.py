@@ -38,6 +38,7 @@ from kvpool.pool import KVPool, Lease
 from kvpool.store import MooncakeStore, PoolUnavailableError
 from workers.block_manager import BlockManager, NamedBlock
 from workers.kv_cache import KVCache
+from workers.kv_staging import TorchCopier, slots_for
 from workers.scheduler import BatchEntry
 from workers.sequence import Sequence
 
@@ -57,25 +58,38 @@ def layout_of(kv: KVCache, dtype: str) -> KVLayout:
     )
 
 
+def staged(config: PoolConfig, kv: KVCache) -> bool:
+    """Whether ``kv`` moves through host staging slots (``--kv-staging``)."""
+    on_host = kv.slab.device.type == "cpu"
+    return config.kv_staging == "always" or (config.kv_staging == "auto" and not on_host)
+
+
 def join_pool(
     config: PoolConfig, namespace: Namespace, kv: KVCache, dtype: str, block_key: bytes = b""
 ) -> KVPool | None:
     """Connect ``kv``'s slab to the shared pool, or ``None`` (logged) if it cannot be.
 
-    ``block_key`` (``proto.trust.derive(secret, POOL_BLOCK)``) MACs and checks its blocks."""
-    if kv.slab.device.type != "cpu":
-        log.warning("the KV pool needs a host-memory KV cache for now; running without it")
-        return None
+    A host-memory cache moves in place, one on a GPU through pinned staging slots, unless
+    ``config.kv_staging`` says otherwise (:mod:`kvpool.span_io`). ``block_key``
+    (``proto.trust.derive(secret, POOL_BLOCK)``) MACs and checks its blocks."""
     try:
         store = MooncakeStore.connect(config)
     except PoolUnavailableError as exc:
         log.warning("running without the KV pool: %s", exc)
         return None
-    layout = layout_of(kv, dtype)
+    on_host, layout = kv.slab.device.type == "cpu", layout_of(kv, dtype)
+    memory: int | TorchCopier = kv.slab.data_ptr()
+    if staged(config, kv) or not on_host:  # a device cache in place still digests on host
+        slots = slots_for(config.kv_staging_mib, layout.span_bytes)
+        memory = TorchCopier(kv.slab, slots, in_place=not staged(config, kv))
     writer = f"{socket.gethostname()}-{os.getpid()}-{id(kv):x}"
-    return KVPool(
-        store, namespace, layout, kv.slab.data_ptr(), writer, config.pool_request_ttl_s, block_key
-    )
+    try:
+        ttl = config.pool_request_ttl_s
+        return KVPool(store, namespace, layout, memory, writer, ttl, block_key)
+    except PoolUnavailableError as exc:  # registering the memory failed
+        log.warning("running without the KV pool: %s", exc)
+        store.close()
+        return None
 
 
 @dataclass
@@ -115,7 +129,8 @@ class StepWrite:
     def on_layer(self, layer: int) -> None:
         """Layer ``layer`` of the step is computed (its KV is in the pages)."""
         if self.executor is not None and self.write.blocks:
-            self._pending.append(self.executor.submit(self.write.write_layer, layer))
+            after = self.write.pool.io.mark()  # on a GPU: the copy out waits for this layer
+            self._pending.append(self.executor.submit(self.write.write_layer, layer, after))
 
     def finish(self) -> Transfer:
         """Wait for the layer puts and queue the commit (without streaming: write and commit

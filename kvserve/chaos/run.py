@@ -21,6 +21,7 @@ restarted at random; prints what became of every request.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -30,9 +31,9 @@ import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 
-from kvpool.config import PoolConfig
 from kvserve.chaos.load import ChaosRequest, Outcome, reference_texts, run_load, workload
 from kvserve.chaos.report import MUST_BE_ZERO, FaultRecord, mismatches, print_table, summarize
+from kvserve.chaos.settings import CHAOS_POOL, POOL_SETTINGS
 from kvserve.cluster import faults
 from kvserve.cluster.launch import Cluster, ClusterSpec
 from workers.config import EngineConfig
@@ -56,7 +57,7 @@ def _spec(args: argparse.Namespace, engine: EngineConfig) -> ClusterSpec:
         decode=args.decode,
         host="127.0.0.1",
         engine=engine,
-        pool=PoolConfig(pool_segment_mib=128, pool_local_buffer_mib=16),
+        pool=dataclasses.replace(CHAOS_POOL, **{k: getattr(args, k) for k in POOL_SETTINGS}),
         disagg_threshold_tokens=0,
         pin_cores=False,
         threads_per_worker=1,

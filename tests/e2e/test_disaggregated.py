@@ -59,6 +59,8 @@ from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.sequence import SamplingParams
 
+pytestmark = pytest.mark.kv_path
+
 SUBNET = "203.0.113.0/24"  # TEST-NET-3; `kvserve up --hosts` defaults to TEST-NET-2
 PEER_TIMEOUT = ("--peer-timeout-s", "2")  # a host cut off fails its calls within ~2 s
 NO_HOSTS = unavailable()  # '' as root with CAP_NET_ADMIN, as in CI

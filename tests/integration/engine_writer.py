@@ -13,6 +13,7 @@ import json
 import sys
 
 from kvpool.config import PoolConfig
+from tests.staging import STAGING
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.sequence import SamplingParams
@@ -49,6 +50,7 @@ def main() -> None:
         pool_metadata_server=metadata,
         pool_segment_mib=64,
         pool_local_buffer_mib=16,
+        kv_staging=STAGING,
     )
     engine = Engine(config, pool)
     assert engine.pool is not None

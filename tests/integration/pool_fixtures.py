@@ -14,6 +14,7 @@ from kvpool.layout import KVLayout
 from kvpool.master import MasterConfig
 from kvpool.net import free_local_ports
 from kvserve.cluster.pool import MasterProcess
+from tests.staging import STAGING
 
 LAYOUT = KVLayout(
     num_layers=3, num_blocks=16, block_tokens=8, kv_heads=2, head_dim=16, dtype="float32"
@@ -42,6 +43,7 @@ def pool_config(master: MasterConfig, segment_mib: int = 64) -> PoolConfig:
         pool_metadata_server=master.metadata_url,
         pool_segment_mib=segment_mib,
         pool_local_buffer_mib=16,
+        kv_staging=STAGING,
     )
 
 

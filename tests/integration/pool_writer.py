@@ -11,6 +11,7 @@ from kvpool.config import PoolConfig
 from kvpool.pool import KVPool
 from kvpool.store import MooncakeStore
 from tests.integration.pool_fixtures import LAYOUT, NAMESPACE, chain, make_slab
+from tests.staging import pool_memory
 
 
 def main() -> None:
@@ -24,7 +25,7 @@ def main() -> None:
         )
     )
     slab = make_slab(seed)
-    pool = KVPool(store, NAMESPACE, LAYOUT, slab.ctypes.data, writer="writer-proc")
+    pool = KVPool(store, NAMESPACE, LAYOUT, pool_memory(slab, LAYOUT), writer="writer-proc")
     written = pool.save(chain(seed, n), list(range(n)))
     print(written, flush=True)
     # Stay until told to go: this process's segment holds the objects it wrote.

@@ -11,9 +11,12 @@ import pytest
 from kvpool.master import MasterConfig
 from tests.integration.pool_fixtures import pool_config, running_master
 from tests.integration.reference import hf_greedy
+from tests.staging import STAGING
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.sequence import SamplingParams
+
+pytestmark = pytest.mark.kv_path
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
@@ -30,6 +33,7 @@ def pooled_engine(model_dir: Path, master: MasterConfig) -> Engine:
     )
     engine = Engine(config, pool_config(master))
     assert engine.pool is not None
+    assert engine.pool.staged is (STAGING == "always")  # the mode this run tests
     return engine
 
 

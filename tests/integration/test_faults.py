@@ -21,6 +21,8 @@ from proto.registry import connect, list_workers
 from tests.midstream import LONG, complete, fault_mid_stream
 from tests.tiny_cluster import cluster_client, prompt_of, tiny_cluster_spec
 
+pytestmark = pytest.mark.kv_path
+
 PEER_TIMEOUT = ("--peer-timeout-s", "2")  # a frozen peer fails its calls within ~2 s
 
 

@@ -26,6 +26,8 @@ from workers.kv_transfer import prompt_targets
 from workers.sequence import SamplingParams
 from workers.servicer import LANDING_WAIT_S
 
+pytestmark = pytest.mark.kv_path
+
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 
 

@@ -30,6 +30,8 @@ from proto.worker_pb2_grpc import WorkerStub
 from tests.integration.test_disconnect import RawRequest, body
 from tests.tiny_cluster import BLOCK, MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
 
+pytestmark = pytest.mark.kv_path
+
 PAGES = 32
 """KV pages of each worker (of BLOCK tokens): far fewer than the burst's prompts need."""
 THRESHOLD = 40

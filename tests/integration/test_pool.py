@@ -21,6 +21,9 @@ from tests.integration.pool_fixtures import (
     pool_config,
     running_master,
 )
+from tests.staging import pool_memory
+
+pytestmark = pytest.mark.kv_path
 
 
 @pytest.fixture
@@ -43,7 +46,7 @@ def close_opened() -> None:
 
 def open_pool(master: MasterConfig, slab: np.ndarray, writer: str) -> KVPool:
     store = MooncakeStore.connect(pool_config(master))
-    pool = KVPool(store, NAMESPACE, LAYOUT, slab.ctypes.data, writer)
+    pool = KVPool(store, NAMESPACE, LAYOUT, pool_memory(slab, LAYOUT), writer)
     OPENED.append(pool)
     return pool
 
@@ -101,7 +104,7 @@ def test_namespaces_do_not_see_each_other(master: MasterConfig) -> None:
     hashes = chain(1, 2)
     pool.save(hashes, [0, 1])
     other_ns = Namespace(model="another@1", dtype="float32", block_tokens=8)
-    other = KVPool(pool.store, other_ns, LAYOUT, make_slab().ctypes.data, "x")
+    other = KVPool(pool.store, other_ns, LAYOUT, pool_memory(make_slab(), LAYOUT), "x")
     assert other.lookup(hashes) == 0
 
 
@@ -143,7 +146,7 @@ def test_meta_of_another_layout_is_refused(master: MasterConfig) -> None:
     wide = KVLayout(
         num_layers=3, num_blocks=16, block_tokens=8, kv_heads=4, head_dim=8, dtype="float32"
     )
-    reader = KVPool(pool.store, NAMESPACE, wide, make_slab().ctypes.data, "r")
+    reader = KVPool(pool.store, NAMESPACE, wide, pool_memory(make_slab(), wide), "r")
     assert reader.load(hashes, [0]) == 0
     assert reader.stats.bad_meta == 1
 
@@ -256,9 +259,9 @@ def test_eviction_under_small_capacity_keeps_lookups_truthful(tmp_path: Path) ->
         tmp_path, master_eviction_high_watermark=0.7, master_eviction_ratio=0.2
     ) as cfg:
         store = MooncakeStore.connect(pool_config(cfg, segment_mib=16))
-        pool = KVPool(store, NAMESPACE, big, source.ctypes.data, "w")
+        pool = KVPool(store, NAMESPACE, big, pool_memory(source, big), "w")
         target = np.zeros_like(source)
-        reader = KVPool(store, NAMESPACE, big, target.ctypes.data, "r")
+        reader = KVPool(store, NAMESPACE, big, pool_memory(target, big), "r")
         try:
             chains = [chain(100 + i, 8) for i in range(12)]  # 96 blocks: over twice the capacity
             for hashes in chains:  # the master evicts in the background: retry a while

@@ -27,6 +27,9 @@ from kvpool.store import MooncakeStore
 from proto.trust import POOL_BLOCK, PREFIX_ROOT, derive
 from tests.integration.pool_fixtures import LAYOUT, NAMESPACE, make_slab, pool_config
 from tests.integration.pool_fixtures import running_master as start_master
+from tests.staging import pool_memory
+
+pytestmark = pytest.mark.kv_path
 
 SECRET = "v" * 64
 HASHER = PrefixHasher(NAMESPACE, derive(SECRET, PREFIX_ROOT))
@@ -54,7 +57,7 @@ class Members:
 
     def _join(self, master: MasterConfig, slab: np.ndarray, key: bytes, name: str) -> KVPool:
         store = MooncakeStore.connect(pool_config(master, segment_mib=16))
-        pool = KVPool(store, NAMESPACE, LAYOUT, slab.ctypes.data, name, 60.0, key)
+        pool = KVPool(store, NAMESPACE, LAYOUT, pool_memory(slab, LAYOUT), name, 60.0, key)
         self.pools.append(pool)
         return pool
 

@@ -30,6 +30,9 @@ from tests.integration.pool_fixtures import (
     pool_config,
     running_master,
 )
+from tests.staging import pool_memory
+
+pytestmark = pytest.mark.kv_path
 
 CLUSTER = ClusterConfig(cluster_secret="s" * 64)
 KEYS = CLUSTER.keyring
@@ -61,7 +64,9 @@ def test_lookup_counts_stored_prefix_tokens(tmp_path: Path) -> None:
     with running_master(tmp_path) as master:
         slab = make_slab(1)
         store = MooncakeStore.connect(pool_config(master))
-        pool = KVPool(store, NAMESPACE, LAYOUT, slab.ctypes.data, "writer", 60.0, KEYS.pool_block)
+        pool = KVPool(
+            store, NAMESPACE, LAYOUT, pool_memory(slab, LAYOUT), "writer", 60.0, KEYS.pool_block
+        )
         try:
             assert pool.save(HASHER.chain(tokens, LAYOUT.block_tokens), [0, 1, 2]) == 3
             assert pool.save(salted[:1], [0]) == 1

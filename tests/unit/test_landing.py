@@ -24,9 +24,12 @@ from kvpool.layout import KVLayout
 from kvpool.meta import digest_bytes
 from kvpool.pool import BlockMeta, KVPool
 from kvpool.store import MooncakeStore
+from tests.staging import pool_memory
 from workers.handoff import Reservations
 from workers.kv_transfer import pull_prompt
 from workers.scheduler import Scheduler, SchedulerConfig
+
+pytestmark = pytest.mark.kv_path
 
 LAYOUT = KVLayout(
     num_layers=3, num_blocks=16, block_tokens=8, kv_heads=2, head_dim=4, dtype="float32"
@@ -80,7 +83,7 @@ class Harness:
         self.client = FakeClient()
         self.slab = np.zeros(LAYOUT.slab_bytes, dtype=np.uint8)
         store = MooncakeStore(self.client)
-        self.pool = KVPool(store, NAMESPACE, LAYOUT, self.slab.ctypes.data, "reader")
+        self.pool = KVPool(store, NAMESPACE, LAYOUT, pool_memory(self.slab, LAYOUT), "reader")
         self.rng = np.random.default_rng(0)
         self.sums: dict[str, list[bytes]] = {}
 
