@@ -74,7 +74,7 @@ def staged(data: np.ndarray, client: PutClient, slots: int, in_place: bool = Fal
 
 
 def span_bytes(data: np.ndarray, span: CacheSpan) -> bytes:
-    return data[span.layer, span.page].tobytes()
+    return bytes(data[span.layer, span.page].tobytes())
 
 
 @pytest.mark.parametrize("slots", [MIN_SLOTS, 5, 64])
