@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 
 PROTOCOLS = ("tcp", "rdma")
 STAGING = ("auto", "always", "never")
+STAGING_SETTINGS = ("kv_staging", "kv_staging_mib")
+"""The fields of :class:`PoolConfig` a tool that starts its own pool members passes on
+(``kvserve chaos``, ``kvserve bench overlap``)."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ BENCH = (
     Verb(
         "overlap",
         "share of KV transfer hidden by layer-wise streaming (vs transfer after prefill)",
-        f"{S}:OVERLAP",
+        f"{S}:overlap_arguments",
         f"{__name__}:overlap",
     ),
     Verb(

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from kvpool.config import PoolConfig
+from kvpool.config import STAGING_SETTINGS, PoolConfig
 from kvserve.bench.handoff import Handoff, handoff, scratch_pool
 from kvserve.report import emit, log, median
 from workers.config import EngineConfig
@@ -68,7 +68,8 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
     with scratch_pool(args.segment_mib) as (_, pool):
-        engines = _engines(config, pool)
+        staging = {k: getattr(args, k) for k in STAGING_SETTINGS}
+        engines = _engines(config, dataclasses.replace(pool, **staging))
         vocab = engines["after"][0].model_config.vocab_size
         params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
         try:
@@ -98,6 +99,8 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
             "repeat": args.repeat,
             "seed": args.seed,
             "pool": "mooncake_master on loopback TCP, both engines in one process",
+            "kv_staging": args.kv_staging,
+            "staged": engines["after"][0].pool is not None and engines["after"][0].pool.staged,
         },
         [*results, {"runs": rows}],
         {

@@ -7,10 +7,12 @@ pool segment of the verbs that start a cluster is
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvserve.settings import BENCH_ENV, setting
+from kvpool.config import STAGING_SETTINGS, PoolConfig
+from kvserve.settings import BENCH_ENV, add_config_args, setting
 from workers.config import EngineConfig
 
 
@@ -108,6 +110,15 @@ class PoolBenchConfig:
 
 ENGINE = (EngineBenchConfig, EngineConfig)
 PROFILE = (ProfileBenchConfig, EngineConfig)
-OVERLAP = (OverlapBenchConfig, EngineConfig)
+
+
+def overlap_arguments(parser: argparse.ArgumentParser) -> None:
+    """``bench overlap``: its prompts, the engine, and the pool's staging settings
+    (``--kv-staging always`` measures what streaming hides through host staging)."""
+    for cls in (OverlapBenchConfig, EngineConfig):
+        add_config_args(parser, cls)
+    add_config_args(parser, PoolConfig, only=STAGING_SETTINGS)
+
+
 PREFIX = (PrefixBenchConfig, EngineConfig)
 POOL = (PoolBenchConfig,)

@@ -31,9 +31,10 @@ import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 
+from kvpool.config import STAGING_SETTINGS
 from kvserve.chaos.load import ChaosRequest, Outcome, reference_texts, run_load, workload
 from kvserve.chaos.report import MUST_BE_ZERO, FaultRecord, mismatches, print_table, summarize
-from kvserve.chaos.settings import CHAOS_POOL, POOL_SETTINGS
+from kvserve.chaos.settings import CHAOS_POOL
 from kvserve.cluster import faults
 from kvserve.cluster.launch import Cluster, ClusterSpec
 from workers.config import EngineConfig
@@ -57,7 +58,7 @@ def _spec(args: argparse.Namespace, engine: EngineConfig) -> ClusterSpec:
         decode=args.decode,
         host="127.0.0.1",
         engine=engine,
-        pool=dataclasses.replace(CHAOS_POOL, **{k: getattr(args, k) for k in POOL_SETTINGS}),
+        pool=dataclasses.replace(CHAOS_POOL, **{k: getattr(args, k) for k in STAGING_SETTINGS}),
         disagg_threshold_tokens=0,
         pin_cores=False,
         threads_per_worker=1,

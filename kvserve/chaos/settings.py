@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvpool.config import PoolConfig
+from kvpool.config import STAGING_SETTINGS, PoolConfig
 from kvserve.settings import add_config_args, setting
 
 FAULTS = ("kill-decode", "kill-prefill", "freeze-decode", "kill-master", "kill-redis")
@@ -51,14 +51,12 @@ class ChaosConfig:
 
 
 SETTINGS = (ChaosConfig,)
-POOL_SETTINGS = ("kv_staging", "kv_staging_mib")
-"""The workers' pool settings ``kvserve chaos`` passes on (``--kv-staging always`` runs the
-faults over the host staging path)."""
 CHAOS_POOL = PoolConfig(pool_segment_mib=128, pool_local_buffer_mib=16)
-"""The pool memory of the chaos cluster's processes (the rest from :data:`POOL_SETTINGS`)."""
+"""The pool memory of the chaos cluster's processes (``--kv-staging`` and its memory from
+the flags: ``--kv-staging always`` runs the faults over the host staging path)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The chaos settings, then the pool settings of :data:`POOL_SETTINGS`."""
+    """The chaos settings, then the pool's staging settings."""
     add_config_args(parser, ChaosConfig)
-    add_config_args(parser, PoolConfig, only=POOL_SETTINGS)
+    add_config_args(parser, PoolConfig, only=STAGING_SETTINGS)
