@@ -72,17 +72,19 @@ def prompt_logprobs(
     to_logits: Callable[[torch.Tensor], torch.Tensor],
 ) -> list[tuple[Sequence, list[TokenLogprob]]]:
     """Each planned sequence's new prompt logprobs, from the step's ``hidden`` states
-    (``to_logits``: the model's head), with its own number of alternatives."""
+    (``to_logits``: the model's head), with its own number of alternatives; computed for
+    every plan at once (one host copy per tensor, however many sequences)."""
     if not plans:
         return []
     rows = [r for p in plans for r in p.rows]
     logits = to_logits(hidden[torch.tensor(rows, device=hidden.device)])
+    k = max(p.seq.params.prompt_logprobs or 0 for p in plans)
+    got = token_logprobs(logits, [t for p in plans for t in p.targets], k)
     out: list[tuple[Sequence, list[TokenLogprob]]] = []
     at = 0
     for plan in plans:
-        k = plan.seq.params.prompt_logprobs or 0
-        part = logits[at : at + len(plan.rows)]
-        out.append((plan.seq, token_logprobs(part, plan.targets, k)))
+        keep = plan.seq.params.prompt_logprobs or 0
+        out.append((plan.seq, [_trimmed(lp, keep) for lp in got[at : at + len(plan.rows)]]))
         at += len(plan.rows)
     return out
 
@@ -101,6 +103,11 @@ def sampled_logprobs(
     k = max(seqs[i].params.logprobs or 0 for i in wanted)
     got = token_logprobs(logits[at], [tokens[i] for i in wanted], k)
     for i, lp in zip(wanted, got, strict=True):
-        keep = seqs[i].params.logprobs or 0
-        out[i] = TokenLogprob(lp.logprob, lp.top_ids[:keep], lp.top_logprobs[:keep])
+        out[i] = _trimmed(lp, seqs[i].params.logprobs or 0)
     return out
+
+
+def _trimmed(lp: TokenLogprob, keep: int) -> TokenLogprob:
+    """``lp`` with only its ``keep`` best alternatives (a batch computes the most any row
+    asked for)."""
+    return TokenLogprob(lp.logprob, lp.top_ids[:keep], lp.top_logprobs[:keep])

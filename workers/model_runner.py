@@ -25,7 +25,7 @@ from workers.block_tables import BlockTables
 from workers.kv_cache import KVCache
 from workers.logits_processors import process
 from workers.logprobs import PromptRows, plan_prompt_rows, prompt_logprobs, sampled_logprobs
-from workers.model.attention import AttentionBatch
+from workers.model.attention import AttentionBatch, DecodeKernel, decode_kernel_for
 from workers.model.llama import LlamaModel
 from workers.model.rope import RotaryTable
 from workers.sampling import make_generator, sample
@@ -83,15 +83,20 @@ class ModelRunner:
         rope: RotaryTable,
         native: bool = False,
         eos_token_ids: Collection[int] = frozenset(),
+        decode_kernel: DecodeKernel | None = None,
     ) -> None:
         """``native``: attention through the C++ kernels (:mod:`workers.model.native`);
-        ``eos_token_ids``: the model's EOS ids (``min_tokens`` bans them)."""
+        ``eos_token_ids``: the model's EOS ids (``min_tokens`` bans them);
+        ``decode_kernel``: how the torch path attends decodes (None: the device's choice,
+        :func:`workers.model.attention.decode_kernel_for`). The device is the KV cache's:
+        every step's tensors go there, and nothing assumes a CPU."""
         self.model = model
         self.eos_token_ids = eos_token_ids
         self.kv = kv
         self.rope = rope
         self.native = native
         self.device = kv.slab.device
+        self.decode_kernel: DecodeKernel = decode_kernel or decode_kernel_for(self.device)
         self.tables = BlockTables(-(-rope.max_positions // kv.block_tokens))
         self._generators: dict[str, torch.Generator | None] = {}
         self.last_logits: torch.Tensor | None = None
@@ -171,6 +176,7 @@ class ModelRunner:
             context_lens_host=context_lens,
             block_tokens=bt,
             native=self.native,
+            decode_kernel=self.decode_kernel,
         )
         return PreparedStep(
             torch.tensor(ids, dtype=torch.long).to(to),

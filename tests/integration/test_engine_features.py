@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 from tests.integration.reference import hf_last_logits, hf_model
 from tests.integration.test_exactness import make_engine, random_prompts
 from workers.engine import Engine
+from workers.model.loader import load_model
 from workers.model.prepare import TOKENIZER_FILES
 from workers.sequence import FinishReason, SamplingParams
 
@@ -30,16 +32,39 @@ def test_sharded_checkpoint_loads_the_same_model(tiny_model_dir: Path, tmp_path:
     assert [o.output_token_ids for o in a] == [o.output_token_ids for o in b]
 
 
-def test_bfloat16_engine_tracks_fp32_reference(tiny_model_dir: Path) -> None:
-    engine = make_engine(tiny_model_dir, dtype="bfloat16")
-    assert engine.runner.kv.slab.dtype == torch.bfloat16
+def test_tied_checkpoint_shares_the_head_in_any_dtype(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """With ``tie_word_embeddings`` the loaded head is the embedding's Parameter (the loader
+    allocates the modules anew on the device), in the asked dtype."""
+    tied = tmp_path / "tied"
+    shutil.copytree(tiny_model_dir, tied)
+    config = json.loads((tied / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    model, cfg = load_model(tied, torch.float16, torch.device("cpu"))
+    assert cfg.tie_word_embeddings and model.lm_head.weight is model.embed_tokens.weight
+    assert model.lm_head.weight.dtype == torch.float16
+    expected = hf_model(tiny_model_dir).model.embed_tokens.weight.half()
+    assert torch.equal(model.embed_tokens.weight, expected)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_engine_tracks_fp32_reference(tiny_model_dir: Path, dtype: str) -> None:
+    """Weights, KV cache and RoPE tables in ``dtype``; logits in fp32, close to the fp32
+    reference's after the prefill and after a decode step."""
+    engine = make_engine(tiny_model_dir, dtype=dtype)
+    runner = engine.runner
+    want = getattr(torch, dtype)
+    assert runner.kv.slab.dtype == runner.rope.cos.dtype == want
+    assert {p.dtype for p in runner.model.parameters()} == {want}
     (prompt,) = random_prompts((40,), seed=12)
-    engine.add_request(prompt, GREEDY)
-    engine.step()
-    assert engine.runner.last_logits is not None
-    ours = engine.runner.last_logits[0]
-    ref = hf_last_logits(tiny_model_dir, prompt)
-    assert torch.nn.functional.cosine_similarity(ours, ref, dim=0) > 0.99
+    request = engine.add_request(prompt, GREEDY)
+    history = list(prompt)
+    for _ in range(2):  # the prefill, then a decode
+        (out,) = engine.step()
+        assert runner.last_logits is not None and runner.last_logits.dtype == torch.float32
+        ref = hf_last_logits(tiny_model_dir, history)
+        assert torch.nn.functional.cosine_similarity(runner.last_logits[0], ref, dim=0) > 0.99
+        assert out.request_id == request
+        history.append(out.output_token_ids[-1])
 
 
 def greedy_text(engine: Engine, prompt: list[int], n: int) -> tuple[list[int], str]:

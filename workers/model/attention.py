@@ -8,8 +8,14 @@ contiguous span). For every layer, :func:`paged_attention`
 1. writes the step's new K and V into their cache slots, then
 2. attends the decode tokens and the chunks over a cached prefix to the cache in place
    (:mod:`workers.model.native`, a C++ kernel, when ``batch.native``; else the pure-torch
-   reference below, which gathers the pages), and
+   path below, which gathers the pages), and
 3. attends each chunk that starts a prompt straight over its new K/V (causal SDPA).
+
+On the torch path the decodes run as one batched kernel, chosen by
+``batch.decode_kernel`` (:func:`decode_kernel_for` picks it from the device): ``"matmul"``
+(plain matmuls; the CPU's choice) or ``"sdpa"`` (``scaled_dot_product_attention``, so CUDA's
+fused kernels apply; the CUDA choice). Both compute the same attention; softmax runs in
+fp32 whatever the model dtype.
 
 The layer cache is ``[num_blocks, 2 (K, V), block_tokens, kv_heads, head_dim]`` (DESIGN.md),
 so every (layer, block) pair is one contiguous span.
@@ -19,11 +25,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from workers.model import native
+
+DecodeKernel = Literal["matmul", "sdpa"]
+"""How the torch path attends the decodes (see the module docstring)."""
+
+
+def decode_kernel_for(device: torch.device) -> DecodeKernel:
+    """The decode kernel for ``device``: ``"sdpa"`` on CUDA, ``"matmul"`` elsewhere (for one
+    masked query, SDPA's CPU path measured about 4x slower than the matmuls)."""
+    return "sdpa" if device.type == "cuda" else "matmul"
 
 
 @dataclass
@@ -37,8 +53,9 @@ class AttentionBatch:
     The first ``num_decode`` sequences have one query each; the first ``num_paged`` (decodes,
     then chunks over a cached prefix) read pages; the rest start their prompt in this step.
     ``query_lens`` and ``context_lens_host`` are host copies for control flow (no device
-    sync). ``native`` picks the C++ kernels (CPU only). Tensors built for the torch path
-    are derived once per step and shared by every layer.
+    sync). ``native`` picks the C++ kernels (CPU only); otherwise ``decode_kernel`` says
+    how the torch path attends the decodes. Tensors built for the torch path are derived
+    once per step and shared by every layer.
     """
 
     slot_mapping: torch.Tensor
@@ -51,6 +68,7 @@ class AttentionBatch:
     context_lens_host: list[int]
     block_tokens: int
     native: bool = False
+    decode_kernel: DecodeKernel = "matmul"
     _starts: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -100,18 +118,26 @@ def _gather_pages(layer_cache: torch.Tensor, block_table: torch.Tensor) -> torch
 
 
 def _decode_attention(
-    q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float, kernel: DecodeKernel
 ) -> torch.Tensor:
-    """One query per sequence: ``q`` ``[B, Hq, D]``, ``kv`` ``[2, B, Hkv, L, D]``.
+    """One query per sequence: ``q`` ``[B, Hq, D]``, ``kv`` ``[2, B, Hkv, L, D]``, ``mask``
+    ``[B, 1, 1, L]`` (True: attend). Returns ``[B, Hq, D]``.
 
-    Plain matmuls over query-head groups: for a single masked query, SDPA's CPU path
-    measured about 4x slower than this.
+    The queries are grouped by KV head (``[B, Hkv, Hq / Hkv, D]``), so both kernels see
+    equal head counts: ``"matmul"`` runs plain matmuls, ``"sdpa"`` one
+    ``scaled_dot_product_attention`` with the boolean mask. Grouping rather than
+    ``enable_gqa`` keeps CUDA's memory-efficient kernel eligible (torch's GQA support is
+    flash, which takes no mask, or the unfused math kernel).
     """
     b, hq, d = q.shape
     hkv = kv.shape[2]
     qg = q.view(b, hkv, hq // hkv, d)
+    if kernel == "sdpa":
+        out = F.scaled_dot_product_attention(qg, kv[0], kv[1], attn_mask=mask, scale=scale)
+        return out.reshape(b, hq, d)
     scores = (qg @ kv[0].transpose(-1, -2)) * scale  # [B, Hkv, G, L]
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
     return (probs @ kv[1]).view(b, hq, d)
 
 
@@ -126,7 +152,7 @@ def _reference_paged(
     nd = batch.num_decode
     if nd:
         kv = _gather_pages(layer_cache, batch.decode_tables)
-        out[:nd] = _decode_attention(q[:nd], kv, batch.decode_mask, scale)
+        out[:nd] = _decode_attention(q[:nd], kv, batch.decode_mask, scale, batch.decode_kernel)
     for s in range(nd, batch.num_paged):
         start, end = batch.span(s)
         ctx, n = batch.context_lens_host[s], end - start

@@ -166,7 +166,12 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Make the LM head share the embedding's Parameter when the config ties them (again
+        after anything that replaces parameters, such as ``to_empty``)."""
+        if self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(

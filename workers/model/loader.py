@@ -82,7 +82,12 @@ def model_fingerprint(model_dir: Path) -> str:
 def load_model(
     model_dir: Path, dtype: torch.dtype, device: torch.device
 ) -> tuple[LlamaModel, ModelConfig]:
-    """Build the model on ``device`` in ``dtype`` and load the checkpoint into it."""
+    """Build the model on ``device`` in ``dtype`` and load the checkpoint into it.
+
+    The modules are built on the meta device, cast, then allocated on ``device`` directly
+    in ``dtype``: no fp32 copy of the weights ever exists there (twice a bf16 model's
+    size) and no random initialisation runs. Every parameter is then
+    overwritten by the checkpoint (a missing one is refused), converted to ``dtype``."""
     cfg = load_model_config(model_dir)
     state = _hf_to_ours(dict(_read_tensors(safetensors_files(model_dir))))
     if cfg.tie_word_embeddings:
@@ -90,8 +95,10 @@ def load_model(
         head = state.pop("lm_head.weight", None)
         if "embed_tokens.weight" not in state and head is not None:
             state["embed_tokens.weight"] = head
-    with torch.device(device):
+    with torch.device("meta"):
         model = LlamaModel(cfg).to(dtype)
+    model = model.to_empty(device=device)
+    model.tie_weights()  # to_empty gave the head a Parameter of its own
     expected = set(model.state_dict())
     if cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")
