@@ -159,16 +159,15 @@ def _reference_paged(
         nb = -(-ctx // batch.block_tokens)
         kv = _gather_pages(layer_cache, batch.block_tables[s, :nb].long())[:, :, :ctx]
         q_pos = torch.arange(ctx - n, ctx, device=q.device).unsqueeze(1)
-        mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= q_pos
+        mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= q_pos  # [n, ctx]
+        hq, hkv, d = q.shape[1], kv.shape[1], q.shape[2]
+        group = hq // hkv  # queries grouped per KV head, as for the decodes
+        qg = q[start:end].view(n, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, -1, d)
         o = F.scaled_dot_product_attention(
-            q[start:end].transpose(0, 1).unsqueeze(0),
-            kv[0].unsqueeze(0),
-            kv[1].unsqueeze(0),
-            attn_mask=mask,
-            scale=scale,
-            enable_gqa=True,
-        )
-        out[start:end] = o[0].transpose(0, 1)
+            qg.unsqueeze(0), kv[0].unsqueeze(0), kv[1].unsqueeze(0),
+            attn_mask=mask.repeat(group, 1), scale=scale,
+        )  # fmt: skip
+        out[start:end] = o[0].view(hkv, group, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
 
 
 def paged_attention(

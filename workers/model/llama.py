@@ -191,10 +191,8 @@ class LlamaModel(nn.Module):
         cos_sin = rope.lookup(positions)
         for i, (layer, layer_cache) in enumerate(zip(self.layers, kv_cache, strict=True)):
             x = layer(x, cos_sin, layer_cache, batch)
-            if on_layer is not None:
-                if x.device.type == "cuda":  # the KV must be written before others read it
-                    torch.cuda.current_stream(x.device).synchronize()
-                on_layer(i)
+            if on_layer is not None:  # no sync: a copy out of a GPU waits on an event
+                on_layer(i)  # recorded by on_layer (workers/kv_staging.py)
         return self.norm(x)  # type: ignore[no-any-return]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
