@@ -70,6 +70,9 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
     with scratch_pool(args.segment_mib) as (_, pool):
         staging = {k: getattr(args, k) for k in STAGING_SETTINGS}
         engines = _engines(config, dataclasses.replace(pool, **staging))
+        staged = all(
+            e.pool is not None and e.pool.staged for pair in engines.values() for e in pair
+        )
         vocab = engines["after"][0].model_config.vocab_size
         params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
         try:
@@ -100,7 +103,7 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
             "seed": args.seed,
             "pool": "mooncake_master on loopback TCP, both engines in one process",
             "kv_staging": args.kv_staging,
-            "staged": engines["after"][0].pool is not None and engines["after"][0].pool.staged,
+            "staged": staged,
         },
         [*results, {"runs": rows}],
         {
