@@ -122,8 +122,9 @@ class KVPool:
 
     @property
     def staged(self) -> bool:
-        """Whether transfers go through host staging slots (:mod:`kvpool.span_io`)."""
-        return isinstance(self.io, StagedIO)
+        """Whether transfers go through host staging slots (:mod:`kvpool.span_io`; not in
+        place, where the slots only carry the host copies digests are taken over)."""
+        return isinstance(self.io, StagedIO) and not self.io.copier.in_place
 
     def _spans(self, page: int) -> list[CacheSpan]:
         return [CacheSpan(layer, page) for layer in range(self.layout.num_layers)]

@@ -25,10 +25,12 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from kvserve.gpucheck.reference import hf_model
 from kvserve.report import emit, log, median
 from workers.config import EngineConfig
 from workers.engine import Engine
@@ -57,18 +59,18 @@ def _ours(engine: Engine) -> Runner:
     return run
 
 
-def _transformers(model_dir: str, dtype: torch.dtype) -> Runner:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+def _transformers(model_dir: str, dtype: torch.dtype, device: torch.device) -> Runner:
+    model = hf_model(Path(model_dir), dtype, str(device))
 
     @torch.inference_mode()
     def run(requests: list[Request], in_flight: int) -> None:
         for i in range(0, len(requests), in_flight):
             group = requests[i : i + in_flight]
             width = max(len(p) for p, _ in group)
-            ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in group])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in group])
+            rows = [[0] * (width - len(p)) + p for p, _ in group]
+            ids = torch.tensor(rows, device=device)
+            masks = [[0] * (width - len(p)) + [1] * len(p) for p, _ in group]
+            mask = torch.tensor(masks, device=device)
             n = max(m for _, m in group)
             model.generate(
                 ids,
@@ -129,7 +131,7 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
     engine = Engine(config)
     runners = {
         "kvserve": _ours(engine),
-        "transformers": _transformers(str(engine.model_dir), engine.dtype),
+        "transformers": _transformers(str(engine.model_dir), engine.dtype, engine.device),
     }
     vocab = engine.model_config.vocab_size
     for run in runners.values():  # warm-up, not counted

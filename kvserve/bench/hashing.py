@@ -191,12 +191,9 @@ def kv_shape(model_dir: Path) -> tuple[int, int, int]:
 
 def model_dirs() -> dict[str, Path]:
     """The tiny model (made on first use, as ``kvserve chaos`` does) and SmolLM2-135M."""
-    from workers.model.prepare import cache_dir, make_tiny_model, prepare_default_model
+    from workers.model.prepare import prepare_default_model, tiny_model_dir
 
-    tiny = cache_dir() / "models" / "tiny-llama"
-    if not (tiny / "config.json").is_file():
-        make_tiny_model(tiny)
-    return {"tiny-llama": tiny, "SmolLM2-135M": prepare_default_model()}
+    return {"tiny-llama": tiny_model_dir(), "SmolLM2-135M": prepare_default_model()}
 
 
 def run(args: argparse.Namespace) -> int:

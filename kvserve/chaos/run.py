@@ -46,10 +46,9 @@ WAIT_S = 60.0
 def _model_dir(arg: str) -> Path:
     if arg:
         return Path(arg)
-    from workers.model.prepare import cache_dir, make_tiny_model
+    from workers.model.prepare import tiny_model_dir
 
-    target = cache_dir() / "models" / "tiny-llama"
-    return target if (target / "config.json").is_file() else make_tiny_model(target)
+    return tiny_model_dir()
 
 
 def _spec(args: argparse.Namespace, engine: EngineConfig) -> ClusterSpec:

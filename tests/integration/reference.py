@@ -8,35 +8,23 @@ from typing import Any
 
 import torch
 
+from kvserve.gpucheck import reference
+
 
 @cache
 def hf_model(model_dir: Path) -> Any:
-    from transformers import AutoModelForCausalLM
+    """The fp32 CPU reference of ``model_dir``, loaded once."""
+    return reference.hf_model(model_dir, torch.float32, "cpu")
 
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
 
-
-@torch.inference_mode()
 def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Greedy continuation of one prompt (batch of one: no padding), EOS ignored."""
-    model = hf_model(model_dir)
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    return [int(t) for t in out[0, len(prompt) :]]
+    return reference.hf_greedy(hf_model(model_dir), prompt, max_new_tokens)
 
 
-@torch.inference_mode()
 def hf_last_logits(model_dir: Path, prompt: list[int]) -> torch.Tensor:
     """fp32 logits at the last prompt position."""
-    return hf_model(model_dir)(torch.tensor([prompt])).logits[0, -1].float()  # type: ignore[no-any-return]
+    return reference.hf_last_logits(hf_model(model_dir), prompt)
 
 
 @torch.inference_mode()

@@ -43,6 +43,16 @@ def default_model_dir() -> Path:
     return cache_dir() / "models" / DEFAULT_MODEL_NAME
 
 
+def tiny_model_dir(tokenizer_dir: Path | None = None) -> Path:
+    """The tiny model in the cache (``models/tiny-llama``, the one ``kvserve make-model``
+    writes by default), made on first use (:func:`make_tiny_model`, seed 0, with the
+    tokenizer of ``tokenizer_dir``, default the prepared SmolLM2)."""
+    target = cache_dir() / "models" / "tiny-llama"
+    if (target / "config.json").is_file():
+        return target
+    return make_tiny_model(target, tokenizer_dir=tokenizer_dir)
+
+
 def _write_atomically(target: Path, build: Callable[[Path], None]) -> Path:
     tmp = target.with_name(target.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,46 @@
+"""``python -m kvserve.gpucheck`` (what ``scripts/gpu_check.sh`` runs on a GPU machine) in its
+CPU quick mode: every check runs for real (the engine against transformers, the pool round
+trip across two processes through host staging and in place, ``bench engine``) and the one
+JSON file says each passed; a check that disagrees or breaks is recorded as such, alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from kvserve.gpucheck.exactness import CheckFailedError
+from kvserve.gpucheck.run import OPTIONAL, _record
+
+CHECKS = {"models", "tiny_exact", "smollm2_logits", "pool_staged", "pool_in_place", "bench_engine"}
+
+
+def test_every_check_passes_on_the_cpu(tmp_path: Path, tiny_model_dir: Path) -> None:
+    out = tmp_path / "gpu_check.json"
+    argv = [sys.executable, "-m", "kvserve.gpucheck", "--device", "cpu", "--quick"]
+    done = subprocess.run([*argv, "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["passed"] and report["conditions"]["device"] == "cpu"
+    statuses = {name: check["status"] for name, check in report["checks"].items()}
+    assert statuses == dict.fromkeys(CHECKS, "pass"), report["checks"]
+    checks = report["checks"]
+    assert checks["pool_staged"]["staged"] and not checks["pool_in_place"]["staged"]
+    assert checks["pool_staged"]["pages_equal"] == checks["pool_staged"]["pages"] > 0
+    assert checks["tiny_exact"]["sequences_equal"] == checks["tiny_exact"]["sequences"]
+    assert checks["bench_engine"]["report"]["bench"] == "engine"
+
+
+def test_a_failed_or_broken_check_is_recorded_alone() -> None:
+    def disagrees() -> dict[str, object]:
+        raise CheckFailedError("differs", {"pages_equal": 3})
+
+    def breaks() -> dict[str, object]:
+        raise OSError("no device")
+
+    failed, broken = _record(disagrees), _record(breaks)
+    assert failed["status"] == "fail" and failed["pages_equal"] == 3
+    assert broken["status"] == "error" and "no device" in broken["error"]
+    assert _record(lambda: {"x": 1})["status"] == "pass"
+    assert OPTIONAL == ("pool_in_place",)
