@@ -26,4 +26,4 @@ else
   echo "no CUDA device here: running the CPU quick mode" >&2
   args+=(--device cpu --quick)
 fi
-exec timeout 600 "$py" -m kvserve.gpucheck "${args[@]}"
+exec timeout 580 "$py" -m kvserve.gpucheck "${args[@]}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import select
 import subprocess
 import sys
 import tempfile
@@ -93,26 +94,41 @@ def _start(role: str, cfg: MasterConfig, device: str, staging: str) -> subproces
 
 
 def _answer(proc: subprocess.Popen[str], role: str) -> dict[str, Any]:
+    """The member's JSON line, within :data:`MEMBER_TIMEOUT_S` (a member stuck joining the
+    pool must not hold up the other checks)."""
     assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], MEMBER_TIMEOUT_S)
+    if not ready:
+        raise TimeoutError(f"the {role} process gave no answer in {MEMBER_TIMEOUT_S:.0f} s")
     line = proc.stdout.readline()
     if not line:
         raise RuntimeError(f"the {role} process ended without an answer (rc {proc.wait(10)})")
     return json.loads(line)  # type: ignore[no-any-return]
 
 
+def _finish(proc: subprocess.Popen[str]) -> None:
+    """Tell a member to go; kill it if it does not in :data:`MEMBER_TIMEOUT_S`."""
+    try:
+        proc.communicate("done\n", timeout=MEMBER_TIMEOUT_S)
+    except (subprocess.TimeoutExpired, OSError):
+        proc.kill()
+        proc.wait()
+
+
 def pool_roundtrip(device: str, staging: str) -> dict[str, Any]:
     """The round trip with ``--kv-staging staging``; its figures, or :class:`CheckFailedError`."""
     rpc, meta, metrics = free_local_ports(3)
     cfg = MasterConfig(master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics)
+    members: list[subprocess.Popen[str]] = []
     with tempfile.TemporaryDirectory() as tmp, MasterProcess(cfg, Path(tmp) / "master.log"):
-        writer = _start("writer", cfg, device, staging)
         try:
-            wrote = _answer(writer, "writer")
-            reader = _start("reader", cfg, device, staging)
-            read = _answer(reader, "reader")
-            reader.communicate("done\n", timeout=MEMBER_TIMEOUT_S)
+            members.append(_start("writer", cfg, device, staging))
+            wrote = _answer(members[0], "writer")
+            members.append(_start("reader", cfg, device, staging))
+            read = _answer(members[1], "reader")
         finally:
-            writer.communicate("done\n", timeout=MEMBER_TIMEOUT_S)
+            for proc in reversed(members):  # the reader first: the writer holds the objects
+                _finish(proc)
     figures = {
         "kv_staging": staging,
         "staged": wrote["staged"],

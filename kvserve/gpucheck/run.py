@@ -4,12 +4,17 @@ Each check runs in a ``try``: its status is ``pass``, ``fail`` (the reference di
 the figures say by how much) or ``error`` (it could not run: the error text), or ``skip``
 (what it needs is missing: the reason). The exit status is 0 when no required check failed
 or broke (``pool_in_place`` is information: GPUDirect may not be available).
+
+The file is written again as each check starts (status ``running``) and ends, so a run cut
+short (SIGTERM, ``timeout``) still leaves every result so far and names the check it was in
+(``finished`` false).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tokenizer-dir", type=Path, default=None,
         help="tokenizer (and config.json) for the tiny model where SmolLM2 is not installed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--budget-s", type=float, default=540.0,
+        help="seconds for the whole run: bench engine gets what the other checks leave",
     )  # fmt: skip
     return parser
 
@@ -75,61 +84,88 @@ def _models(tokenizer_dir: Path | None) -> tuple[Path, Path | None, str]:
     return tiny_model_dir(tokenizer_dir if smollm2 is None else None), smollm2, why
 
 
-def _bench_engine(model: Path, device: str, dtype: str, quick: bool) -> dict[str, Any]:
+def _bench_engine(
+    model: Path, device: str, dtype: str, quick: bool, timeout_s: float
+) -> dict[str, Any]:
     sizes = ["1", "2"] if quick else ["1", "4", "16", "64"]
     argv = [sys.executable, "-m", "kvserve", "bench", "engine", "--model", str(model)]
     argv += ["--device", device, "--dtype", dtype, "--concurrency", *sizes]
     argv += ["--prompt-len", "16" if quick else "128", "--output-len", "8" if quick else "64"]
     argv += ["--repeat", "1" if quick else "3", "--kv-cache-mib", "64" if quick else "8192"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"bench engine failed ({done.returncode}): {done.stderr[-1500:]}")
     report: dict[str, Any] = json.loads(done.stdout)
     return {"model": model.name, "dtype": dtype, "report": report}
 
 
-def checks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Every check's record, in order."""
-    device, quick = args.device, args.quick
+Save = Callable[[dict[str, dict[str, Any]]], None]
+
+
+def checks(args: argparse.Namespace, save: Save) -> dict[str, dict[str, Any]]:
+    """Every check's record, in order; ``save`` gets the records so far as each check starts
+    and ends."""
+    device, quick, deadline = args.device, args.quick, time.time() + args.budget_s
     out: dict[str, dict[str, Any]] = {}
     found: list[Any] = []
+
+    def step(name: str, run: Callable[[], dict[str, Any]]) -> None:
+        out[name] = {"status": "running"}
+        save(out)
+        out[name] = _record(run)
+        save(out)
 
     def models() -> dict[str, Any]:
         found.extend(_models(args.tokenizer_dir))
         return {"tiny": str(found[0]), "smollm2": str(found[1]) if found[1] else None}
 
-    out["models"] = _record(models)
+    step("models", models)
     if out["models"]["status"] != "pass":
         return out
     tiny, smollm2, why = found
     lengths = (5, 37) if quick else (5, 37, 100, 300)
-    out["tiny_exact"] = _record(lambda: greedy_exact(tiny, device, lengths, 8 if quick else 32))
+    step("tiny_exact", lambda: greedy_exact(tiny, device, lengths, 8 if quick else 32))
     low = "bfloat16" if device.startswith("cuda") else "float32"
     if smollm2 is None:
         out["smollm2_logits"] = {"status": "skip", "reason": why}
     else:
-        out["smollm2_logits"] = _record(lambda: first_token_logits(smollm2, device, low, 64, 8))
-    out["pool_staged"] = _record(lambda: pool_roundtrip(device, "always"))
-    out["pool_in_place"] = _record(lambda: pool_roundtrip(device, "never"))
+        step("smollm2_logits", lambda: first_token_logits(smollm2, device, low, 64, 8))
+    step("pool_staged", lambda: pool_roundtrip(device, "always"))
+    step("pool_in_place", lambda: pool_roundtrip(device, "never"))
     model, dtype = (smollm2, low) if smollm2 is not None and not quick else (tiny, "float32")
-    out["bench_engine"] = _record(lambda: _bench_engine(model, device, dtype, quick))
+    left = max(30.0, deadline - time.time())
+    step("bench_engine", lambda: _bench_engine(model, device, dtype, quick, left))
     return out
+
+
+def _passed(results: dict[str, dict[str, Any]]) -> bool:
+    required = [r for name, r in results.items() if name not in OPTIONAL]
+    return all(r["status"] in ("pass", "skip") for r in required)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds: children are stopped, the file stays as saved
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     started = time.time()
-    results = checks(args)
-    required = [r for name, r in results.items() if name not in OPTIONAL]
-    ok = all(r["status"] in ("pass", "skip") for r in required)
-    payload = {
-        "check": "gpu",
-        "conditions": {**base_conditions(), **_device_facts(args.device), "quick": args.quick},
-        "seconds": round(time.time() - started, 1),
-        "passed": ok,
-        "checks": results,
-    }
-    args.out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    conditions = {**base_conditions(), **_device_facts(args.device), "quick": args.quick}
+
+    def write(results: dict[str, dict[str, Any]], finished: bool = False) -> None:
+        payload = {
+            "check": "gpu", "conditions": conditions,
+            "seconds": round(time.time() - started, 1), "finished": finished,
+            "passed": finished and _passed(results), "checks": results,
+        }  # fmt: skip
+        partial = args.out.with_name(args.out.name + ".partial")  # never a torn file
+        partial.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        partial.replace(args.out)
+
+    results = checks(args, write)
+    write(results, finished=True)
+    ok = _passed(results)
     summary = {name: r["status"] for name, r in results.items()}
     print(json.dumps({"passed": ok, "checks": summary, "out": str(args.out)}), flush=True)
     return 0 if ok else 1

@@ -10,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from kvserve.gpucheck import roundtrip
 from kvserve.gpucheck.exactness import CheckFailedError
 from kvserve.gpucheck.run import OPTIONAL, _record
 
@@ -22,7 +25,7 @@ def test_every_check_passes_on_the_cpu(tmp_path: Path, tiny_model_dir: Path) -> 
     done = subprocess.run([*argv, "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["passed"] and report["conditions"]["device"] == "cpu"
+    assert report["passed"] and report["finished"] and report["conditions"]["device"] == "cpu"
     statuses = {name: check["status"] for name, check in report["checks"].items()}
     assert statuses == dict.fromkeys(CHECKS, "pass"), report["checks"]
     checks = report["checks"]
@@ -44,3 +47,15 @@ def test_a_failed_or_broken_check_is_recorded_alone() -> None:
     assert broken["status"] == "error" and "no device" in broken["error"]
     assert _record(lambda: {"x": 1})["status"] == "pass"
     assert OPTIONAL == ("pool_in_place",)
+
+
+def test_a_member_that_never_answers_is_given_up_and_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(roundtrip, "MEMBER_TIMEOUT_S", 0.2)
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    with pytest.raises(TimeoutError, match="writer"):
+        roundtrip._answer(proc, "writer")
+    roundtrip._finish(proc)
+    assert proc.returncode is not None
