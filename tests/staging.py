@@ -1,10 +1,11 @@
 """The ``--kv-staging`` mode the pool tests run under, from the setting's own variable.
 
-``scripts/test.sh`` runs the suite with the default (``auto``: a CPU cache moves in place),
-then the pool, landing, hand-off and fault tests once more with ``KVSERVE_KV_STAGING=always``
-(every transfer through the host staging slots of :mod:`kvpool.span_io`). Every pool a test
-makes takes its mode from here: :data:`STAGING` for a :class:`~kvpool.config.PoolConfig`,
-:func:`pool_memory` for a :class:`~kvpool.pool.KVPool` over a test's own slab.
+``scripts/test.sh`` runs the pool, landing, hand-off and fault tests (marked ``kv_path``)
+with ``KVSERVE_KV_STAGING=always`` (every transfer through the host staging slots of
+:mod:`kvpool.span_io`) and the rest with the default (``auto``: a CPU cache moves in
+place). Every pool a test makes takes its mode from here: :data:`STAGING` for a
+:class:`~kvpool.config.PoolConfig`, :func:`pool_memory` for a :class:`~kvpool.pool.KVPool`
+over a test's own slab.
 """
 
 from __future__ import annotations
