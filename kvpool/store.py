@@ -135,6 +135,11 @@ class MooncakeStore:
     def unregister(self, ptr: int) -> None:
         self._client.unregister_buffer(ptr)
 
+    def segment(self) -> str:
+        """This member's transfer-engine segment name: where another member writes the
+        memory registered here directly (:mod:`kvpool.push`)."""
+        return str(self._client.get_hostname())
+
     def put_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         if not keys or not self.available:
             return [FAILED] * len(keys)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12proto/worker.proto\x12\x11kvserve.worker.v1\"\xfc\x03\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x44\n\nlogit_bias\x18\t \x03(\x0b\x32\x30.kvserve.worker.v1.SamplingParams.LogitBiasEntry\x12\x18\n\x10presence_penalty\x18\n \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x01\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x01H\x01\x88\x01\x01\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x15\n\x08logprobs\x18\x0e \x01(\rH\x02\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x0f \x01(\rH\x03\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"F\n\x0cTokenLogprob\x12\x0f\n\x07logprob\x18\x01 \x01(\x01\x12\x0f\n\x07top_ids\x18\x02 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x01\"h\n\x0bPromptUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x14\n\x0clocal_tokens\x18\x02 \x01(\r\x12\x13\n\x0bpool_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x63omputed_tokens\x18\x04 \x01(\r\"C\n\x08Transfer\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x17\n\x0f\x65xposed_seconds\x18\x03 \x01(\x01\"x\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x10\n\x08lease_ms\x18\x04 \x01(\r\x12\x12\n\ncache_salt\x18\x05 \x01(\t\"S\n\x0cReserveReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x11\n\tnum_pages\x18\x03 \x01(\r\x12\x14\n\x0clocal_tokens\x18\x04 \x01(\r\"\x85\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x31\n\x06params\x18\x03 \x01(\x0b\x32!.kvserve.worker.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x04 \x01(\t\"\xf9\x01\n\x0cPrefillReply\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x36\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1f.kvserve.worker.v1.FinishReason\x12-\n\x05usage\x18\x04 \x01(\x0b\x32\x1e.kvserve.worker.v1.PromptUsage\x12-\n\x08transfer\x18\x05 \x01(\x0b\x32\x1b.kvserve.worker.v1.Transfer\x12\x30\n\x07logprob\x18\x06 \x01(\x0b\x32\x1f.kvserve.worker.v1.TokenLogprob\"\xca\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x31\n\x06params\x18\x03 \x01(\x0b\x32!.kvserve.worker.v1.SamplingParams\x12\x18\n\x0b\x66irst_token\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x10resume_token_ids\x18\x05 \x03(\r\x12\x12\n\ncache_salt\x18\x06 \x01(\tB\x0e\n\x0c_first_token\"\xb0\x02\n\nTokenChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x36\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1f.kvserve.worker.v1.FinishReason\x12-\n\x05usage\x18\x04 \x01(\x0b\x32\x1e.kvserve.worker.v1.PromptUsage\x12-\n\x08transfer\x18\x05 \x01(\x0b\x32\x1b.kvserve.worker.v1.Transfer\x12\x31\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1f.kvserve.worker.v1.TokenLogprob\x12\x38\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1f.kvserve.worker.v1.TokenLogprob\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1b\n\nAbortReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\r\n\x0bLoadRequest\"\xcf\x04\n\nLoadReport\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x10\n\x08\x64raining\x18\x02 \x01(\x08\x12\x0f\n\x07waiting\x18\x03 \x01(\r\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x10\n\x08reserved\x18\x05 \x01(\r\x12\x1d\n\x15queued_prefill_tokens\x18\x06 \x01(\x04\x12\x12\n\nfree_pages\x18\x07 \x01(\r\x12\x13\n\x0btotal_pages\x18\x08 \x01(\r\x12\x1c\n\x14prefill_tokens_per_s\x18\t \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\n \x01(\x01\x12\x1b\n\x13prompt_tokens_local\x18\x0b \x01(\x04\x12\x1a\n\x12prompt_tokens_pool\x18\x0c \x01(\x04\x12\x1e\n\x16prompt_tokens_computed\x18\r \x01(\x04\x12\x15\n\routput_tokens\x18\x0e \x01(\x04\x12\x18\n\x10kv_bytes_written\x18\x0f \x01(\x04\x12\x15\n\rkv_bytes_read\x18\x10 \x01(\x04\x12\x18\n\x10kv_write_seconds\x18\x11 \x01(\x01\x12\x17\n\x0fkv_read_seconds\x18\x12 \x01(\x01\x12\x1a\n\x12kv_exposed_seconds\x18\x13 \x01(\x01\x12\x10\n\x08requests\x18\x14 \x01(\x04\x12\x16\n\x0epool_connected\x18\x15 \x01(\x08\x12\x14\n\x0cpool_outages\x18\x16 \x01(\x04\x12\x1a\n\x12pool_forged_blocks\x18\x17 \x01(\x04\x12\x1e\n\x16pool_checksum_failures\x18\x18 \x01(\x04\"\x1e\n\x0eSetRoleRequest\x12\x0c\n\x04role\x18\x01 \x01(\t\".\n\x0cSetRoleReply\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x10\n\x08previous\x18\x02 \x01(\t*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xd9\x03\n\x06Worker\x12M\n\x07Reserve\x12!.kvserve.worker.v1.ReserveRequest\x1a\x1f.kvserve.worker.v1.ReserveReply\x12M\n\x07Prefill\x12!.kvserve.worker.v1.PrefillRequest\x1a\x1f.kvserve.worker.v1.PrefillReply\x12O\n\x08Generate\x12\".kvserve.worker.v1.GenerateRequest\x1a\x1d.kvserve.worker.v1.TokenChunk0\x01\x12G\n\x05\x41\x62ort\x12\x1f.kvserve.worker.v1.AbortRequest\x1a\x1d.kvserve.worker.v1.AbortReply\x12H\n\x07GetLoad\x12\x1e.kvserve.worker.v1.LoadRequest\x1a\x1d.kvserve.worker.v1.LoadReport\x12M\n\x07SetRole\x12!.kvserve.worker.v1.SetRoleRequest\x1a\x1f.kvserve.worker.v1.SetRoleReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12proto/worker.proto\x12\x11kvserve.worker.v1\"\xfc\x03\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x44\n\nlogit_bias\x18\t \x03(\x0b\x32\x30.kvserve.worker.v1.SamplingParams.LogitBiasEntry\x12\x18\n\x10presence_penalty\x18\n \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x01\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x01H\x01\x88\x01\x01\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x15\n\x08logprobs\x18\x0e \x01(\rH\x02\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x0f \x01(\rH\x03\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"F\n\x0cTokenLogprob\x12\x0f\n\x07logprob\x18\x01 \x01(\x01\x12\x0f\n\x07top_ids\x18\x02 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x01\"h\n\x0bPromptUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x14\n\x0clocal_tokens\x18\x02 \x01(\r\x12\x13\n\x0bpool_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x63omputed_tokens\x18\x04 \x01(\r\"C\n\x08Transfer\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x17\n\x0f\x65xposed_seconds\x18\x03 \x01(\x01\"\x8c\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x10\n\x08lease_ms\x18\x04 \x01(\r\x12\x12\n\ncache_salt\x18\x05 \x01(\t\x12\x12\n\noffer_push\x18\x06 \x01(\x08\"\x8b\x01\n\nPushTarget\x12\x0f\n\x07segment\x18\x01 \x01(\t\x12\x0c\n\x04wire\x18\x02 \x01(\t\x12\x14\n\x0cslab_address\x18\x03 \x01(\x04\x12\x12\n\nnum_blocks\x18\x04 \x01(\r\x12\x13\n\x0b\x66irst_block\x18\x05 \x01(\r\x12\r\n\x05pages\x18\x06 \x03(\r\x12\x10\n\x08lease_ms\x18\x07 \x01(\r\"\x87\x01\n\x0cReserveReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x11\n\tnum_pages\x18\x03 \x01(\r\x12\x14\n\x0clocal_tokens\x18\x04 \x01(\r\x12\x32\n\x0bpush_target\x18\x05 \x01(\x0b\x32\x1d.kvserve.worker.v1.PushTarget\"\xb9\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x31\n\x06params\x18\x03 \x01(\x0b\x32!.kvserve.worker.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12\x32\n\x0bpush_target\x18\x05 \x01(\x0b\x32\x1d.kvserve.worker.v1.PushTarget\"6\n\nPushResult\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05metas\x18\x02 \x03(\x0c\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\xa6\x02\n\x0cPrefillReply\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x36\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1f.kvserve.worker.v1.FinishReason\x12-\n\x05usage\x18\x04 \x01(\x0b\x32\x1e.kvserve.worker.v1.PromptUsage\x12-\n\x08transfer\x18\x05 \x01(\x0b\x32\x1b.kvserve.worker.v1.Transfer\x12\x30\n\x07logprob\x18\x06 \x01(\x0b\x32\x1f.kvserve.worker.v1.TokenLogprob\x12+\n\x04push\x18\x07 \x01(\x0b\x32\x1d.kvserve.worker.v1.PushResult\"\xe0\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x31\n\x06params\x18\x03 \x01(\x0b\x32!.kvserve.worker.v1.SamplingParams\x12\x18\n\x0b\x66irst_token\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x10resume_token_ids\x18\x05 \x03(\r\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x14\n\x0cpushed_metas\x18\x07 \x03(\x0c\x42\x0e\n\x0c_first_token\"\xb0\x02\n\nTokenChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x36\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1f.kvserve.worker.v1.FinishReason\x12-\n\x05usage\x18\x04 \x01(\x0b\x32\x1e.kvserve.worker.v1.PromptUsage\x12-\n\x08transfer\x18\x05 \x01(\x0b\x32\x1b.kvserve.worker.v1.Transfer\x12\x31\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1f.kvserve.worker.v1.TokenLogprob\x12\x38\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1f.kvserve.worker.v1.TokenLogprob\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1b\n\nAbortReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\r\n\x0bLoadRequest\"\xcf\x04\n\nLoadReport\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x10\n\x08\x64raining\x18\x02 \x01(\x08\x12\x0f\n\x07waiting\x18\x03 \x01(\r\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x10\n\x08reserved\x18\x05 \x01(\r\x12\x1d\n\x15queued_prefill_tokens\x18\x06 \x01(\x04\x12\x12\n\nfree_pages\x18\x07 \x01(\r\x12\x13\n\x0btotal_pages\x18\x08 \x01(\r\x12\x1c\n\x14prefill_tokens_per_s\x18\t \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\n \x01(\x01\x12\x1b\n\x13prompt_tokens_local\x18\x0b \x01(\x04\x12\x1a\n\x12prompt_tokens_pool\x18\x0c \x01(\x04\x12\x1e\n\x16prompt_tokens_computed\x18\r \x01(\x04\x12\x15\n\routput_tokens\x18\x0e \x01(\x04\x12\x18\n\x10kv_bytes_written\x18\x0f \x01(\x04\x12\x15\n\rkv_bytes_read\x18\x10 \x01(\x04\x12\x18\n\x10kv_write_seconds\x18\x11 \x01(\x01\x12\x17\n\x0fkv_read_seconds\x18\x12 \x01(\x01\x12\x1a\n\x12kv_exposed_seconds\x18\x13 \x01(\x01\x12\x10\n\x08requests\x18\x14 \x01(\x04\x12\x16\n\x0epool_connected\x18\x15 \x01(\x08\x12\x14\n\x0cpool_outages\x18\x16 \x01(\x04\x12\x1a\n\x12pool_forged_blocks\x18\x17 \x01(\x04\x12\x1e\n\x16pool_checksum_failures\x18\x18 \x01(\x04\"\x1e\n\x0eSetRoleRequest\x12\x0c\n\x04role\x18\x01 \x01(\t\".\n\x0cSetRoleReply\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x10\n\x08previous\x18\x02 \x01(\t*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xd9\x03\n\x06Worker\x12M\n\x07Reserve\x12!.kvserve.worker.v1.ReserveRequest\x1a\x1f.kvserve.worker.v1.ReserveReply\x12M\n\x07Prefill\x12!.kvserve.worker.v1.PrefillRequest\x1a\x1f.kvserve.worker.v1.PrefillReply\x12O\n\x08Generate\x12\".kvserve.worker.v1.GenerateRequest\x1a\x1d.kvserve.worker.v1.TokenChunk0\x01\x12G\n\x05\x41\x62ort\x12\x1f.kvserve.worker.v1.AbortRequest\x1a\x1d.kvserve.worker.v1.AbortReply\x12H\n\x07GetLoad\x12\x1e.kvserve.worker.v1.LoadRequest\x1a\x1d.kvserve.worker.v1.LoadReport\x12M\n\x07SetRole\x12!.kvserve.worker.v1.SetRoleRequest\x1a\x1f.kvserve.worker.v1.SetRoleReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=2660
-  _globals['_FINISHREASON']._serialized_end=2780
+  _globals['_FINISHREASON']._serialized_start=3051
+  _globals['_FINISHREASON']._serialized_end=3171
   _globals['_SAMPLINGPARAMS']._serialized_start=42
   _globals['_SAMPLINGPARAMS']._serialized_end=550
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=437
@@ -45,30 +45,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROMPTUSAGE']._serialized_end=728
   _globals['_TRANSFER']._serialized_start=730
   _globals['_TRANSFER']._serialized_end=797
-  _globals['_RESERVEREQUEST']._serialized_start=799
-  _globals['_RESERVEREQUEST']._serialized_end=919
-  _globals['_RESERVEREPLY']._serialized_start=921
-  _globals['_RESERVEREPLY']._serialized_end=1004
-  _globals['_PREFILLREQUEST']._serialized_start=1007
-  _globals['_PREFILLREQUEST']._serialized_end=1140
-  _globals['_PREFILLREPLY']._serialized_start=1143
-  _globals['_PREFILLREPLY']._serialized_end=1392
-  _globals['_GENERATEREQUEST']._serialized_start=1395
-  _globals['_GENERATEREQUEST']._serialized_end=1597
-  _globals['_TOKENCHUNK']._serialized_start=1600
-  _globals['_TOKENCHUNK']._serialized_end=1904
-  _globals['_ABORTREQUEST']._serialized_start=1906
-  _globals['_ABORTREQUEST']._serialized_end=1940
-  _globals['_ABORTREPLY']._serialized_start=1942
-  _globals['_ABORTREPLY']._serialized_end=1969
-  _globals['_LOADREQUEST']._serialized_start=1971
-  _globals['_LOADREQUEST']._serialized_end=1984
-  _globals['_LOADREPORT']._serialized_start=1987
-  _globals['_LOADREPORT']._serialized_end=2578
-  _globals['_SETROLEREQUEST']._serialized_start=2580
-  _globals['_SETROLEREQUEST']._serialized_end=2610
-  _globals['_SETROLEREPLY']._serialized_start=2612
-  _globals['_SETROLEREPLY']._serialized_end=2658
-  _globals['_WORKER']._serialized_start=2783
-  _globals['_WORKER']._serialized_end=3256
+  _globals['_RESERVEREQUEST']._serialized_start=800
+  _globals['_RESERVEREQUEST']._serialized_end=940
+  _globals['_PUSHTARGET']._serialized_start=943
+  _globals['_PUSHTARGET']._serialized_end=1082
+  _globals['_RESERVEREPLY']._serialized_start=1085
+  _globals['_RESERVEREPLY']._serialized_end=1220
+  _globals['_PREFILLREQUEST']._serialized_start=1223
+  _globals['_PREFILLREQUEST']._serialized_end=1408
+  _globals['_PUSHRESULT']._serialized_start=1410
+  _globals['_PUSHRESULT']._serialized_end=1464
+  _globals['_PREFILLREPLY']._serialized_start=1467
+  _globals['_PREFILLREPLY']._serialized_end=1761
+  _globals['_GENERATEREQUEST']._serialized_start=1764
+  _globals['_GENERATEREQUEST']._serialized_end=1988
+  _globals['_TOKENCHUNK']._serialized_start=1991
+  _globals['_TOKENCHUNK']._serialized_end=2295
+  _globals['_ABORTREQUEST']._serialized_start=2297
+  _globals['_ABORTREQUEST']._serialized_end=2331
+  _globals['_ABORTREPLY']._serialized_start=2333
+  _globals['_ABORTREPLY']._serialized_end=2360
+  _globals['_LOADREQUEST']._serialized_start=2362
+  _globals['_LOADREQUEST']._serialized_end=2375
+  _globals['_LOADREPORT']._serialized_start=2378
+  _globals['_LOADREPORT']._serialized_end=2969
+  _globals['_SETROLEREQUEST']._serialized_start=2971
+  _globals['_SETROLEREQUEST']._serialized_end=3001
+  _globals['_SETROLEREPLY']._serialized_start=3003
+  _globals['_SETROLEREPLY']._serialized_end=3049
+  _globals['_WORKER']._serialized_start=3174
+  _globals['_WORKER']._serialized_end=3647
 # @@protoc_insertion_point(module_scope)

@@ -9,6 +9,13 @@ A disaggregated request, in the order the router drives it:
                layer's KV written to the pool as it is computed; returns the first token;
   3. Generate  on the decode worker with first_token set: the reserved pages are filled from
                the pool, then tokens stream back until the request finishes.
+Direct push (ReserveRequest.offer_push): the decode worker answers where its reserved pages
+are (ReserveReply.push_target), the router hands that to the prefill worker
+(PrefillRequest.push_target), which writes each layer there as it is computed and answers
+the pushed blocks' MAC'd metas (PrefillReply.push); Generate carries them
+(GenerateRequest.pushed_metas) and the decode worker checks its pages against them. The
+prefill worker still publishes the full blocks (and the partial last one) to the pool, in
+the background: a push that failed falls back to the pool.
 Generate without first_token (mixed role, or a short prompt kept on the decode worker by
 conditional disaggregation) prefills locally. Abort ends a request wherever it is and gives
 every page back. Health uses the standard grpc.health.v1 service.
@@ -264,12 +271,15 @@ class ReserveRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     LEASE_MS_FIELD_NUMBER: _builtins.int
     CACHE_SALT_FIELD_NUMBER: _builtins.int
+    OFFER_PUSH_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     max_tokens: _builtins.int
     lease_ms: _builtins.int
     """the pages are freed if Generate does not come within this"""
     cache_salt: _builtins.str
     """the request's tenant salt (empty: none); see PrefillRequest"""
+    offer_push: _builtins.bool
+    """the router would push this prompt's KV: answer a push_target"""
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -280,14 +290,66 @@ class ReserveRequest(_message.Message):
         max_tokens: _builtins.int = ...,
         lease_ms: _builtins.int = ...,
         cache_salt: _builtins.str = ...,
+        offer_push: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "lease_ms", b"lease_ms", "max_tokens", b"max_tokens", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "lease_ms", b"lease_ms", "max_tokens", b"max_tokens", "offer_push", b"offer_push", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReserveRequest: _TypeAlias = ReserveRequest  # noqa: Y015
+
+@_typing.final
+class PushTarget(_message.Message):
+    """Where a decode worker's reserved pages are, for the prefill worker's transfer engine
+    (kvpool/push.py). Prompt block first_block + i goes to page pages[i]: its layer l lands at
+    slab_address + KVLayout.offset(l, pages[i]) in the segment; the last page is the partial
+    last block when the prompt has one. The receiver checks every field against its own
+    layout before writing anything; the decode worker never trusts what comes back.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    WIRE_FIELD_NUMBER: _builtins.int
+    SLAB_ADDRESS_FIELD_NUMBER: _builtins.int
+    NUM_BLOCKS_FIELD_NUMBER: _builtins.int
+    FIRST_BLOCK_FIELD_NUMBER: _builtins.int
+    PAGES_FIELD_NUMBER: _builtins.int
+    LEASE_MS_FIELD_NUMBER: _builtins.int
+    segment: _builtins.str
+    """the decode worker's transfer-engine segment (its pool client)"""
+    wire: _builtins.str
+    """KVLayout.wire of its slab: the prefill worker's must be equal"""
+    slab_address: _builtins.int
+    """where its KV slab starts in that segment"""
+    num_blocks: _builtins.int
+    """pages in its slab"""
+    first_block: _builtins.int
+    """prompt blocks before this one are its own prefix hits"""
+    lease_ms: _builtins.int
+    """the pages are held this long: no write may come later"""
+    @_builtins.property
+    def pages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        segment: _builtins.str = ...,
+        wire: _builtins.str = ...,
+        slab_address: _builtins.int = ...,
+        num_blocks: _builtins.int = ...,
+        first_block: _builtins.int = ...,
+        pages: _abc.Iterable[_builtins.int] | None = ...,
+        lease_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_block", b"first_block", "lease_ms", b"lease_ms", "num_blocks", b"num_blocks", "pages", b"pages", "segment", b"segment", "slab_address", b"slab_address", "wire", b"wire"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushTarget: _TypeAlias = PushTarget  # noqa: Y015
 
 @_typing.final
 class ReserveReply(_message.Message):
@@ -301,12 +363,17 @@ class ReserveReply(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     NUM_PAGES_FIELD_NUMBER: _builtins.int
     LOCAL_TOKENS_FIELD_NUMBER: _builtins.int
+    PUSH_TARGET_FIELD_NUMBER: _builtins.int
     ok: _builtins.bool
     reason: _builtins.str
     """why not, when !ok"""
     num_pages: _builtins.int
     local_tokens: _builtins.int
     """prompt tokens already in this worker's prefix cache"""
+    @_builtins.property
+    def push_target(self) -> Global___PushTarget:
+        """offer_push was set and this worker takes a direct push"""
+
     def __init__(
         self,
         *,
@@ -314,10 +381,11 @@ class ReserveReply(_message.Message):
         reason: _builtins.str = ...,
         num_pages: _builtins.int = ...,
         local_tokens: _builtins.int = ...,
+        push_target: Global___PushTarget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["push_target", b"push_target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["local_tokens", b"local_tokens", "num_pages", b"num_pages", "ok", b"ok", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["local_tokens", b"local_tokens", "num_pages", b"num_pages", "ok", b"ok", "push_target", b"push_target", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -331,6 +399,7 @@ class PrefillRequest(_message.Message):
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
     CACHE_SALT_FIELD_NUMBER: _builtins.int
+    PUSH_TARGET_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     cache_salt: _builtins.str
     """Mixed into the root of the block hash chain (kvpool.hashing.salt_root): requests with
@@ -340,6 +409,10 @@ class PrefillRequest(_message.Message):
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def params(self) -> Global___SamplingParams: ...
+    @_builtins.property
+    def push_target(self) -> Global___PushTarget:
+        """set: push the prompt's KV there as it is computed"""
+
     def __init__(
         self,
         *,
@@ -347,14 +420,47 @@ class PrefillRequest(_message.Message):
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         params: Global___SamplingParams | None = ...,
         cache_salt: _builtins.str = ...,
+        push_target: Global___PushTarget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params", "push_target", b"push_target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "params", b"params", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "params", b"params", "prompt_token_ids", b"prompt_token_ids", "push_target", b"push_target", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PrefillRequest: _TypeAlias = PrefillRequest  # noqa: Y015
+
+@_typing.final
+class PushResult(_message.Message):
+    """How a direct push went. ok: every block from first_block on was written to the target;
+    metas[i] is block first_block + i's meta object (kvpool/meta.py: its layer digests and a
+    MAC under the pool block key), opaque to the router.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OK_FIELD_NUMBER: _builtins.int
+    METAS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    ok: _builtins.bool
+    error: _builtins.str
+    """why not, when !ok (the KV is in the pool: the decode worker reads it)"""
+    @_builtins.property
+    def metas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
+    def __init__(
+        self,
+        *,
+        ok: _builtins.bool = ...,
+        metas: _abc.Iterable[_builtins.bytes] | None = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "metas", b"metas", "ok", b"ok"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushResult: _TypeAlias = PushResult  # noqa: Y015
 
 @_typing.final
 class PrefillReply(_message.Message):
@@ -366,6 +472,7 @@ class PrefillReply(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     TRANSFER_FIELD_NUMBER: _builtins.int
     LOGPROB_FIELD_NUMBER: _builtins.int
+    PUSH_FIELD_NUMBER: _builtins.int
     first_token: _builtins.int
     text: _builtins.str
     """text of the first token that is safe to show"""
@@ -381,6 +488,10 @@ class PrefillReply(_message.Message):
     def logprob(self) -> Global___TokenLogprob:
         """the first token's, when asked for"""
 
+    @_builtins.property
+    def push(self) -> Global___PushResult:
+        """set when the request came with a push_target"""
+
     def __init__(
         self,
         *,
@@ -390,10 +501,11 @@ class PrefillReply(_message.Message):
         usage: Global___PromptUsage | None = ...,
         transfer: Global___Transfer | None = ...,
         logprob: Global___TokenLogprob | None = ...,
+        push: Global___PushResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["logprob", b"logprob", "transfer", b"transfer", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["logprob", b"logprob", "push", b"push", "transfer", b"transfer", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "first_token", b"first_token", "logprob", b"logprob", "text", b"text", "transfer", b"transfer", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "first_token", b"first_token", "logprob", b"logprob", "push", b"push", "text", b"text", "transfer", b"transfer", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -409,6 +521,7 @@ class GenerateRequest(_message.Message):
     FIRST_TOKEN_FIELD_NUMBER: _builtins.int
     RESUME_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     CACHE_SALT_FIELD_NUMBER: _builtins.int
+    PUSHED_METAS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     first_token: _builtins.int
     """set after a remote prefill: KV comes from the pool"""
@@ -424,6 +537,12 @@ class GenerateRequest(_message.Message):
         recomputed otherwise; chunks carry only what follows.
         """
 
+    @_builtins.property
+    def pushed_metas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """After a direct push that succeeded (PushResult.metas, as received): the reserved pages
+        hold the prompt's KV; each block is checked against its meta before it is used.
+        """
+
     def __init__(
         self,
         *,
@@ -433,10 +552,11 @@ class GenerateRequest(_message.Message):
         first_token: _builtins.int | None = ...,
         resume_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         cache_salt: _builtins.str = ...,
+        pushed_metas: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_first_token", b"_first_token", "first_token", b"first_token", "params", b"params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_first_token", b"_first_token", "cache_salt", b"cache_salt", "first_token", b"first_token", "params", b"params", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "resume_token_ids", b"resume_token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_first_token", b"_first_token", "cache_salt", b"cache_salt", "first_token", b"first_token", "params", b"params", "prompt_token_ids", b"prompt_token_ids", "pushed_metas", b"pushed_metas", "request_id", b"request_id", "resume_token_ids", b"resume_token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__first_token: _TypeAlias = _typing.Literal["first_token"]  # noqa: Y015
     _WhichOneofArgType__first_token: _TypeAlias = _typing.Literal["_first_token", b"_first_token"]  # noqa: Y015

@@ -9,6 +9,13 @@ A disaggregated request, in the order the router drives it:
                layer's KV written to the pool as it is computed; returns the first token;
   3. Generate  on the decode worker with first_token set: the reserved pages are filled from
                the pool, then tokens stream back until the request finishes.
+Direct push (ReserveRequest.offer_push): the decode worker answers where its reserved pages
+are (ReserveReply.push_target), the router hands that to the prefill worker
+(PrefillRequest.push_target), which writes each layer there as it is computed and answers
+the pushed blocks' MAC'd metas (PrefillReply.push); Generate carries them
+(GenerateRequest.pushed_metas) and the decode worker checks its pages against them. The
+prefill worker still publishes the full blocks (and the partial last one) to the pool, in
+the background: a push that failed falls back to the pool.
 Generate without first_token (mixed role, or a short prompt kept on the decode worker by
 conditional disaggregation) prefills locally. Abort ends a request wherever it is and gives
 every page back. Health uses the standard grpc.health.v1 service.

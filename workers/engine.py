@@ -20,6 +20,10 @@ while the step runs: :mod:`workers.kv_transfer`); a decode worker :meth:`Engine.
 pages for a prompt before its prefill, then :meth:`Engine.adopt`\ s the request with its
 first token (the prompt's KV is pulled into the reserved pages) and decodes it; reservations
 whose lease ran out are released by :meth:`Engine.housekeeping` (:mod:`workers.handoff`).
+A hand-off may come with a push target instead (``add_request(push=...)`` on the prefill
+side, ``reserve(offer_push=True)`` and ``adopt(pushed=...)`` on the decode side): the prompt's
+KV is written straight into the decode worker's pages (:mod:`workers.kv_push`,
+:mod:`workers.push_receive`) and the pool in the background.
 
 Threads: every method runs on the thread that owns the engine (the engine loop's, when
 served); other threads read only :attr:`Engine.info` and the :meth:`Engine.load` snapshots
@@ -34,10 +38,12 @@ import time
 from kvpool.config import PoolConfig
 from kvpool.keyring import Keyring
 from kvpool.landing import Landing
+from kvpool.push import PushTarget
 from workers.config import EngineConfig
 from workers.engine_info import EngineInfo, EngineLoad
 from workers.engine_parts import load_parts
 from workers.handoff import Reservations
+from workers.kv_push import Pusher
 from workers.kv_transfer import KVStreamer, Transfer
 from workers.model_runner import describe
 from workers.offline import generate
@@ -67,6 +73,8 @@ class Engine:
         self.scheduler = Scheduler(parts.scheduler_config(config), self.hasher, remote=self.pool)
         blocks, streaming = self.scheduler.blocks, config.kv_streaming
         self.streamer = KVStreamer(self.pool, blocks, streaming) if self.pool else None
+        self.pusher = Pusher(self.pool, pool, blocks) if self.pool and pool else None
+        """The prefill side of direct pushes (:mod:`workers.kv_push`)."""
         self.reservations = Reservations(self.scheduler, self.pool, config.kv_streaming)
         """The decode side of hand-offs (:mod:`workers.handoff`)."""
         self.info = EngineInfo(self.max_model_len, self.num_blocks, self.pool is not None)
@@ -85,10 +93,13 @@ class Engine:
         request_id: str | None = None,
         handoff: bool = False,
         cache_salt: str = "",
+        push: PushTarget | None = None,
     ) -> str:
         """Queue a request; ``ValueError`` if it is invalid or can never fit.
 
-        ``handoff``: prefill only (see the module docstring); needs the pool.
+        ``handoff``: prefill only (see the module docstring); needs the pool. ``push``
+        (with ``handoff``): write the prompt's KV into a decode worker's reserved pages
+        too; how it went comes on the first output (:attr:`RequestOutput.push`).
         ``cache_salt``: the request's tenant salt (it shares prefixes only with its salt).
         A reservation under the same id is superseded, so released first: the router
         prefills here after all (its prefill worker failed), or gave that ``Reserve`` up
@@ -100,6 +111,8 @@ class Engine:
             request_id, list(prompt_token_ids), params, len(prompt_token_ids), cache_salt
         )
         seq.handoff = handoff
+        if handoff and push is not None and self.pusher is not None:
+            seq.push = self.pusher.state_for(seq, push)
         return seq.request_id
 
     def resume(
@@ -149,13 +162,21 @@ class Engine:
         max_tokens: int,
         lease_s: float,
         cache_salt: str = "",
+        offer_push: bool = False,
     ) -> Sequence | None:
         """Hold pages for a prompt whose prefill runs elsewhere (see
         :mod:`workers.handoff`); ``None`` if they are not free now, ``ValueError`` if
-        the request can never fit. Released after ``lease_s`` unless :meth:`adopt` comes."""
+        the request can never fit. Released after ``lease_s`` unless :meth:`adopt` comes.
+        ``offer_push``: offer the pages for a direct push (:meth:`push_target`)."""
         self._requests.check_new(request_id, prompt_token_ids)
         root = self.hasher.root(cache_salt)
-        return self.reservations.reserve(request_id, prompt_token_ids, max_tokens, lease_s, root)
+        return self.reservations.reserve(
+            request_id, prompt_token_ids, max_tokens, lease_s, root, offer_push
+        )
+
+    def push_target(self, request_id: str) -> PushTarget | None:
+        """Where reserved ``request_id``'s prompt KV may be pushed, if it offered that."""
+        return self.reservations.push_target(request_id)
 
     def adopt(
         self,
@@ -164,6 +185,7 @@ class Engine:
         first_token: int,
         params: SamplingParams,
         cache_salt: str = "",
+        pushed: list[bytes] | None = None,
     ) -> Transfer:
         """Take over a request whose prefill ran elsewhere and produced ``first_token``.
 
@@ -173,6 +195,8 @@ class Engine:
         (expired, or never made) the request is queued like a new one, its prompt reused
         from the pool through admission. Returns the KV read. A take-over that raises
         leaves nothing behind: the reservation CANCELLED, its pages back, nothing tracked.
+        ``pushed``: the metas of a direct push into the reservation's pages
+        (:meth:`workers.handoff.Reservations.adopt`).
         """
         vocab = self.model_config.vocab_size
         check_token_ids([first_token], vocab, "first_token")
@@ -184,7 +208,7 @@ class Engine:
 
         try:
             adopted = self.reservations.adopt(
-                request_id, prompt_token_ids, first_token, params, on_adopted=track
+                request_id, prompt_token_ids, first_token, params, track, pushed
             )
         except BaseException:
             self._requests.forget(request_id)  # (not tracked before: reserve checked)
@@ -224,6 +248,8 @@ class Engine:
         """Release reservations whose lease ran out and expire this worker's uncollected
         partial blocks in the pool; returns how many reservations were released."""
         expired = self.reservations.expire(now)
+        if self.pusher is not None:
+            self.pusher.unpin()
         if self.pool is not None:
             self.pool.sweep()
         return expired
@@ -249,6 +275,8 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one batch; returns an output for every request that got a token or ended."""
         started = time.perf_counter()
+        if self.pusher is not None:
+            self.pusher.unpin()  # pages the background pool writes no longer read
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -257,7 +285,7 @@ class Engine:
         t0 = time.perf_counter()
         prompt_tokens = batch.prompt_tokens
         self.stats.prompt_tokens_computed += prompt_tokens
-        done = execute_contained(self.runner, self.streamer, batch)
+        done = execute_contained(self.runner, self.streamer, batch, self.pusher)
         for step_write, owners in done.writes:
             self.book.account(step_write, owners)
         outputs = [self._fail(seq, error) for seq, error in done.sampled.failed]
@@ -286,6 +314,9 @@ class Engine:
         except Exception as exc:
             log.exception("finishing the step failed for %s; it fails alone", seq.request_id)
             return self._fail(seq, describe(exc))
+        if seq.push is not None and self.pusher is not None:
+            out.push = self.pusher.outcome(seq.push)
+            seq.push = None  # answered once
         if out.finish_reason is not None:
             self._end(seq, out.finish_reason)
         return out
@@ -293,6 +324,9 @@ class Engine:
     def close(self) -> None:
         """Leave the pool (if joined). The engine is not usable afterwards."""
         self.reservations.close()
+        if self.pusher is not None:
+            self.pusher.close()
+            self.pusher = None
         if self.step_log is not None:
             self.step_log.close()
             self.step_log = None

@@ -18,6 +18,9 @@ LANDING       right after RESERVED when a :class:`~kvpool.landing.Landing` start
               (pool joined, streaming on: :func:`workers.kv_transfer.start_landing`);
               it reads the prompt's KV into the pages as the prefill worker writes it
               (one that cannot start is logged: the take-over then reads the pool).
+              A reservation that offered a direct push (``offer_push`` and a
+              :func:`workers.push_receive.push_target`) starts no landing: it stays
+              RESERVED while the prefill worker writes into its pages.
 LANDED        :meth:`Reservations.adopt`, the request came with the same prompt: the
               landing (if any) is stopped keeping the leading blocks it read in full
               and verified; nothing writes into the pages any more.
@@ -34,7 +37,10 @@ CANCELLED     :meth:`Reservations.release` (abort, or the id superseded by a new
 
 EXPIRED and CANCELLED give the pages back (``Scheduler.finish`` with ``ABORT``), only
 after the landing was cancelled (:meth:`kvpool.landing.Lander.cancel`), so nothing writes
-into reused pages. A reservation leaves the set when it leaves RESERVED/LANDING.
+into reused pages. A reservation leaves the set when it leaves RESERVED/LANDING. The pages
+of one that offered a push and ended unadopted are given back only
+:data:`PUSH_QUARANTINE_S` later (:meth:`Reservations.expire`): this worker cannot stop a
+remote write, and the prefill worker's push of its current step may still be on its way.
 """
 
 from __future__ import annotations
@@ -47,11 +53,19 @@ from dataclasses import dataclass
 
 from kvpool.landing import Lander, Landing
 from kvpool.pool import KVPool
+from kvpool.push import PushTarget
 from workers.kv_transfer import Transfer, pull_prompt, start_landing
+from workers.push_receive import push_target, take_pushed
 from workers.scheduler import Scheduler
 from workers.sequence import FinishReason, SamplingParams, Sequence
 
 log = logging.getLogger(__name__)
+PUSH_QUARANTINE_S = 10.0
+"""How long the pages of a reservation that offered a direct push stay out of use after it
+ended unadopted (aborted, expired, superseded). The prefill worker is aborted with it (the
+router aborts every worker of a request, and a prefill whose call ends is aborted) and
+writes nothing past the step it is in, nor past the lease it was given; a step with its
+pushes takes well under this."""
 
 
 class HandoffState(enum.Enum):
@@ -88,6 +102,8 @@ class Reservation:
     deadline: float
     landing: Landing | None = None
     state: HandoffState = HandoffState.RESERVED
+    push: PushTarget | None = None
+    """Where a prefill worker may write the prompt's KV directly, if this offered it."""
 
     @property
     def request_id(self) -> str:
@@ -111,6 +127,8 @@ class Reservations:
         self.pool = pool
         self.lander = Lander() if pool is not None and streaming else None
         self._held: dict[str, Reservation] = {}
+        self._quarantined: list[tuple[float, Sequence]] = []
+        """Ended push reservations whose pages come back at the given time."""
 
     def __len__(self) -> int:
         return len(self._held)
@@ -145,11 +163,14 @@ class Reservations:
         max_tokens: int,
         lease_s: float,
         hash_root: int | None = None,
+        offer_push: bool = False,
     ) -> Sequence | None:
         """Hold pages for a prompt (its hash chain rooted at ``hash_root``, the root of the
         request's cache salt; ``None``: unsalted) for ``lease_s``: the reserved sequence, or
         ``None`` if the pages are not free now (or owed to the queued requests:
-        :meth:`owed_pages`); ``ValueError`` if the request can never fit."""
+        :meth:`owed_pages`); ``ValueError`` if the request can never fit. ``offer_push``:
+        offer the pages for a direct push (:meth:`push_target`) where this worker can take
+        one, instead of landing the prompt from the pool."""
         assert request_id not in self._held, f"{request_id} is already reserved"
         seq = Sequence(request_id, list(prompt_token_ids), SamplingParams(max_tokens=max_tokens))
         seq.hash_root = hash_root
@@ -157,7 +178,9 @@ class Reservations:
         if self._owed_to_queue(seq) or not self.scheduler.reserve(seq):
             return None
         held = self._held[request_id] = Reservation(seq, time.monotonic() + lease_s)
-        if self.lander is not None and self.pool is not None:
+        if offer_push and self.pool is not None:
+            held.push = push_target(self.pool, self.scheduler.blocks, seq, lease_s)
+        if self.lander is not None and self.pool is not None and held.push is None:
             try:
                 landing = start_landing(
                     self.pool, self.lander, self.scheduler.blocks, seq, held.deadline
@@ -168,6 +191,11 @@ class Reservations:
                 held.landing = landing
                 held.move(HandoffState.LANDING)
         return seq
+
+    def push_target(self, request_id: str) -> PushTarget | None:
+        """Where the prompt of reserved ``request_id`` may be pushed, if it offered that."""
+        held = self._held.get(request_id)
+        return held.push if held is not None else None
 
     def owed_pages(self) -> int:
         """Pages the requests waiting in the scheduler's queue need to run (all of their
@@ -204,6 +232,7 @@ class Reservations:
         first_token: int,
         params: SamplingParams,
         on_adopted: Callable[[Sequence, Transfer], None] | None = None,
+        pushed: list[bytes] | None = None,
     ) -> tuple[Sequence, Transfer] | None:
         """Run reserved ``request_id`` after its remote prefill produced ``first_token``
         (:meth:`take`, then ADOPTED: see the module docstring): the running sequence and the
@@ -213,7 +242,11 @@ class Reservations:
         engine tracks the request), run last, before the record is ADOPTED. A take-over that
         raises, ``on_adopted`` included, is CANCELLED (its pages back) and re-raised, so a
         record is ADOPTED only once the take-over succeeded in full; undoing what
-        ``on_adopted`` did before it raised is the caller's."""
+        ``on_adopted`` did before it raised is the caller's.
+
+        ``pushed``: the metas of a direct push into this reservation's pages (which are
+        then checked against them: :func:`workers.push_receive.take_pushed`); without
+        them a reservation that offered a push reads the pool now (the push failed)."""
         held = self.take(request_id, prompt_token_ids)
         if held is None:
             return None
@@ -223,7 +256,7 @@ class Reservations:
             transfer = Transfer()
             if self.pool is not None:
                 try:
-                    transfer = pull_prompt(self.pool, self.scheduler.blocks, seq, held.landing)
+                    transfer = self._take_prompt(held, pushed)
                 except Exception:  # the pool is a cache: what did not arrive is computed
                     log.exception("reading the prompt KV of %s failed", request_id)
             self.scheduler.blocks.commit(seq, share=True)  # one copy of a shared prefix
@@ -237,6 +270,15 @@ class Reservations:
         held.move(HandoffState.ADOPTED)
         return seq, transfer
 
+    def _take_prompt(self, held: Reservation, pushed: list[bytes] | None) -> Transfer:
+        """The prompt's KV into ``held``'s pages: what was pushed and verifies, or else
+        from the pool (what its landing verified, or read now)."""
+        assert self.pool is not None
+        blocks = self.scheduler.blocks
+        if held.push is not None and pushed:
+            return take_pushed(self.pool, blocks, held.seq, pushed)
+        return pull_prompt(self.pool, blocks, held.seq, held.landing)
+
     def release(self, request_id: str) -> bool:
         """CANCEL a reservation (abort, or its id superseded); False if there is none."""
         held = self._held.pop(request_id, None)
@@ -245,19 +287,28 @@ class Reservations:
         return held is not None
 
     def expire(self, now: float | None = None) -> int:
-        """EXPIRE every reservation whose lease ran out by ``now``; returns how many."""
+        """EXPIRE every reservation whose lease ran out by ``now``; returns how many. Gives
+        back the pages of ended push reservations whose quarantine is over."""
         now = time.monotonic() if now is None else now
         due = [held for held in self._held.values() if held.deadline <= now]
         for held in due:
             del self._held[held.request_id]
-            self._end(held, HandoffState.EXPIRED)
+            self._end(held, HandoffState.EXPIRED, now)
+        over = [seq for until, seq in self._quarantined if until <= now]
+        self._quarantined = [(until, seq) for until, seq in self._quarantined if until > now]
+        for seq in over:
+            self.scheduler.finish(seq, FinishReason.ABORT)
         return len(due)
 
-    def _end(self, held: Reservation, state: HandoffState) -> None:
+    def _end(self, held: Reservation, state: HandoffState, now: float | None = None) -> None:
         """Move ``held`` to ``state`` (EXPIRED or CANCELLED) and give its pages back, its
-        landing cancelled first."""
+        landing cancelled first; those of a push reservation after its quarantine."""
         held.move(state)
         self._stop_landing(held, keep=False)
+        if held.push is not None:
+            now = time.monotonic() if now is None else now
+            self._quarantined.append((now + PUSH_QUARANTINE_S, held.seq))
+            return
         self.scheduler.finish(held.seq, FinishReason.ABORT)
 
     def _stop_landing(self, held: Reservation, keep: bool) -> None:
@@ -270,6 +321,9 @@ class Reservations:
         """Release every reservation and stop the lander thread."""
         for request_id in list(self._held):
             self.release(request_id)
+        for _, seq in self._quarantined:
+            self.scheduler.finish(seq, FinishReason.ABORT)
+        self._quarantined = []
         if self.lander is not None:
             self.lander.close()
             self.lander = None

@@ -287,10 +287,16 @@ def pull_prompt(
             partial = metas[len(named)].tokens
     if partial_page is not None and (partial is None or landing is not None):
         pool.drop_partial(seq.request_id)  # (take_partial already removed it)
-    seq.num_pool_tokens = loaded * blocks.block_tokens + (tail if partial == tail else 0)
-    seq.num_computed_tokens += seq.num_pool_tokens
-    seq.num_cached_tokens += seq.num_pool_tokens
+    credit_prompt(seq, loaded * blocks.block_tokens + (tail if partial == tail else 0))
     seconds = time.perf_counter() - t0
     if landing is None:
         return Transfer(pool.stats.bytes_read - read0, seconds, seconds)
     return Transfer(landing.bytes, landing.read_seconds, seconds)
+
+
+def credit_prompt(seq: Sequence, tokens: int) -> None:
+    """Count ``tokens`` prompt tokens of reserved ``seq``, past its local hits, as arrived
+    from elsewhere (the pool, or a direct push): computed, cached, from the pool."""
+    seq.num_pool_tokens = tokens
+    seq.num_computed_tokens += tokens
+    seq.num_cached_tokens += tokens

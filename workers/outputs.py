@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvpool.push import PushOutcome
 from workers.histogram import Buckets
 from workers.kv_transfer import Transfer
 from workers.model.prepare import default_model_dir
@@ -38,6 +39,8 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob] | None = None
     """On the request's first output, when it asked (``SamplingParams.prompt_logprobs``):
     prompt tokens 2.. (the first has none)."""
+    push: PushOutcome | None = None
+    """On a hand-off's first token, when it came with a push target (:mod:`workers.kv_push`)."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from proto.limits import (
     MIN_TEMPERATURE,
@@ -24,6 +25,9 @@ from proto.limits import (
     stop_error,
     stop_token_ids_count_error,
 )
+
+if TYPE_CHECKING:
+    from workers.kv_push import PushState
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,9 @@ class Sequence:
     """When it was queued (``time.perf_counter``), until first scheduled; then None."""
     handoff: bool = False
     """Prefill only: end after the first token and leave the prompt's KV in the pool."""
+    push: PushState | None = None
+    """Prefill only: the direct push of its prompt's KV into a decode worker's pages, if
+    it came with a target (:mod:`workers.kv_push`)."""
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     """Logprobs of prompt tokens 2.. (``params.prompt_logprobs``), filled as the prefill's
     chunks run; index ``i`` is the token at position ``i + 1``."""

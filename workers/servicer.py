@@ -45,6 +45,9 @@ from workers.wire import (
     finish_reason,
     load_report,
     logprobs,
+    push_result,
+    push_target,
+    push_target_msg,
     sampling_params,
     transfer,
     usage,
@@ -136,14 +139,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         lease = lease_seconds(request.lease_ms)
 
         def reserve(engine: Engine) -> pb.ReserveReply:
-            seq = engine.reserve(
-                request.request_id, prompt, request.max_tokens, lease, request.cache_salt
-            )
+            rid, salt = request.request_id, request.cache_salt
+            seq = engine.reserve(rid, prompt, request.max_tokens, lease, salt, request.offer_push)
             if seq is None:
                 return pb.ReserveReply(ok=False, reason="no free KV pages now")
-            return pb.ReserveReply(
+            reply = pb.ReserveReply(
                 ok=True, num_pages=len(seq.block_table), local_tokens=seq.num_cached_tokens
             )
+            if (target := engine.push_target(rid)) is not None:
+                reply.push_target.CopyFrom(push_target_msg(target))
+            return reply
 
         try:
             reply: pb.ReserveReply = await self._on_engine(reserve)
@@ -157,12 +162,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         await self._check(request, context)
         params = await self._params(request.params, context)
         prompt = list(request.prompt_token_ids)
+        rid, salt = request.request_id, request.cache_salt
+        target = (
+            push_target(request.push_target, len(prompt))
+            if request.HasField("push_target")
+            else None
+        )
         try:  # a cancel while starting still aborts: the engine runs calls in order
             _, outputs = await self._start(
-                request.request_id,
-                lambda e: e.add_request(
-                    prompt, params, request.request_id, handoff=True, cache_salt=request.cache_salt
-                ),
+                rid,
+                lambda e: e.add_request(prompt, params, rid, True, salt, target),
                 context,
             )
             out = await outputs.get()
@@ -177,6 +186,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             usage=usage(out),
             transfer=transfer(out.transfer),
             logprob=logprobs(out.logprobs)[0] if out.logprobs else None,
+            push=push_result(out.push) if out.push is not None else None,
         )
 
     async def Generate(
@@ -229,11 +239,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             resumed = list(request.resume_token_ids)
             return lambda e: e.resume(rid, prompt, resumed, params, salt)
         if request.HasField("first_token"):
-            first = request.first_token
+            first, pushed = request.first_token, list(request.pushed_metas)
             landing = await self._on_engine(lambda e: e.prefill_answered(rid))
             if landing is not None:  # wait off the engine thread; decodes go on meanwhile
                 await asyncio.to_thread(landing.settle, STALL_S, LANDING_WAIT_S)
-            return lambda e: e.adopt(rid, prompt, first, params, salt)
+            return lambda e: e.adopt(rid, prompt, first, params, salt, pushed)
         return lambda e: e.add_request(prompt, params, rid, cache_salt=salt)
 
     async def _params(self, msg: pb.SamplingParams, context: Context) -> Any:

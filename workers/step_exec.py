@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from workers.kv_push import Pusher
 from workers.kv_transfer import KVStreamer, StepWrite, Transfer
 from workers.model_runner import ModelRunner, Sampled, describe
 from workers.scheduler import ScheduledBatch
@@ -39,11 +40,15 @@ class Executed:
 
 
 def execute_contained(
-    runner: ModelRunner, streamer: KVStreamer | None, batch: ScheduledBatch
+    runner: ModelRunner,
+    streamer: KVStreamer | None,
+    batch: ScheduledBatch,
+    pusher: Pusher | None = None,
 ) -> Executed:
-    """Run ``batch`` (see the module docstring); never raises ``Exception``."""
+    """Run ``batch`` (see the module docstring; ``pusher``: the direct pushes of hand-offs,
+    :mod:`workers.kv_push`); never raises ``Exception``."""
     try:
-        return _execute(runner, streamer, batch)
+        return _execute(runner, streamer, batch, pusher)
     except Exception as exc:
         if len(batch.entries) == 1:
             seq = batch.entries[0].seq
@@ -52,12 +57,14 @@ def execute_contained(
         log.exception("a step of %d requests failed; running them one by one", len(batch.entries))
     result = Executed()
     for entry in batch.entries:
-        result.merge(execute_contained(runner, streamer, ScheduledBatch([entry])))
+        result.merge(execute_contained(runner, streamer, ScheduledBatch([entry]), pusher))
     return result
 
 
-def _execute(runner: ModelRunner, streamer: KVStreamer | None, batch: ScheduledBatch) -> Executed:
-    write = _plan(streamer, batch)
+def _execute(
+    runner: ModelRunner, streamer: KVStreamer | None, batch: ScheduledBatch, pusher: Pusher | None
+) -> Executed:
+    write = _plan(streamer, batch, pusher)
     try:
         sampled = runner.execute(batch, write.on_layer if write is not None else None)
     except BaseException:
@@ -73,11 +80,14 @@ def _execute(runner: ModelRunner, streamer: KVStreamer | None, batch: ScheduledB
         return Executed(sampled)
 
 
-def _plan(streamer: KVStreamer | None, batch: ScheduledBatch) -> StepWrite | None:
+def _plan(
+    streamer: KVStreamer | None, batch: ScheduledBatch, pusher: Pusher | None
+) -> StepWrite | None:
     if streamer is None:
         return None
     try:
-        return streamer.plan(batch.entries)
+        write = streamer.plan(batch.entries)
+        return write if pusher is None else pusher.plan(batch.entries, write)
     except Exception:
         log.exception("planning the step's pool writes failed; the step runs without them")
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kvpool.push import PushOutcome, PushTarget
 from proto import worker_pb2 as pb
 from proto.finish import wire_finish
 from proto.limits import logit_bias_count_error, stop_count_error, stop_token_ids_count_error
@@ -76,6 +77,38 @@ def transfer(t: Transfer | None) -> pb.Transfer:
     if t is None:
         return pb.Transfer()
     return pb.Transfer(bytes=t.bytes, seconds=t.seconds, exposed_seconds=t.exposed_seconds)
+
+
+def push_target_msg(target: PushTarget) -> pb.PushTarget:
+    return pb.PushTarget(
+        segment=target.segment,
+        wire=target.wire,
+        slab_address=target.slab_address,
+        num_blocks=target.num_blocks,
+        first_block=target.first_block,
+        pages=target.pages,
+        lease_ms=round(target.lease_s * 1000),
+    )
+
+
+def push_target(msg: pb.PushTarget, num_prompt_tokens: int) -> PushTarget:
+    """The engine's target from a ``PrefillRequest``'s; it is checked in full before any
+    write (:func:`kvpool.push.target_error`). A page list longer than the prompt is not even
+    copied (the target then has none, which fails that check)."""
+    pages = tuple(msg.pages) if len(msg.pages) <= num_prompt_tokens else ()
+    return PushTarget(
+        segment=msg.segment,
+        wire=msg.wire,
+        slab_address=msg.slab_address,
+        num_blocks=msg.num_blocks,
+        first_block=msg.first_block,
+        pages=pages,
+        lease_s=msg.lease_ms / 1000,
+    )
+
+
+def push_result(outcome: PushOutcome) -> pb.PushResult:
+    return pb.PushResult(ok=outcome.ok, metas=outcome.metas, error=outcome.error)
 
 
 def load_report(load: EngineLoad, role: str, draining: bool) -> pb.LoadReport:

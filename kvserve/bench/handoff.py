@@ -1,12 +1,16 @@
 """One request handed from a prefill engine to a decode engine in this process, through the
-pool, timed phase by phase (what the router and two workers do, without gRPC).
+pool or by a direct push, timed phase by phase (what the router and two workers do, without
+gRPC).
 
 1. the decode engine reserves pages (and, when streaming, starts pulling layers as they
-   land);
+   land; with ``push``, it offers the pages for a direct push instead);
 2. the prefill engine computes the prompt (``handoff=True``): its KV goes to the pool layer
    by layer while it computes (or after, with streaming off) and it samples the first token;
+   with a push target, each layer goes into the decode engine's pages as it is computed,
+   and the pool is written in the background;
 3. the decode engine adopts the request with that token (waiting for the landing to end,
-   or pulling everything now), then decodes to the end.
+   or pulling everything now; after a push that succeeded, checking its pages against the
+   pushed metas), then decodes to the end.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvpool.net import free_local_ports
+from kvpool.push import PushOutcome
 from kvserve.cluster.pool import MasterProcess
 from workers.engine import Engine
 from workers.kv_transfer import Transfer
@@ -39,6 +44,8 @@ class Handoff:
     adopt_seconds: float = 0.0
     """From the first token to the decode engine holding the prompt's KV."""
     first: RequestOutput | None = None
+    push: PushOutcome | None = None
+    """How the direct push went (``push`` asked and the decode engine offered a target)."""
 
 
 def run_until_first(engine: Engine, request_id: str) -> RequestOutput:
@@ -56,14 +63,18 @@ def handoff(
     params: SamplingParams,
     lease_s: float = 60.0,
     landing_wait_s: float = 30.0,
+    push: bool = False,
 ) -> Handoff:
-    """Run one request across the two engines; returns its output and timings."""
+    """Run one request across the two engines (``push``: offer and make a direct push, as
+    the router does with ``kv_handoff=push``); returns its output and timings."""
     result = Handoff()
-    if decode.reserve(request_id, prompt, params.max_tokens, lease_s) is None:
+    if decode.reserve(request_id, prompt, params.max_tokens, lease_s, offer_push=push) is None:
         raise RuntimeError("the decode engine has no free pages for this prompt")
+    target = decode.push_target(request_id)
     t0 = time.perf_counter()
-    prefill.add_request(prompt, params, request_id, handoff=True)
+    prefill.add_request(prompt, params, request_id, handoff=True, push=target)
     first = run_until_first(prefill, request_id)
+    result.push = first.push
     result.prefill_seconds = time.perf_counter() - t0
     result.first = first
     result.write = first.transfer or Transfer()
@@ -77,7 +88,9 @@ def handoff(
     if landing is not None:
         decode.reservations.nudge()
         landing.done.wait(landing_wait_s)
-    result.read = decode.adopt(request_id, prompt, first.new_token_ids[0], params)
+    pushed = first.push.metas if first.push is not None and first.push.ok else None
+    token = first.new_token_ids[0]
+    result.read = decode.adopt(request_id, prompt, token, params, pushed=pushed)
     result.adopt_seconds = time.perf_counter() - t1
     while decode.has_unfinished:
         for out in decode.step():

@@ -1,0 +1,214 @@
+"""Direct push: prefill on one engine writes the prompt's KV straight into the decode
+engine's reserved pages through a transfer engine of its own; the pool is written in the
+background.
+
+Both engines live in this process, each a real pool member of a real ``mooncake_master``
+(the gRPC path and a decode worker that dies during a push: tests/integration/
+test_push_faults.py). Checked here: exact tokens against transformers and against the pool
+path, what reaches the pool (full blocks, no partial one), the fallback to the pool when
+the push is refused, forged metas and altered pages recomputed, and every page back,
+including a push reservation's after its quarantine. The engines move their KV in place
+whatever ``KVSERVE_KV_STAGING`` says (a staged cache takes no push).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvpool.master import MasterConfig
+from kvserve.bench.handoff import handoff
+from tests.integration.pool_fixtures import pool_config, running_master
+from tests.integration.reference import hf_greedy
+from workers.config import EngineConfig
+from workers.engine import Engine
+from workers.handoff import PUSH_QUARANTINE_S
+from workers.kv_transfer import Transfer
+from workers.sequence import SamplingParams
+
+pytestmark = pytest.mark.kv_path
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MasterConfig]:
+    with running_master(tmp_path_factory.mktemp("master")) as cfg:
+        yield cfg
+
+
+def make_engine(model_dir: Path, master: MasterConfig) -> Engine:
+    config = EngineConfig(
+        model=str(model_dir),
+        block_tokens=16,
+        num_kv_blocks=64,
+        max_num_batched_tokens=48,  # several chunks per prompt: pushes span steps
+    )
+    engine = Engine(config, dataclasses.replace(pool_config(master), kv_staging="never"))
+    assert engine.pool is not None
+    return engine
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model_dir: Path, master: MasterConfig) -> Iterator[tuple[Engine, Engine]]:
+    prefill = make_engine(tiny_model_dir, master)
+    decode = make_engine(tiny_model_dir, master)
+    yield prefill, decode
+    prefill.close()
+    decode.close()
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(49152) for _ in range(n)]
+
+
+def settle(engine: Engine) -> None:
+    """Let the background pool writes end and their pages come back."""
+    assert engine.pusher is not None
+    engine.pusher.flush()
+    engine.pusher.unpin()
+
+
+def idle(engine: Engine) -> bool:
+    return engine.num_free_blocks == engine.num_blocks and not engine.reservations
+
+
+@pytest.mark.parametrize("length", [7, 32, 77])  # partial only, aligned, full + partial
+def test_pushed_request_decodes_exactly(
+    pair: tuple[Engine, Engine], tiny_model_dir: Path, length: int
+) -> None:
+    prefill, decode = pair
+    assert prefill.pool is not None and decode.pool is not None
+    ids = prompt(100 + length, length)
+    computed = decode.stats.prompt_tokens_computed
+    out = handoff(prefill, decode, f"p{length}", ids, GREEDY, push=True)
+    assert out.push is not None and out.push.ok, out.push
+    assert out.output_token_ids == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
+    layout = decode.pool.layout
+    blocks = -(-length // layout.block_tokens)
+    assert len(out.push.metas) == blocks
+    assert out.read.bytes == blocks * layout.num_layers * layout.span_bytes
+    assert decode.stats.prompt_tokens_computed == computed  # all of it was pushed
+    settle(prefill)
+    assert idle(prefill) and idle(decode)
+    # The full blocks reached the pool in the background; the partial one did not.
+    full = length // layout.block_tokens
+    chain = prefill.hasher.chain(ids[: full * layout.block_tokens], layout.block_tokens)
+    assert decode.pool.lookup(chain) == full
+    request_key = prefill.pool.keys.request_key(f"p{length}")
+    assert decode.pool.store.exists([request_key]) == [0]
+
+
+def test_push_and_pool_give_the_same_seeded_tokens(pair: tuple[Engine, Engine]) -> None:
+    prefill, decode = pair
+    params = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=77, ignore_eos=True)
+    ids = prompt(5, 53)
+    by_pool = handoff(prefill, decode, "seeded-pool", ids, params)
+    by_push = handoff(prefill, decode, "seeded-push", prompt(5, 53), params, push=True)
+    assert by_pool.push is None and by_push.push is not None and by_push.push.ok
+    assert by_push.output_token_ids == by_pool.output_token_ids
+    settle(prefill)
+    assert idle(prefill) and idle(decode)
+
+
+def test_a_refused_push_falls_back_to_the_pool(
+    pair: tuple[Engine, Engine], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target names a segment nobody serves: the first layer's push fails, nothing more
+    is pushed, the prefill waits for its pool writes (partial block included), and the decode
+    side, given no metas, reads the pool: exact tokens, no prompt token computed there."""
+    prefill, decode = pair
+    real = decode.reservations.push_target
+
+    def elsewhere(request_id: str) -> object:
+        target = real(request_id)
+        return target and dataclasses.replace(target, segment="127.0.0.1:1")
+
+    monkeypatch.setattr(decode.reservations, "push_target", elsewhere)
+    ids = prompt(41, 61)
+    computed = decode.stats.prompt_tokens_computed
+    out = handoff(prefill, decode, "refused", ids, GREEDY, push=True)
+    assert out.push is not None and not out.push.ok and "refused" in out.push.error
+    assert out.output_token_ids == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
+    assert decode.stats.prompt_tokens_computed == computed
+    settle(prefill)
+    assert idle(prefill) and idle(decode)
+
+
+def test_forged_metas_and_altered_pages_are_recomputed(
+    pair: tuple[Engine, Engine], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Block 1's meta arrives with a wrong MAC: block 0 is kept, blocks 1.. recomputed. Then
+    a page altered after the push (a stray write): its block and the later ones recomputed.
+    Tokens stay exact both times."""
+    prefill, decode = pair
+    assert decode.pool is not None
+    forged0 = decode.pool.stats.forged_blocks
+    bt = decode.pool.layout.block_tokens
+    adopt = decode.adopt
+
+    def forge(
+        rid: str, ids: list[int], first: int, params: SamplingParams, pushed: list[bytes]
+    ) -> Transfer:
+        pushed[1] = pushed[1].replace(b'"mac":"', b'"mac":"0', 1)
+        return adopt(rid, ids, first, params, pushed=pushed)
+
+    monkeypatch.setattr(decode, "adopt", forge)
+    ids = prompt(51, 70)
+    computed = decode.stats.prompt_tokens_computed
+    out = handoff(prefill, decode, "forged", ids, GREEDY, push=True)
+    assert out.output_token_ids == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
+    assert decode.pool.stats.forged_blocks == forged0 + 1
+    assert decode.stats.prompt_tokens_computed == computed + len(ids) - bt
+
+    checksum0 = decode.pool.stats.checksum_failures
+
+    def alter(
+        rid: str, ids: list[int], first: int, params: SamplingParams, pushed: list[bytes]
+    ) -> Transfer:
+        assert decode.pool is not None
+        seq = decode.reservations._held["altered"].seq
+        byte = ctypes.c_uint8.from_address(
+            decode.pool.slab_ptr + decode.pool.layout.offset(1, seq.block_table[2])
+        )
+        byte.value ^= 0xFF
+        return adopt(rid, ids, first, params, pushed=pushed)
+
+    monkeypatch.setattr(decode, "adopt", alter)
+    ids = prompt(52, 70)
+    computed = decode.stats.prompt_tokens_computed
+    out = handoff(prefill, decode, "altered", ids, GREEDY, push=True)
+    assert out.output_token_ids == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
+    assert decode.pool.stats.checksum_failures == checksum0 + 1
+    assert decode.stats.prompt_tokens_computed == computed + len(ids) - 2 * bt
+    settle(prefill)
+    assert idle(prefill) and idle(decode)
+
+
+def test_an_ended_push_reservation_keeps_its_pages_for_the_quarantine(
+    pair: tuple[Engine, Engine],
+) -> None:
+    _, decode = pair
+    assert decode.reserve("quarantined", prompt(61, 50), 4, 30.0, offer_push=True) is not None
+    assert decode.push_target("quarantined") is not None
+    assert decode.abort("quarantined")
+    assert not decode.reservations and decode.num_free_blocks < decode.num_blocks
+    decode.housekeeping(time.monotonic() + PUSH_QUARANTINE_S / 2)
+    assert decode.num_free_blocks < decode.num_blocks
+    decode.housekeeping(time.monotonic() + PUSH_QUARANTINE_S + 1)
+    assert idle(decode)
+
+
+def test_a_reservation_without_offer_lands_from_the_pool(pair: tuple[Engine, Engine]) -> None:
+    _, decode = pair
+    assert decode.reserve("no-offer", prompt(71, 50), 4, 30.0) is not None
+    assert decode.push_target("no-offer") is None
+    assert decode.reservations.landing("no-offer") is not None
+    assert decode.abort("no-offer") and idle(decode)
