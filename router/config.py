@@ -17,6 +17,7 @@ from router.auth import ApiKeys, parse_api_keys
 from router.ratio_config import RatioConfig
 
 POLICIES = ("random", "round_robin", "least_loaded", "cache_aware")
+KV_HANDOFFS = ("push", "pool")
 CONTROLLER_PREFIX = "controller_"
 """The flags and variables of :attr:`RouterConfig.ratio` start with this
 (``--controller-target``, ``KVSERVE_CONTROLLER_TARGET``; see :mod:`kvserve.settings`)."""
@@ -34,6 +35,13 @@ class RouterConfig:
       :func:`router.conductor.prefill_remotely`); longer ones always go to a prefill worker;
       0 disaggregates every request when a prefill worker exists.
     - ``reserve_lease_s``: a decode reservation is freed if prefill does not arrive in time.
+    - ``kv_handoff``: how a prompt's KV reaches the decode worker. ``push`` (default): the
+      router asks the decode worker for a push target with its reservation; where it offers
+      one (a KV cache the pool moves in place), the prefill worker writes each layer straight
+      into its pages as it is computed and the pool in the background, and a push that
+      fails falls back to the pool (:mod:`workers.kv_push`); where it offers none, the pool.
+      ``pool``: always through the pool (layer-wise, the decode worker landing the layers).
+      docs/benchmarks.md, "Direct push against the pool", has the measurements.
     - ``request_timeout_s``: end-to-end deadline of one request (every RPC shares it).
     - ``served_model_name``: the model name clients must use; empty = the workers' ``model``.
     - ``tokenizer_dir``: local model directory with the tokenizer and chat template (no hub
@@ -90,6 +98,7 @@ class RouterConfig:
     policy: str = field(default="cache_aware", metadata={"choices": POLICIES})
     disagg_threshold_tokens: int = 256
     reserve_lease_s: float = 30.0
+    kv_handoff: str = field(default="push", metadata={"choices": KV_HANDOFFS})
     request_timeout_s: float = 600.0
     served_model_name: str = ""
     tokenizer_dir: str = ""
@@ -118,6 +127,8 @@ class RouterConfig:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.disagg_threshold_tokens < 0:
             raise ValueError("disagg_threshold_tokens must be >= 0 (0 = always disaggregate)")
+        if self.kv_handoff not in KV_HANDOFFS:
+            raise ValueError(f"kv_handoff must be one of {KV_HANDOFFS}, got {self.kv_handoff!r}")
         if not 0 < self.reserve_lease_s <= MAX_LEASE_S:
             raise ValueError(f"reserve_lease_s must be in (0, {MAX_LEASE_S:g}] seconds")
         if self.request_timeout_s <= 0:

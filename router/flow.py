@@ -10,6 +10,14 @@ Disaggregated (the plan names a prefill worker):
    decode worker and the flow ends; else
 4. ``Generate`` with ``first_token`` on the decode worker; its chunks are yielded.
 
+Direct push (``FlowPlan.push``, :attr:`router.config.RouterConfig.kv_handoff`): the
+``Reserve`` asks for a push target; when the decode worker offers one, the ``Prefill``
+carries it, and a prefill whose push succeeded answers the pushed blocks' metas, which the
+first ``Generate`` (to that decode worker only) carries on. A push that failed answers no
+metas: that ``Generate`` goes without, and the decode worker reads the pool, where the
+prefill worker left the KV (the fallback). The router never reads the metas: it holds no
+pool block key; the decode worker checks them.
+
 Local (no prefill worker: conditional disaggregation, or a mixed worker):
 ``Generate`` without ``first_token`` on the first candidate, which prefills by itself and
 queues the request for pages in its own scheduler. It needs no reservation, yet when others
@@ -132,6 +140,8 @@ class RequestFlow:
             params=self.plan.params,
             cache_salt=self.plan.cache_salt,
         )
+        if (target := self._reserver.push_target) is not None:
+            request.push_target.CopyFrom(target)
         try:
             reply = await prefill.stub.Prefill(request, timeout=self.plan.time_left())
         except grpc.aio.AioRpcError as exc:
@@ -145,6 +155,7 @@ class RequestFlow:
                 yield chunk
             return
         self._prefilled(prefill.worker_id, reply.usage)
+        pushed = self._pushed(reply, decoder)
         if reply.HasField("transfer"):
             self.observer.on_transfer("write", reply.transfer)
         self._first_token("disagg", prefill.worker_id)
@@ -158,8 +169,22 @@ class RequestFlow:
             yield Chunk(reply.text, (reply.first_token,), finish, self._usage(), logprobs)
             return
         yield Chunk(reply.text, (reply.first_token,), logprobs=logprobs)
-        async for chunk in self._generate_anywhere(decoder, reply.first_token):
+        async for chunk in self._generate_anywhere(decoder, reply.first_token, pushed):
             yield chunk
+
+    def _pushed(self, reply: pb.PrefillReply, decoder: LiveWorker) -> list[bytes]:
+        """The metas of a direct push that succeeded (none: the decode worker reads the
+        pool; a failed push is logged)."""
+        if not reply.HasField("push"):
+            self.observer.on_handoff("pool")
+            return []
+        if not reply.push.ok:
+            log.info("the KV push of %s to %s failed (%s): it goes through the pool",
+                     self.plan.request_id, decoder.worker_id, reply.push.error)  # fmt: skip
+            self.observer.on_handoff("push_failed")
+            return []
+        self.observer.on_handoff("push")
+        return list(reply.push.metas)
 
     async def _local(self) -> AsyncGenerator[Chunk, None]:
         if self._decoder is None:
@@ -169,14 +194,15 @@ class RequestFlow:
             yield chunk
 
     async def _generate_anywhere(
-        self, first: LiveWorker, first_token: int | None
+        self, first: LiveWorker, first_token: int | None, pushed: list[bytes] | None = None
     ) -> AsyncGenerator[Chunk, None]:
         """``Generate`` on ``first``; when a decode worker does not take the call or fails
         mid-stream (:data:`TRY_ELSEWHERE`: it died, froze past the keepalive, or is
         draining), the request moves to the next decode candidate. It resumes there after
         the output tokens the client already has (their KV comes from the pool where the
         pool has it, the rest is recomputed), so the stream has no gap and no duplicate.
-        With no candidate left the last error is raised (the client gets an error event)."""
+        With no candidate left the last error is raised (the client gets an error event).
+        ``pushed`` (metas of a direct push into ``first``'s pages) goes to ``first`` only."""
         outputs: list[int] = [] if first_token is None else [first_token]
         tried: set[str] = set()
         worker: LiveWorker | None = first
@@ -184,7 +210,8 @@ class RequestFlow:
             tried.add(worker.worker_id)
             resume = outputs if len(outputs) > (first_token is not None) else None
             try:
-                async for chunk in self._generate(worker, first_token, resume):
+                metas = pushed if worker is first else None
+                async for chunk in self._generate(worker, first_token, resume, metas):
                     outputs.extend(chunk.token_ids)
                     yield chunk
                 return
@@ -235,7 +262,11 @@ class RequestFlow:
         await self._reserver.take_turn(no_reservation_needed)
 
     async def _generate(
-        self, worker: LiveWorker, first_token: int | None, resume: list[int] | None = None
+        self,
+        worker: LiveWorker,
+        first_token: int | None,
+        resume: list[int] | None = None,
+        pushed: list[bytes] | None = None,
     ) -> AsyncIterator[Chunk]:
         """Chunks of ``Generate`` on ``worker``: after a remote prefill (``first_token``),
         resumed after the outputs the client has (``resume``, non-empty), or from the
@@ -253,6 +284,7 @@ class RequestFlow:
             request.resume_token_ids.extend(resume)
         elif first_token is not None:
             request.first_token = first_token
+            request.pushed_metas.extend(pushed or ())
         call = worker.stub.Generate(request, timeout=self.plan.time_left())
         prompt, wid = len(plan.prompt_token_ids), worker.worker_id
         last = plan.clock()

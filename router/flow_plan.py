@@ -78,6 +78,8 @@ class FlowPlan:
     timeout_s: float
     started_at: float
     cache_salt: str = ""
+    push: bool = False
+    """Offer a direct push of the prompt's KV (``RouterConfig.kv_handoff``)."""
     predicted_local: Mapping[str, int] = field(default_factory=dict)
     """Leading prompt tokens the router's index said each worker's local cache holds,
     for the workers it knows (the others: no prediction)."""
@@ -162,5 +164,6 @@ class Planner:
             timeout_s=self.config.request_timeout_s,
             started_at=admitted.arrived_at,
             cache_salt=admitted.cache_salt,
+            push=self.config.kv_handoff == "push",
             predicted_local=local,
         )

@@ -22,6 +22,10 @@ cluster secret), ``reason="invalid"`` for a record out of the schema. The P:D
 controller's figures: ``kvserve:role_changes_total`` by outcome, ``kvserve:workers`` live
 by role, ``kvserve:slo_attainment`` of its window (NaN: too few samples);
 ``kvserve:migrations_total``: requests moved to another decode worker after output began.
+``kvserve:kv_handoffs_total{path}``: disaggregated prompts by how their KV reached the decode
+worker: ``push`` (a direct push that succeeded), ``push_failed`` (a push was made and
+failed: the pool carried it), ``pool`` (no push: ``--kv-handoff pool``, or the decode worker
+offered no target).
 """
 
 from __future__ import annotations
@@ -93,6 +97,10 @@ class RouterMetrics:
             f"{OURS}migrations",
             "Requests moved to another decode worker after output began (the first failed)",
             ("from_worker", "to_worker"), registry=r,
+        )  # fmt: skip
+        self.handoffs = Counter(
+            f"{OURS}kv_handoffs", "Disaggregated prompts by how their KV reached the decode "
+            "worker (push, push_failed: the pool carried it, pool)", ("path",), registry=r,
         )  # fmt: skip
         self.index = IndexMetrics(r)
         """The prefix index's: KV event batches, predicted against actual local hits."""

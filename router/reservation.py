@@ -51,6 +51,9 @@ class Reserver:
         self._candidates = candidates
         self._involved = involved
         self._kv_wait = kv_wait
+        self.push_target: pb.PushTarget | None = None
+        """Where the holder of the reservation takes a direct push, if it offered one (the
+        plan asked: ``FlowPlan.push``); passed on to the prefill worker as it is."""
 
     async def take_turn(self, attempt: Callable[[], Awaitable[T | None]]) -> T:
         """``attempt`` in the router's KV queue (:meth:`KVWaitQueue.admit`); 504 when the
@@ -79,6 +82,7 @@ class Reserver:
             max_tokens=self.plan.params.max_tokens,
             lease_ms=self.plan.lease_ms,
             cache_salt=self.plan.cache_salt,
+            offer_push=self.plan.push,
         )
         for candidate in self._candidates.reservable():
             holder = await self._reserve_on(candidate, request)
@@ -105,6 +109,7 @@ class Reserver:
             self._candidates.leave_out(worker, exc)
             return None
         if reply.ok:
+            self.push_target = reply.push_target if reply.HasField("push_target") else None
             return worker
         self._involved.discard(worker)  # not now: it holds nothing
         return None

@@ -62,6 +62,9 @@ class Telemetry:
     def on_migrate(self, from_worker: str, to_worker: str) -> None:
         self.metrics.migrations.labels(from_worker, to_worker).inc()
 
+    def on_handoff(self, path: str) -> None:
+        self.metrics.handoffs.labels(path).inc()
+
     def on_finish(self, result: FlowResult) -> None:
         self.metrics.count_request(result.status)
         self.metrics.requests.observe_finish(result)
