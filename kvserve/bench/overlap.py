@@ -13,10 +13,18 @@ interleaved, one fresh prompt (nothing cached anywhere) is handed off
   ``exposed = write exposed + adopt`` is what remains between the end of compute and the
   decode side holding the KV.
 
+- ``push`` (``--modes``): a direct push on the same engines as ``streaming`` (the decode
+  side offers its reserved pages, the prefill writes each layer there as it computes and
+  the pool in the background; the decode side checks its pages against the pushed metas).
+  ``exposed = write exposed + adopt`` as for ``streaming``.
+
 ``hidden = 1 - exposed(streaming) / transfer(after)``, from the medians; also the prefill
 slowdown streaming causes (the transfer threads share the machine's cores with the compute;
 run with ``--threads 1`` on 2 cores to leave one core to them, as a pinned worker pair
-would). Conditions: model, lengths, block size, chunk budget, threads and repetitions.
+would). With ``push`` and ``streaming`` both run: per length, the exposed transfer of each
+(median) and their TTFT (the prefill engine's first token, p50 / p90), and the headline is
+exposed(streaming) / exposed(push) at the worst length. Conditions: model, lengths, modes,
+block size, chunk budget, threads and repetitions.
 """
 
 from __future__ import annotations
@@ -30,22 +38,29 @@ import torch
 
 from kvpool.config import STAGING_SETTINGS, PoolConfig
 from kvserve.bench.handoff import Handoff, handoff, scratch_pool
+from kvserve.loadgen.metrics import percentile
 from kvserve.report import emit, log, median
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.sequence import SamplingParams
 
-MODES = ("after", "streaming")
+MODES = ("after", "streaming", "push")
 
 
-def _engines(config: EngineConfig, pool: PoolConfig) -> dict[str, tuple[Engine, Engine]]:
+def _engines(
+    config: EngineConfig, pool: PoolConfig, modes: list[str]
+) -> dict[str, tuple[Engine, Engine]]:
+    """A (prefill, decode) pair per mode; ``streaming`` and ``push`` share one."""
     out: dict[str, tuple[Engine, Engine]] = {}
-    for mode in MODES:
-        cfg = dataclasses.replace(config, kv_streaming=mode == "streaming")
-        prefill, decode = Engine(cfg, pool), Engine(cfg, pool)
-        if prefill.pool is None or decode.pool is None:
-            raise RuntimeError("the engines could not join the pool")
-        out[mode] = (prefill, decode)
+    for mode in modes:
+        streams = mode != "after"
+        shared = next((pair for m, pair in out.items() if (m != "after") == streams), None)
+        if shared is None:
+            cfg = dataclasses.replace(config, kv_streaming=streams)
+            shared = Engine(cfg, pool), Engine(cfg, pool)
+            if shared[0].pool is None or shared[1].pool is None:
+                raise RuntimeError("the engines could not join the pool")
+        out[mode] = shared
     return out
 
 
@@ -61,40 +76,43 @@ def _row(mode: str, length: int, run: Handoff) -> dict[str, Any]:
         "read_s": run.read.seconds,
         "adopt_s": run.adopt_seconds,
         "exposed_s": run.write.exposed_seconds + run.adopt_seconds,
+        "pushed": run.push is not None and run.push.ok,
     }
 
 
 def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
+    modes = [m for m in MODES if m in args.modes]
     with scratch_pool(args.segment_mib) as (_, pool):
         staging = {k: getattr(args, k) for k in STAGING_SETTINGS}
-        engines = _engines(config, dataclasses.replace(pool, **staging))
+        engines = _engines(config, dataclasses.replace(pool, **staging), modes)
         staged = all(
             e.pool is not None and e.pool.staged for pair in engines.values() for e in pair
         )
-        vocab = engines["after"][0].model_config.vocab_size
+        model = engines[modes[0]][0].model_dir.name
+        vocab = engines[modes[0]][0].model_config.vocab_size
         params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
         try:
             for rep in range(args.repeat):
                 for length in args.lengths:
-                    for mode in MODES if rep % 2 == 0 else MODES[::-1]:
+                    for mode in modes if rep % 2 == 0 else modes[::-1]:
                         prompt = [rng.randrange(vocab) for _ in range(length)]
                         prefill, decode = engines[mode]
-                        run = handoff(prefill, decode, f"{mode}-{rep}-{length}", prompt, params)
+                        rid, push = f"{mode}-{rep}-{length}", mode == "push"
+                        run = handoff(prefill, decode, rid, prompt, params, push=push)
                         rows.append(_row(mode, length, run))
                         log(f"rep {rep} {mode:9s} {length:5d} tokens: {rows[-1]}")
         finally:
-            for pair in engines.values():
-                for engine in pair:
-                    engine.close()
-    results = _summarise(rows, args.lengths)
-    worst = min(r["hidden"] for r in results)
+            for engine in {id(e): e for pair in engines.values() for e in pair}.values():
+                engine.close()
+    results, headline = _results(rows, args.lengths, modes)
     emit(
         "overlap",
         {
-            "model": engines["after"][0].model_dir.name,
+            "model": model,
             "prompt_tokens": args.lengths,
+            "modes": modes,
             "block_tokens": config.block_tokens,
             "max_num_batched_tokens": config.max_num_batched_tokens,
             "dtype": config.dtype,
@@ -106,14 +124,64 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
             "staged": staged,
         },
         [*results, {"runs": rows}],
-        {
+        headline,
+    )
+
+
+def _results(
+    rows: list[dict[str, Any]], lengths: list[int], modes: list[str]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The summary rows and the headline of the modes that ran (module docstring)."""
+    results: list[dict[str, Any]] = []
+    headline: dict[str, Any] = {}
+    if "push" in modes and "streaming" in modes:
+        results += _push_summary(rows, lengths)
+        worst = min(r["exposed_pool_over_push"] for r in results)
+        headline = {
+            "metric": "exposed KV transfer, pool (streaming) / direct push (worst length)",
+            "value": worst,
+            "baseline": 1.0,
+            "ratio": worst,
+            "target": 1.0,
+        }
+    if "after" in modes and "streaming" in modes:
+        hidden = _summarise(rows, lengths)
+        results += hidden
+        worst = min(r["hidden"] for r in hidden)
+        headline = {
             "metric": "share of KV transfer hidden by layer-wise streaming (worst length)",
             "value": worst,
             "baseline": 0.0,
             "ratio": worst,
             "target": 0.9,
-        },
-    )
+        }
+    return results, headline
+
+
+def _push_summary(rows: list[dict[str, Any]], lengths: list[int]) -> list[dict[str, Any]]:
+    out = []
+    for length in lengths:
+
+        def of(mode: str, key: str, n: int = length) -> list[float]:
+            return [r[key] for r in rows if r["mode"] == mode and r["prompt_tokens"] == n]
+
+        pool, push = median(of("streaming", "exposed_s")), median(of("push", "exposed_s"))
+        out.append(
+            {
+                "prompt_tokens": length,
+                "kv_mib": median(of("streaming", "write_bytes")) / 2**20,
+                "exposed_pool_s": pool,
+                "exposed_push_s": push,
+                "exposed_pool_over_push": pool / push if push > 0 else 0.0,
+                "ttft_pool_p50_s": percentile(of("streaming", "prefill_s"), 50),
+                "ttft_pool_p90_s": percentile(of("streaming", "prefill_s"), 90),
+                "ttft_push_p50_s": percentile(of("push", "prefill_s"), 50),
+                "ttft_push_p90_s": percentile(of("push", "prefill_s"), 90),
+                "pushes_ok": sum(bool(r) for r in of("push", "pushed")),
+                "pushes": len(of("push", "pushed")),
+            }
+        )
+    return out
 
 
 def _summarise(rows: list[dict[str, Any]], lengths: list[int]) -> list[dict[str, Any]]:

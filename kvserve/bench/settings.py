@@ -58,6 +58,10 @@ class OverlapBenchConfig:
     """The prompts of ``kvserve bench overlap``.
 
     - ``lengths``: prompt lengths, one measurement each;
+    - ``modes``: how the KV is handed off: ``after`` (streaming off: written after compute,
+      read after the first token), ``streaming`` (through the pool layer by layer, landed
+      as it arrives), ``push`` (written straight into the decode engine's pages layer by
+      layer, the pool in the background; on the same engines as ``streaming``);
     - ``repeat``: runs per measurement (the median is reported);
     - ``seed``: seed of the random prompts;
     - ``segment_mib``: pool memory per engine.
@@ -65,6 +69,7 @@ class OverlapBenchConfig:
 
     env_prefix: ClassVar[str] = BENCH_ENV
     lengths: list[int] = setting([512, 1024, 2048, 4096])
+    modes: list[str] = setting(["after", "streaming"], choices=("after", "streaming", "push"))
     repeat: int = 3
     seed: int = 0
     segment_mib: int = 1024
