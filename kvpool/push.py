@@ -10,10 +10,14 @@ its own slab registered, which writes spans into the target's segment
 (``batch_transfer_sync_write``). Its listeners come from the same Mooncake library as the
 pool client's, so :mod:`kvpool.confine` confines them too.
 
-Safety. :func:`target_error` checks a target against the pusher's own layout before any
-write: same wire layout, pages inside the target's slab and distinct, one page per block
-from ``first_block`` to the prompt's last block. The target's transfer engine refuses
-writes outside its registered buffers. Within its slab it cannot tell pages apart, so the
+Safety. A target carries a MAC (:func:`target_mac`: HMAC-SHA256 under the pool block key
+over the request id and every field), so a pusher writes only where the receiver itself
+offered pages for that very request: the router in between, which holds no pool block
+key, can relay a target but neither forge nor alter one. :func:`target_error` checks the
+MAC and the target against the pusher's own layout before any write: same wire layout,
+pages inside the target's slab and distinct, one page per block from ``first_block`` to
+the prompt's last block. The target's transfer engine refuses writes outside its
+registered buffers. Within its slab it cannot tell pages apart, so the
 receiver never trusts a push: it checks each block of its own reservation against a meta
 MAC'd under the pool block key (:mod:`kvpool.meta`) over the digests of its own pages, and
 keeps a reservation's pages out of use for a while after it ended unadopted (a push may
@@ -25,6 +29,9 @@ one at a time per engine) -> :meth:`PushEngine.close`.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import logging
 import threading
 from collections.abc import Sequence
@@ -58,6 +65,8 @@ class PushTarget:
     first_block: int
     pages: tuple[int, ...]
     lease_s: float
+    mac: str = ""
+    """:func:`target_mac` of this target for its request, by the receiver."""
 
     def layout(self, own: KVLayout) -> KVLayout:
         """The target's slab layout: ``own`` (whose wire it shares) with its page count."""
@@ -71,11 +80,35 @@ class PushTarget:
         )
 
 
-def target_error(target: PushTarget, own: KVLayout, num_prompt_tokens: int) -> str | None:
-    """Why ``target`` cannot take a push of a ``num_prompt_tokens`` prompt from a pool member
-    of layout ``own``, or ``None``: checked before anything is written."""
+def target_mac(block_key: bytes, request_id: str, target: PushTarget) -> str:
+    """HMAC-SHA256 under ``block_key`` of ``request_id`` and every field of ``target`` but
+    its ``mac`` (the lease in whole milliseconds, as the wire carries it)."""
+    fields = [
+        "push",
+        request_id,
+        target.segment,
+        target.wire,
+        target.slab_address,
+        target.num_blocks,
+        target.first_block,
+        list(target.pages),
+        round(target.lease_s * 1000),
+    ]
+    text = json.dumps(fields, separators=(",", ":"))
+    return hmac.new(block_key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def target_error(
+    target: PushTarget, own: KVLayout, num_prompt_tokens: int, request_id: str, block_key: bytes
+) -> str | None:
+    """Why ``target`` cannot take ``request_id``'s push of a ``num_prompt_tokens`` prompt
+    from a pool member of layout ``own`` and pool block key ``block_key``, or ``None``:
+    checked before anything is written."""
     blocks = -(-num_prompt_tokens // own.block_tokens)
     segment = target.segment
+    expected = target_mac(block_key, request_id, target)
+    if not hmac.compare_digest(target.mac.encode(), expected.encode()):
+        return "its MAC does not verify (not made by a pool member for this request)"
     if not segment or len(segment) > MAX_SEGMENT_CHARS or not segment.isprintable():
         return "bad segment name"
     if target.wire != own.wire:

@@ -305,8 +305,10 @@ class PushTarget(_message.Message):
     """Where a decode worker's reserved pages are, for the prefill worker's transfer engine
     (kvpool/push.py). Prompt block first_block + i goes to page pages[i]: its layer l lands at
     slab_address + KVLayout.offset(l, pages[i]) in the segment; the last page is the partial
-    last block when the prompt has one. The receiver checks every field against its own
-    layout before writing anything; the decode worker never trusts what comes back.
+    last block when the prompt has one. mac: HMAC-SHA256 under the pool block key over the
+    request id and every other field (kvpool/push.py target_mac), so the router can relay a
+    target but not make or alter one. The receiver checks the MAC and every field against its
+    own layout before writing anything; the decode worker never trusts what comes back.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -318,6 +320,7 @@ class PushTarget(_message.Message):
     FIRST_BLOCK_FIELD_NUMBER: _builtins.int
     PAGES_FIELD_NUMBER: _builtins.int
     LEASE_MS_FIELD_NUMBER: _builtins.int
+    MAC_FIELD_NUMBER: _builtins.int
     segment: _builtins.str
     """the decode worker's transfer-engine segment (its pool client)"""
     wire: _builtins.str
@@ -330,6 +333,7 @@ class PushTarget(_message.Message):
     """prompt blocks before this one are its own prefix hits"""
     lease_ms: _builtins.int
     """the pages are held this long: no write may come later"""
+    mac: _builtins.str
     @_builtins.property
     def pages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -342,10 +346,11 @@ class PushTarget(_message.Message):
         first_block: _builtins.int = ...,
         pages: _abc.Iterable[_builtins.int] | None = ...,
         lease_ms: _builtins.int = ...,
+        mac: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_block", b"first_block", "lease_ms", b"lease_ms", "num_blocks", b"num_blocks", "pages", b"pages", "segment", b"segment", "slab_address", b"slab_address", "wire", b"wire"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_block", b"first_block", "lease_ms", b"lease_ms", "mac", b"mac", "num_blocks", b"num_blocks", "pages", b"pages", "segment", b"segment", "slab_address", b"slab_address", "wire", b"wire"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -48,6 +48,7 @@ from workers.kv_transfer import KVStreamer, Transfer
 from workers.model_runner import describe
 from workers.offline import generate
 from workers.outputs import EngineStats, RequestOutput
+from workers.push_receive import PushCheck, PushVerdict
 from workers.request_book import RequestBook
 from workers.request_checks import check_params, check_resumed, check_token_ids
 from workers.request_table import RequestTable
@@ -178,6 +179,11 @@ class Engine:
         """Where reserved ``request_id``'s prompt KV may be pushed, if it offered that."""
         return self.reservations.push_target(request_id)
 
+    def push_check(self, request_id: str) -> PushCheck | None:
+        """The check of what was pushed into reserved ``request_id``'s pages, to run
+        (:meth:`workers.push_receive.PushCheck.run`, any thread) before :meth:`adopt`."""
+        return self.reservations.push_check(request_id)
+
     def adopt(
         self,
         request_id: str,
@@ -185,7 +191,7 @@ class Engine:
         first_token: int,
         params: SamplingParams,
         cache_salt: str = "",
-        pushed: list[bytes] | None = None,
+        pushed: PushVerdict | None = None,
     ) -> Transfer:
         """Take over a request whose prefill ran elsewhere and produced ``first_token``.
 
@@ -195,8 +201,8 @@ class Engine:
         (expired, or never made) the request is queued like a new one, its prompt reused
         from the pool through admission. Returns the KV read. A take-over that raises
         leaves nothing behind: the reservation CANCELLED, its pages back, nothing tracked.
-        ``pushed``: the metas of a direct push into the reservation's pages
-        (:meth:`workers.handoff.Reservations.adopt`).
+        ``pushed``: the check of a direct push into the reservation's pages
+        (:meth:`push_check`, run off this thread: :meth:`workers.handoff.Reservations.adopt`).
         """
         vocab = self.model_config.vocab_size
         check_token_ids([first_token], vocab, "first_token")

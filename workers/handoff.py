@@ -55,7 +55,7 @@ from kvpool.landing import Lander, Landing
 from kvpool.pool import KVPool
 from kvpool.push import PushTarget
 from workers.kv_transfer import Transfer, pull_prompt, start_landing
-from workers.push_receive import push_target, take_pushed
+from workers.push_receive import PushCheck, PushVerdict, push_check, push_target, take_pushed
 from workers.scheduler import Scheduler
 from workers.sequence import FinishReason, SamplingParams, Sequence
 
@@ -197,6 +197,14 @@ class Reservations:
         held = self._held.get(request_id)
         return held.push if held is not None else None
 
+    def push_check(self, request_id: str) -> PushCheck | None:
+        """The check of the pages pushed into reserved ``request_id`` (``None``: it offered
+        no push, or holds nothing), to run off the engine thread before :meth:`adopt`."""
+        held = self._held.get(request_id)
+        if held is None or held.push is None or self.pool is None:
+            return None
+        return push_check(self.pool, self.scheduler.blocks, held.seq)
+
     def owed_pages(self) -> int:
         """Pages the requests waiting in the scheduler's queue need to run (all of their
         tokens, prefix hits not deducted: an upper bound)."""
@@ -232,7 +240,7 @@ class Reservations:
         first_token: int,
         params: SamplingParams,
         on_adopted: Callable[[Sequence, Transfer], None] | None = None,
-        pushed: list[bytes] | None = None,
+        pushed: PushVerdict | None = None,
     ) -> tuple[Sequence, Transfer] | None:
         """Run reserved ``request_id`` after its remote prefill produced ``first_token``
         (:meth:`take`, then ADOPTED: see the module docstring): the running sequence and the
@@ -244,9 +252,9 @@ class Reservations:
         record is ADOPTED only once the take-over succeeded in full; undoing what
         ``on_adopted`` did before it raised is the caller's.
 
-        ``pushed``: the metas of a direct push into this reservation's pages (which are
-        then checked against them: :func:`workers.push_receive.take_pushed`); without
-        them a reservation that offered a push reads the pool now (the push failed)."""
+        ``pushed``: the check of a direct push into this reservation's pages against the
+        pushed metas (:meth:`push_check`, run off this thread); without it a reservation
+        that offered a push reads the pool now (the push failed)."""
         held = self.take(request_id, prompt_token_ids)
         if held is None:
             return None
@@ -270,13 +278,13 @@ class Reservations:
         held.move(HandoffState.ADOPTED)
         return seq, transfer
 
-    def _take_prompt(self, held: Reservation, pushed: list[bytes] | None) -> Transfer:
+    def _take_prompt(self, held: Reservation, pushed: PushVerdict | None) -> Transfer:
         """The prompt's KV into ``held``'s pages: what was pushed and verifies, or else
         from the pool (what its landing verified, or read now)."""
         assert self.pool is not None
         blocks = self.scheduler.blocks
-        if held.push is not None and pushed:
-            return take_pushed(self.pool, blocks, held.seq, pushed)
+        if held.push is not None and pushed is not None:
+            return take_pushed(held.seq, pushed)
         return pull_prompt(self.pool, blocks, held.seq, held.landing)
 
     def release(self, request_id: str) -> bool:

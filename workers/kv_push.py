@@ -115,7 +115,8 @@ class Pusher:
         )
         state.next_block = target.first_block
         state.sums = [[b""] * layout.num_layers for _ in keys]
-        if error := target_error(target, pool.layout, len(prompt)):
+        block_key = pool.keys.block_key
+        if error := target_error(target, pool.layout, len(prompt), seq.request_id, block_key):
             state.fail(f"bad push target: {error}")
         elif not isinstance(pool.io, DirectIO):
             state.fail("this worker's KV cache is not moved in place (staged)")

@@ -3,26 +3,35 @@
 1. :func:`push_target`, at ``Reserve`` time (engine thread): the reserved pages past the
    local prefix hits, as a :class:`kvpool.push.PushTarget` (this worker's pool segment, its
    slab's address and layout, one page per prompt block from the first one not cached
-   here). Only a KV cache the pool moves in place (:class:`kvpool.span_io.DirectIO`) can be
-   written directly; otherwise there is no target and the router uses the pool.
+   here), MAC'd for the request under the pool block key. Only a KV cache the pool moves
+   in place (:class:`kvpool.span_io.DirectIO`) can be written directly; otherwise there is
+   no target and the router uses the pool.
 2. The prefill worker writes the pages; nothing here sees the writes happen.
-3. :func:`take_pushed`, at adoption (engine thread, after the prefill answered, so no write
-   is still coming): each block of the reservation, in order, is believed only if the meta
-   the prefill worker sent for it (relayed by the router) is MAC'd under the pool block key
-   *for the name this worker computes for that block itself* (:mod:`kvpool.meta`), and the
-   digests of this worker's own page match the meta's. The first block that fails ends the
-   run: it and every later one are recomputed. Nothing in a meta chooses a page or a name.
+3. After the prefill answered (no write is still coming), :func:`push_check` (engine
+   thread) names what to check and :meth:`PushCheck.run` checks it off the engine thread
+   (it only reads the pages; digests on :data:`VERIFY_THREADS` threads): each block of the
+   reservation, in order, is believed only if the meta the prefill worker sent for it
+   (relayed by the router) is MAC'd under the pool block key *for the name this worker
+   computes for that block itself* (:mod:`kvpool.meta`), and the digests of this worker's
+   own page match the meta's. The first block that fails ends the run: it and every later
+   one are recomputed. Nothing in a meta chooses a page or a name.
+4. :func:`take_pushed`, at adoption (engine thread): the verdict credited to the very
+   reservation it was made for.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from collections.abc import Sequence as Seq
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from kvpool.meta import BlockMeta, MetaFault
 from kvpool.pool import KVPool
-from kvpool.push import PushTarget
+from kvpool.push import PushTarget, target_mac
 from kvpool.span_io import DirectIO
 from workers.block_manager import BlockManager
 from workers.kv_transfer import Transfer, credit_prompt, prompt_targets
@@ -64,7 +73,7 @@ def push_target(
     fills = pushed_blocks(pool, blocks, seq)
     if fills is None or not fills.pages:
         return None
-    return PushTarget(
+    target = PushTarget(
         segment=pool.store.segment(),
         wire=pool.layout.wire,
         slab_address=pool.slab_ptr,
@@ -73,48 +82,89 @@ def push_target(
         pages=tuple(fills.pages),
         lease_s=lease_s,
     )
+    mac = target_mac(pool.keys.block_key, seq.request_id, target)
+    return dataclasses.replace(target, mac=mac)
 
 
-def _verified(pool: KVPool, meta_key: str, page: int, raw: bytes) -> BlockMeta | None:
-    """The meta ``raw`` of block ``meta_key`` if its MAC verifies and ``page`` matches its
-    digests (a failure is counted: forged, bad, or a checksum failure)."""
-    meta = pool.codec.decode(raw, meta_key)
-    if meta is MetaFault.FORGED:
-        pool.stats.forged_blocks += 1  # (nothing to heal: it is not in the pool)
-    elif meta is MetaFault.BAD:
-        pool.stats.bad_meta += 1
-    if not isinstance(meta, BlockMeta):
-        return None
-    layout = pool.layout
-    size = layout.span_bytes
-    sums = [
-        pool.digest(pool.slab_ptr + layout.offset(layer, page), size)
-        for layer in range(layout.num_layers)
-    ]
-    if sums != meta.sums:
-        pool.stats.checksum_failures += 1
-        return None
-    return meta
+VERIFY_THREADS = max(1, min(4, os.cpu_count() or 1))
+"""Threads digesting a push's pages (SHA-256 and xxh3 release the GIL over large spans)."""
 
 
-def take_pushed(pool: KVPool, blocks: BlockManager, seq: Sequence, metas: Seq[bytes]) -> Transfer:
-    """Believe the leading blocks of reserved ``seq`` whose pushed pages verify against
-    ``metas`` (module docstring) and credit their tokens (:func:`credit_prompt`); the rest
-    is left for the engine to compute. The transfer's time is the verification (all of it
-    exposed: the writes themselves were the prefill worker's)."""
-    t0 = time.perf_counter()
+class PushVerdict(NamedTuple):
+    """What :meth:`PushCheck.run` found for reservation ``seq``: ``tokens`` prompt tokens
+    (leading blocks) verified, their ``bytes``, and the ``seconds`` the check took."""
+
+    seq: Sequence
+    tokens: int
+    bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PushCheck:
+    """The check of one push reservation's pages against the pushed metas (module
+    docstring, step 3). Made on the engine thread; :meth:`run` on any thread."""
+
+    pool: KVPool
+    seq: Sequence
+    fills: PushedBlocks
+    block_tokens: int
+
+    def _digests(self, page: int) -> list[bytes]:
+        layout, size = self.pool.layout, self.pool.layout.span_bytes
+        base = self.pool.slab_ptr
+        return [
+            self.pool.digest(base + layout.offset(layer, page), size)
+            for layer in range(layout.num_layers)
+        ]
+
+    def _meta(self, meta_key: str, raw: bytes) -> BlockMeta | None:
+        """The meta ``raw`` of block ``meta_key`` if its MAC verifies (failures counted)."""
+        meta = self.pool.codec.decode(raw, meta_key)
+        if meta is MetaFault.FORGED:
+            self.pool.stats.forged_blocks += 1  # (nothing to heal: it is not in the pool)
+        elif meta is MetaFault.BAD:
+            self.pool.stats.bad_meta += 1
+        return meta if isinstance(meta, BlockMeta) else None
+
+    def run(self, metas: Seq[bytes]) -> PushVerdict:
+        """The leading blocks whose metas verify and whose pages match them."""
+        t0 = time.perf_counter()
+        fills, tokens, verified = self.fills, 0, 0
+        if len(metas) == len(fills.meta_keys):
+            checked: list[BlockMeta] = []
+            for key, raw in zip(fills.meta_keys, metas, strict=True):
+                if (meta := self._meta(key, raw)) is None:
+                    break
+                checked.append(meta)
+            with ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="push-check") as pool:
+                sums = list(pool.map(self._digests, fills.pages[: len(checked)]))
+            last = len(fills.meta_keys) - 1
+            for i, (meta, got) in enumerate(zip(checked, sums, strict=True)):
+                if got != meta.sums:
+                    self.pool.stats.checksum_failures += 1
+                    break
+                partial = i == last and fills.partial_tokens > 0
+                if partial and meta.tokens != fills.partial_tokens:
+                    break
+                verified += 1
+                tokens += fills.partial_tokens if partial else self.block_tokens
+        nbytes = verified * self.pool.layout.num_layers * self.pool.layout.span_bytes
+        return PushVerdict(self.seq, tokens, nbytes, time.perf_counter() - t0)
+
+
+def push_check(pool: KVPool, blocks: BlockManager, seq: Sequence) -> PushCheck | None:
+    """The check of reserved ``seq``'s pushed pages (``None``: they cannot be named)."""
     fills = pushed_blocks(pool, blocks, seq)
-    tokens = verified = 0
-    if fills is not None and len(metas) == len(fills.meta_keys):
-        last = len(fills.meta_keys) - 1
-        for i, (key, page, raw) in enumerate(zip(fills.meta_keys, fills.pages, metas, strict=True)):
-            meta = _verified(pool, key, page, raw)
-            partial = i == last and fills.partial_tokens > 0
-            if meta is None or (partial and meta.tokens != fills.partial_tokens):
-                break
-            verified += 1
-            tokens += fills.partial_tokens if partial else blocks.block_tokens
-    credit_prompt(seq, tokens)
-    seconds = time.perf_counter() - t0
-    nbytes = verified * pool.layout.num_layers * pool.layout.span_bytes
-    return Transfer(nbytes, seconds, seconds)
+    return None if fills is None else PushCheck(pool, seq, fills, blocks.block_tokens)
+
+
+def take_pushed(seq: Sequence, verdict: PushVerdict) -> Transfer:
+    """Credit ``verdict``'s tokens to reserved ``seq`` (:func:`credit_prompt`; nothing if
+    the verdict was for another reservation); the rest is left for the engine to compute.
+    The transfer's time is the check (all of it exposed: the writes were the prefill
+    worker's)."""
+    mine = verdict.seq is seq
+    credit_prompt(seq, verdict.tokens if mine else 0)
+    nbytes = verdict.bytes if mine else 0
+    return Transfer(nbytes, verdict.seconds, verdict.seconds)

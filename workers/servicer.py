@@ -243,7 +243,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             landing = await self._on_engine(lambda e: e.prefill_answered(rid))
             if landing is not None:  # wait off the engine thread; decodes go on meanwhile
                 await asyncio.to_thread(landing.settle, STALL_S, LANDING_WAIT_S)
-            return lambda e: e.adopt(rid, prompt, first, params, salt, pushed)
+            verdict = None
+            check = await self._on_engine(lambda e: e.push_check(rid)) if pushed else None
+            if check is not None:  # the pushed pages, checked off the engine thread too
+                verdict = await asyncio.to_thread(check.run, pushed)
+            return lambda e: e.adopt(rid, prompt, first, params, salt, verdict)
         return lambda e: e.add_request(prompt, params, rid, cache_salt=salt)
 
     async def _params(self, msg: pb.SamplingParams, context: Context) -> Any:

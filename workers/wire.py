@@ -88,6 +88,7 @@ def push_target_msg(target: PushTarget) -> pb.PushTarget:
         first_block=target.first_block,
         pages=target.pages,
         lease_ms=round(target.lease_s * 1000),
+        mac=target.mac,
     )
 
 
@@ -104,6 +105,7 @@ def push_target(msg: pb.PushTarget, num_prompt_tokens: int) -> PushTarget:
         first_block=msg.first_block,
         pages=pages,
         lease_s=msg.lease_ms / 1000,
+        mac=msg.mac,
     )
 
 

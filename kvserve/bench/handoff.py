@@ -88,9 +88,10 @@ def handoff(
     if landing is not None:
         decode.reservations.nudge()
         landing.done.wait(landing_wait_s)
-    pushed = first.push.metas if first.push is not None and first.push.ok else None
+    check = decode.push_check(request_id) if first.push and first.push.ok else None
+    verdict = check.run(first.push.metas) if check is not None and first.push else None
     token = first.new_token_ids[0]
-    result.read = decode.adopt(request_id, prompt, token, params, pushed=pushed)
+    result.read = decode.adopt(request_id, prompt, token, params, pushed=verdict)
     result.adopt_seconds = time.perf_counter() - t1
     while decode.has_unfinished:
         for out in decode.step():

@@ -17,19 +17,20 @@ import ctypes
 import dataclasses
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from kvpool.master import MasterConfig
+from kvpool.push import PushTarget, target_mac
 from kvserve.bench.handoff import handoff
 from tests.integration.pool_fixtures import pool_config, running_master
 from tests.integration.reference import hf_greedy
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.handoff import PUSH_QUARANTINE_S
-from workers.kv_transfer import Transfer
+from workers.push_receive import PushCheck, PushVerdict
 from workers.sequence import SamplingParams
 
 pytestmark = pytest.mark.kv_path
@@ -127,9 +128,13 @@ def test_a_refused_push_falls_back_to_the_pool(
     prefill, decode = pair
     real = decode.reservations.push_target
 
-    def elsewhere(request_id: str) -> object:
+    def elsewhere(request_id: str) -> PushTarget | None:  # MAC'd as the decode side would
         target = real(request_id)
-        return target and dataclasses.replace(target, segment="127.0.0.1:1")
+        if target is None or decode.pool is None:
+            return None
+        target = dataclasses.replace(target, segment="127.0.0.1:1")
+        mac = target_mac(decode.pool.keys.block_key, request_id, target)
+        return dataclasses.replace(target, mac=mac)
 
     monkeypatch.setattr(decode.reservations, "push_target", elsewhere)
     ids = prompt(41, 61)
@@ -142,6 +147,27 @@ def test_a_refused_push_falls_back_to_the_pool(
     assert idle(prefill) and idle(decode)
 
 
+def tamper_before_check(
+    decode: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    tamper: Callable[[PushCheck, list[bytes]], None],
+) -> None:
+    """Have ``tamper(check, metas)`` run just before the decode engine's push check does."""
+    real = decode.push_check
+
+    class Tampered(PushCheck):
+        def run(self, metas: Sequence[bytes]) -> PushVerdict:
+            changed = list(metas)
+            tamper(self, changed)
+            return super().run(changed)
+
+    def push_check(request_id: str) -> PushCheck | None:
+        check = real(request_id)
+        return check and Tampered(check.pool, check.seq, check.fills, check.block_tokens)
+
+    monkeypatch.setattr(decode, "push_check", push_check)
+
+
 def test_forged_metas_and_altered_pages_are_recomputed(
     pair: tuple[Engine, Engine], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -152,15 +178,11 @@ def test_forged_metas_and_altered_pages_are_recomputed(
     assert decode.pool is not None
     forged0 = decode.pool.stats.forged_blocks
     bt = decode.pool.layout.block_tokens
-    adopt = decode.adopt
 
-    def forge(
-        rid: str, ids: list[int], first: int, params: SamplingParams, pushed: list[bytes]
-    ) -> Transfer:
-        pushed[1] = pushed[1].replace(b'"mac":"', b'"mac":"0', 1)
-        return adopt(rid, ids, first, params, pushed=pushed)
+    def forge(_: PushCheck, metas: list[bytes]) -> None:
+        metas[1] = metas[1].replace(b'"mac":"', b'"mac":"0', 1)
 
-    monkeypatch.setattr(decode, "adopt", forge)
+    tamper_before_check(decode, monkeypatch, forge)
     ids = prompt(51, 70)
     computed = decode.stats.prompt_tokens_computed
     out = handoff(prefill, decode, "forged", ids, GREEDY, push=True)
@@ -170,24 +192,39 @@ def test_forged_metas_and_altered_pages_are_recomputed(
 
     checksum0 = decode.pool.stats.checksum_failures
 
-    def alter(
-        rid: str, ids: list[int], first: int, params: SamplingParams, pushed: list[bytes]
-    ) -> Transfer:
-        assert decode.pool is not None
-        seq = decode.reservations._held["altered"].seq
-        byte = ctypes.c_uint8.from_address(
-            decode.pool.slab_ptr + decode.pool.layout.offset(1, seq.block_table[2])
-        )
+    def alter(check: PushCheck, _: list[bytes]) -> None:
+        page = check.seq.block_table[2]
+        byte = ctypes.c_uint8.from_address(check.pool.slab_ptr + check.pool.layout.offset(1, page))
         byte.value ^= 0xFF
-        return adopt(rid, ids, first, params, pushed=pushed)
 
-    monkeypatch.setattr(decode, "adopt", alter)
+    tamper_before_check(decode, monkeypatch, alter)
     ids = prompt(52, 70)
     computed = decode.stats.prompt_tokens_computed
     out = handoff(prefill, decode, "altered", ids, GREEDY, push=True)
     assert out.output_token_ids == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
     assert decode.pool.stats.checksum_failures == checksum0 + 1
     assert decode.stats.prompt_tokens_computed == computed + len(ids) - 2 * bt
+    settle(prefill)
+    assert idle(prefill) and idle(decode)
+
+
+def test_a_target_altered_on_the_way_is_refused(
+    pair: tuple[Engine, Engine], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router (or anyone between) moves the target's pages: the MAC fails, the prefill
+    engine writes nothing there, and the KV goes through the pool."""
+    prefill, decode = pair
+    real = decode.reservations.push_target
+
+    def moved(request_id: str) -> PushTarget | None:
+        target = real(request_id)
+        return target and dataclasses.replace(target, pages=target.pages[::-1])
+
+    monkeypatch.setattr(decode.reservations, "push_target", moved)
+    ids = prompt(53, 70)
+    out = handoff(prefill, decode, "moved", ids, GREEDY, push=True)
+    assert out.push is not None and not out.push.ok and "MAC" in out.push.error
+    assert out.output_token_ids == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
     settle(prefill)
     assert idle(prefill) and idle(decode)
 
