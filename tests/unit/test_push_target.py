@@ -1,0 +1,71 @@
+"""The checks a pushing worker makes of a push target before it writes anything
+(:mod:`kvpool.push`): its MAC, and every field against its own layout and the prompt."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvpool.layout import KVLayout
+from kvpool.push import PushTarget, coalesce, target_error, target_mac
+
+LAYOUT = KVLayout(
+    num_layers=2, num_blocks=8, block_tokens=4, kv_heads=1, head_dim=2, dtype="float32"
+)
+KEY = b"k" * 32
+RID = "r1"
+PROMPT = 10  # 3 blocks: 2 full and a partial one
+
+
+def target(**fields: object) -> PushTarget:
+    """A valid target for ``RID``'s blocks 1 and 2 on a 32-page slab, changed by
+    ``fields`` and MAC'd anew (so only the field under test is wrong)."""
+    base = PushTarget("127.0.0.1:9", LAYOUT.wire, 1 << 20, 32, 1, (30, 5), 30.0)
+    changed = dataclasses.replace(base, **fields)  # type: ignore[arg-type]
+    return dataclasses.replace(changed, mac=target_mac(KEY, RID, changed))
+
+
+def test_a_target_made_for_the_request_passes() -> None:
+    assert target_error(target(), LAYOUT, PROMPT, RID, KEY) is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"segment": ""},
+        {"segment": "a\nb"},
+        {"wire": "L1x" + LAYOUT.wire},
+        {"num_blocks": 0},
+        {"slab_address": 0},
+        {"slab_address": (1 << 64) - 16},
+        {"first_block": 3},
+        {"pages": (30,)},
+        {"pages": (30, 5, 6)},
+        {"pages": (32, 5)},
+        {"pages": (5, 5)},
+        {"lease_s": 0.0},
+    ],
+)
+def test_a_target_that_does_not_fit_is_refused(fields: dict[str, object]) -> None:
+    assert target_error(target(**fields), LAYOUT, PROMPT, RID, KEY) is not None
+
+
+def test_a_target_altered_or_for_another_request_fails_its_mac() -> None:
+    good = target()
+    moved = dataclasses.replace(good, pages=(29, 5))
+    for bad, rid, key in ((moved, RID, KEY), (good, "r2", KEY), (good, RID, b"x" * 32)):
+        error = target_error(bad, LAYOUT, PROMPT, rid, key)
+        assert error is not None and "MAC" in error
+
+
+def test_the_targets_layout_has_its_own_page_count() -> None:
+    theirs = target().layout(LAYOUT)
+    assert theirs.wire == LAYOUT.wire and theirs.num_blocks == 32
+    assert theirs.offset(1, 0) == 32 * LAYOUT.span_bytes
+
+
+def test_contiguous_spans_on_both_sides_merge() -> None:
+    srcs, dsts, lens = coalesce([0, 10, 20, 40], [100, 110, 130, 140], 10)
+    assert (srcs, dsts, lens) == ([0, 20, 40], [100, 130, 140], [20, 10, 10])
+    assert coalesce([], [], 10) == ([], [], [])
