@@ -34,7 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kvpool.block_write import BlockWrite
+from kvpool.block_write import BlockWrite, PendingBlock
 from kvpool.config import PoolConfig
 from kvpool.layout import KVLayout
 from kvpool.pool import KVPool
@@ -274,7 +274,10 @@ class PushStepWrite(StepWrite):
             if pool.keys.request_key(lease.request_id) not in pushed:
                 pool.lease(lease.request_id, lease.expires)
         blocks = [block for block in self.write.blocks if block.meta_key not in pushed]
-        published = self.pusher.publish(pool.begin_write(blocks), self.in_flight, self.pins)
+        write = pool.begin_write(blocks)
+        if isinstance(pool.io, DirectIO):  # what was pushed is not digested again
+            write = KnownSumsWrite(pool, blocks, self._known_sums())
+        published = self.pusher.publish(write, self.in_flight, self.pins)
         if failed:  # the pool carries the KV of a push that failed: it must be there now
             published.result()
             if self.executor is not None:  # earlier steps' commits, queued on kv-write
@@ -283,6 +286,43 @@ class PushStepWrite(StepWrite):
         seconds = sum(job.state.seconds for job in self.jobs) - self._before[1]
         return Transfer(nbytes, seconds, time.perf_counter() - t0)
 
+    def _known_sums(self) -> dict[str, list[bytes]]:
+        """The layer digests of the blocks pushed in full so far, by meta key."""
+        known: dict[str, list[bytes]] = {}
+        for state in {id(job.state): job.state for job in self.jobs}.values():
+            if not state.error:
+                pushed = state.next_block - state.target.first_block
+                known.update(zip(state.meta_keys[:pushed], state.sums[:pushed], strict=True))
+        return known
+
     def abandon(self) -> None:
         super().abandon()
         self.pusher.release(self.pins)
+
+
+class KnownSumsWrite(BlockWrite):
+    """A :class:`~kvpool.block_write.BlockWrite` from a slab the pool moves in place whose
+    blocks' layer digests may be known already (``known``, by meta key: taken as they were
+    pushed, over the same pinned pages): their layers are put without being digested
+    again; the others as usual."""
+
+    def __init__(self, pool: KVPool, blocks: list[PendingBlock], known: dict[str, list[bytes]]):
+        super().__init__(pool, blocks)
+        self.known = known
+
+    def write_layer(self, layer: int, after: object | None = None) -> None:
+        if not self.blocks:
+            return
+        t0 = time.perf_counter()
+        pool, size = self.pool, self.pool.layout.span_bytes
+        keys = [f"{block.meta_key}/{layer}" for block in self.blocks]
+        ptrs = [pool.slab_ptr + pool.layout.offset(layer, block.page) for block in self.blocks]
+        codes = pool.store.put_from(keys, ptrs, [size] * len(ptrs))
+        for i, (block, code, ptr) in enumerate(zip(self.blocks, codes, ptrs, strict=True)):
+            if code != 0:
+                self.ok[i] = False
+                continue
+            known = self.known.get(block.meta_key)
+            self.sums[i][layer] = known[layer] if known else pool.digest(ptr, size)
+            self.bytes += size
+        self.seconds += time.perf_counter() - t0

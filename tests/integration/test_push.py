@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 
 from kvpool.master import MasterConfig
+from kvpool.meta import BlockMeta, digest_bytes
+from kvpool.pool import KVPool
 from kvpool.push import PushTarget, target_mac
 from kvserve.bench.handoff import handoff
 from tests.integration.pool_fixtures import pool_config, running_master
@@ -77,6 +79,16 @@ def settle(engine: Engine) -> None:
     engine.pusher.unpin()
 
 
+def pool_block_verifies(pool: KVPool, block_hash: int) -> bool:
+    """Whether the pool's copy of a block passes a reader's checks (MAC, every layer's
+    digest), read into bytes here (no page is touched)."""
+    key = pool.keys.meta_key(block_hash)
+    meta = pool.codec.decode(pool.store.get_bytes([key])[0], key)
+    layers = pool.store.get_bytes(pool.keys.layer_keys(key))
+    sums = [digest_bytes(pool.namespace.algorithm, layer) for layer in layers]
+    return isinstance(meta, BlockMeta) and sums == meta.sums
+
+
 def idle(engine: Engine) -> bool:
     return engine.num_free_blocks == engine.num_blocks and not engine.reservations
 
@@ -103,6 +115,7 @@ def test_pushed_request_decodes_exactly(
     full = length // layout.block_tokens
     chain = prefill.hasher.chain(ids[: full * layout.block_tokens], layout.block_tokens)
     assert decode.pool.lookup(chain) == full
+    assert all(pool_block_verifies(decode.pool, h) for h in chain)
     request_key = prefill.pool.keys.request_key(f"p{length}")
     assert decode.pool.store.exists([request_key]) == [0]
 
