@@ -55,7 +55,15 @@ from kvpool.landing import Lander, Landing
 from kvpool.pool import KVPool
 from kvpool.push import PushTarget
 from workers.kv_transfer import Transfer, pull_prompt, start_landing
-from workers.push_receive import PushCheck, PushVerdict, push_check, push_target, take_pushed
+from workers.push_receive import (
+    PushCheck,
+    PushVerdict,
+    PushWatch,
+    push_check,
+    push_target,
+    pushed_blocks,
+    take_pushed,
+)
 from workers.scheduler import Scheduler
 from workers.sequence import FinishReason, SamplingParams, Sequence
 
@@ -104,6 +112,8 @@ class Reservation:
     state: HandoffState = HandoffState.RESERVED
     push: PushTarget | None = None
     """Where a prefill worker may write the prompt's KV directly, if this offered it."""
+    watch: PushWatch | None = None
+    """The check of pushed blocks while the prefill runs (:class:`PushWatch`)."""
 
     @property
     def request_id(self) -> str:
@@ -180,6 +190,7 @@ class Reservations:
         held = self._held[request_id] = Reservation(seq, time.monotonic() + lease_s)
         if offer_push and self.pool is not None:
             held.push = push_target(self.pool, self.scheduler.blocks, seq, lease_s)
+            self._watch(held)
         if self.lander is not None and self.pool is not None and held.push is None:
             try:
                 landing = start_landing(
@@ -197,13 +208,26 @@ class Reservations:
         held = self._held.get(request_id)
         return held.push if held is not None else None
 
+    def _watch(self, held: Reservation) -> None:
+        """Start checking ``held``'s pushed blocks as they complete (:class:`PushWatch`)."""
+        assert self.pool is not None
+        fills = pushed_blocks(self.pool, self.scheduler.blocks, held.seq)
+        if held.push is not None and fills is not None and self.lander is not None:
+            held.watch = PushWatch(self.pool, fills, held.deadline)
+            self.lander.add(held.watch)
+
     def push_check(self, request_id: str) -> PushCheck | None:
-        """The check of the pages pushed into reserved ``request_id`` (``None``: it offered
-        no push, or holds nothing), to run off the engine thread before :meth:`adopt`."""
+        """The check of the pages pushed into reserved ``request_id`` past what its watch
+        verified (the watch ends here; ``None``: it offered no push, or holds nothing), to
+        run off the engine thread before :meth:`adopt`."""
         held = self._held.get(request_id)
         if held is None or held.push is None or self.pool is None:
             return None
-        return push_check(self.pool, self.scheduler.blocks, held.seq)
+        skip = 0
+        if held.watch is not None and self.lander is not None:
+            self.lander.cancel(held.watch, keep=False)
+            skip = held.watch.count
+        return push_check(self.pool, self.scheduler.blocks, held.seq, skip)
 
     def owed_pages(self) -> int:
         """Pages the requests waiting in the scheduler's queue need to run (all of their
@@ -324,6 +348,8 @@ class Reservations:
         take-over; see :meth:`kvpool.landing.Lander.cancel`)."""
         if held.landing is not None and self.lander is not None:
             self.lander.cancel(held.landing, keep)
+        if held.watch is not None and self.lander is not None:
+            self.lander.cancel(held.watch, keep=False)
 
     def close(self) -> None:
         """Release every reservation and stop the lander thread."""

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from kvpool.landing import Landing
 from kvpool.meta import BlockMeta, MetaFault
 from kvpool.pool import KVPool
 from kvpool.push import PushTarget, target_mac
@@ -100,23 +101,28 @@ class PushVerdict(NamedTuple):
     seconds: float
 
 
+def page_digests(pool: KVPool, page: int) -> list[bytes]:
+    """The layer digests of ``page`` of ``pool``'s slab (host memory, in place)."""
+    layout, size, base = pool.layout, pool.layout.span_bytes, pool.slab_ptr
+    return [
+        pool.digest(base + layout.offset(layer, page), size) for layer in range(layout.num_layers)
+    ]
+
+
 @dataclass(frozen=True)
 class PushCheck:
     """The check of one push reservation's pages against the pushed metas (module
-    docstring, step 3). Made on the engine thread; :meth:`run` on any thread."""
+    docstring, step 3). Made on the engine thread; :meth:`run` on any thread. The first
+    ``skip`` blocks were verified already, while the prefill ran (:class:`PushWatch`)."""
 
     pool: KVPool
     seq: Sequence
     fills: PushedBlocks
     block_tokens: int
+    skip: int = 0
 
     def _digests(self, page: int) -> list[bytes]:
-        layout, size = self.pool.layout, self.pool.layout.span_bytes
-        base = self.pool.slab_ptr
-        return [
-            self.pool.digest(base + layout.offset(layer, page), size)
-            for layer in range(layout.num_layers)
-        ]
+        return page_digests(self.pool, page)
 
     def _meta(self, meta_key: str, raw: bytes) -> BlockMeta | None:
         """The meta ``raw`` of block ``meta_key`` if its MAC verifies (failures counted)."""
@@ -130,17 +136,18 @@ class PushCheck:
     def run(self, metas: Seq[bytes]) -> PushVerdict:
         """The leading blocks whose metas verify and whose pages match them."""
         t0 = time.perf_counter()
-        fills, tokens, verified = self.fills, 0, 0
+        fills, skip = self.fills, self.skip
+        verified, tokens = skip, skip * self.block_tokens
         if len(metas) == len(fills.meta_keys):
             checked: list[BlockMeta] = []
-            for key, raw in zip(fills.meta_keys, metas, strict=True):
+            for key, raw in zip(fills.meta_keys[skip:], metas[skip:], strict=True):
                 if (meta := self._meta(key, raw)) is None:
                     break
                 checked.append(meta)
             with ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="push-check") as pool:
-                sums = list(pool.map(self._digests, fills.pages[: len(checked)]))
+                sums = list(pool.map(self._digests, fills.pages[skip : skip + len(checked)]))
             last = len(fills.meta_keys) - 1
-            for i, (meta, got) in enumerate(zip(checked, sums, strict=True)):
+            for i, (meta, got) in enumerate(zip(checked, sums, strict=True), start=skip):
                 if got != meta.sums:
                     self.pool.stats.checksum_failures += 1
                     break
@@ -153,10 +160,63 @@ class PushCheck:
         return PushVerdict(self.seq, tokens, nbytes, time.perf_counter() - t0)
 
 
-def push_check(pool: KVPool, blocks: BlockManager, seq: Sequence) -> PushCheck | None:
-    """The check of reserved ``seq``'s pushed pages (``None``: they cannot be named)."""
+def push_check(
+    pool: KVPool, blocks: BlockManager, seq: Sequence, skip: int = 0
+) -> PushCheck | None:
+    """The check of reserved ``seq``'s pushed pages past its first ``skip`` blocks, verified
+    already (``None``: they cannot be named)."""
     fills = pushed_blocks(pool, blocks, seq)
-    return None if fills is None else PushCheck(pool, seq, fills, blocks.block_tokens)
+    return None if fills is None else PushCheck(pool, seq, fills, blocks.block_tokens, skip)
+
+
+class PushWatch(Landing):
+    """Verifies a push reservation's full blocks while the prefill still runs (stepped by
+    the decode worker's :class:`~kvpool.landing.Lander` thread, as a landing is).
+
+    The prefill worker publishes a step's blocks to the pool only after that step's pushes
+    are done (:mod:`workers.kv_push`). So once a block's meta is in the pool and verifies
+    (its MAC, for the name this worker computes), a page that matches its digests holds
+    that block's KV, whoever wrote the meta: ``count`` leading blocks are then verified,
+    and the check at adoption (:class:`PushCheck` with ``skip``) digests only the rest
+    (the last step's blocks, whose metas come with the prefill's answer). A page that does
+    not match yet (its push has not landed) is tried again next round; a meta that does
+    not verify ends the watch. Reads nothing into the pages. Ends at its ``deadline``,
+    while the pool is out, when every full block is verified, or cancelled."""
+
+    def __init__(self, pool: KVPool, fills: PushedBlocks, deadline: float) -> None:
+        full = len(fills.meta_keys) - (1 if fills.partial_tokens else 0)
+        super().__init__(pool, fills.meta_keys[:full], fills.pages[:full], deadline)
+        self.pending = []
+        self.count = 0
+        """Leading blocks verified so far (final once the watch is cancelled or over)."""
+
+    def step(self) -> bool:
+        self.progressed = False
+        if time.monotonic() > self.deadline or not self.pool.store.available:
+            self.over = True
+            return True
+        start = self.count
+        keys = self.meta_keys[start : start + WATCH_WINDOW]
+        for i, raw in enumerate(self.pool.store.get_bytes(keys), start=start):
+            if not raw:
+                break
+            meta = self.pool.codec.decode(raw, self.meta_keys[i])
+            if not isinstance(meta, BlockMeta):
+                self.over = True  # the pushed metas decide at adoption
+                return True
+            if page_digests(self.pool, self.pages[i]) != meta.sums:
+                break  # not landed yet
+            self.count += 1
+            self._progress()
+        self.over = self.count == len(self.meta_keys)
+        return self.over
+
+    def finish(self) -> None:
+        self.over = True
+
+
+WATCH_WINDOW = 64
+"""Block metas a :class:`PushWatch` asks the pool for per round."""
 
 
 def take_pushed(seq: Sequence, verdict: PushVerdict) -> Transfer:

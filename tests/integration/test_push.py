@@ -26,7 +26,7 @@ from kvpool.master import MasterConfig
 from kvpool.meta import BlockMeta, digest_bytes
 from kvpool.pool import KVPool
 from kvpool.push import PushTarget, target_mac
-from kvserve.bench.handoff import handoff
+from kvserve.bench.handoff import handoff, run_until_first
 from tests.integration.pool_fixtures import pool_config, running_master
 from tests.integration.reference import hf_greedy
 from workers.config import EngineConfig
@@ -165,7 +165,9 @@ def tamper_before_check(
     monkeypatch: pytest.MonkeyPatch,
     tamper: Callable[[PushCheck, list[bytes]], None],
 ) -> None:
-    """Have ``tamper(check, metas)`` run just before the decode engine's push check does."""
+    """Have ``tamper(check, metas)`` run just before the decode engine's push check does
+    (with no watch: every block is checked then)."""
+    monkeypatch.setattr(decode.reservations, "_watch", lambda held: None)
     real = decode.push_check
 
     class Tampered(PushCheck):
@@ -238,6 +240,36 @@ def test_a_target_altered_on_the_way_is_refused(
     out = handoff(prefill, decode, "moved", ids, GREEDY, push=True)
     assert out.push is not None and not out.push.ok and "MAC" in out.push.error
     assert out.output_token_ids == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
+    settle(prefill)
+    assert idle(prefill) and idle(decode)
+
+
+def test_pushed_blocks_are_verified_while_the_prefill_runs(
+    pair: tuple[Engine, Engine], tiny_model_dir: Path
+) -> None:
+    """Once the prefill engine published a step's blocks, the decode engine's watch checks
+    its pages of them: with every block published before adoption, the check at adoption
+    digests only the partial last block."""
+    prefill, decode = pair
+    assert prefill.pusher is not None
+    ids, rid = prompt(81, 77), "watched"  # 4 full blocks over several steps + a partial one
+    assert decode.reserve(rid, ids, GREEDY.max_tokens, 60.0, offer_push=True) is not None
+    watch = decode.reservations._held[rid].watch
+    assert watch is not None
+    prefill.add_request(ids, GREEDY, rid, handoff=True, push=decode.push_target(rid))
+    first = run_until_first(prefill, rid)
+    assert first.push is not None and first.push.ok
+    prefill.pusher.flush()  # every full block's meta is in the pool now
+    assert watch.done.wait(30) and watch.count == 4
+    check = decode.push_check(rid)
+    assert check is not None and check.skip == 4
+    verdict = check.run(first.push.metas)
+    assert verdict.tokens == len(ids)
+    decode.adopt(rid, ids, first.new_token_ids[0], GREEDY, pushed=verdict)
+    tokens = list(first.new_token_ids)
+    while decode.has_unfinished:
+        tokens += [t for out in decode.step() if out.request_id == rid for t in out.new_token_ids]
+    assert tokens == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
     settle(prefill)
     assert idle(prefill) and idle(decode)
 
