@@ -6,9 +6,14 @@
    here), MAC'd for the request under the pool block key. Only a KV cache the pool moves
    in place (:class:`kvpool.span_io.DirectIO`) can be written directly; otherwise there is
    no target and the router uses the pool.
-2. The prefill worker writes the pages; nothing here sees the writes happen.
+2. The prefill worker writes the pages; nothing here sees the writes happen. But it
+   publishes each step's full blocks to the pool once their pushes are done, so a
+   :class:`PushWatch` (on the lander thread) verifies the leading full blocks while the
+   prefill still runs: a page that matches its block's pool meta (MAC'd for the name this
+   worker computes) holds that block's KV, whoever wrote the meta.
 3. After the prefill answered (no write is still coming), :func:`push_check` (engine
-   thread) names what to check and :meth:`PushCheck.run` checks it off the engine thread
+   thread) ends the watch and names what is left to check (the last step's blocks, as a
+   rule), and :meth:`PushCheck.run` checks it off the engine thread
    (it only reads the pages; digests on :data:`VERIFY_THREADS` threads): each block of the
    reservation, in order, is believed only if the meta the prefill worker sent for it
    (relayed by the router) is MAC'd under the pool block key *for the name this worker
