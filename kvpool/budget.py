@@ -67,9 +67,9 @@ class PoolBudget:
         return self
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        self.refresh()
+        while not self._stop.wait(self.refresh_s):
             self.refresh()
-            self._stop.wait(self.refresh_s)
 
     def close(self) -> None:
         self._stop.set()

@@ -40,16 +40,18 @@ def plot(rows: Sequence[Row], out: Path) -> list[Path]:
 
 
 def hit_rate_vs_capacity(caps: Sequence[Row], out: Path) -> Path:
-    """The LRU's (and, where every row has it, the pool's) hit rate against capacity."""
+    """The LRU's (and, where every row has them, the leaf-first LRU's and each pool
+    replay's) hit rate against capacity."""
     fig, ax = pyplot().subplots(figsize=(6, 4))
     xs = [r["capacity_blocks"] for r in caps]
     ax.plot(xs, [r["lru"]["token_hit_rate"] for r in caps], "o-", label="offline LRU")
-    ax.plot(
-        xs, [r["leaf_lru"]["token_hit_rate"] for r in caps], "x:", label="offline leaf-first LRU"
-    )
-    for name, label in (("pool", "pool, master's eviction"), ("pool_chain", "pool, chain-aware")):
-        if caps and all(name in r for r in caps):
-            ax.plot(xs, [r[name]["token_hit_rate"] for r in caps], "s-", label=label)
+    for name, style, label in (
+        ("leaf_lru", "x:", "offline leaf-first LRU"),
+        ("pool", "s-", "pool, master's eviction"),
+        ("pool_chain", "d-", "pool, chain-aware eviction"),
+    ):
+        if caps and all(name in r for r in caps):  # (a run saved before it existed lacks it)
+            ax.plot(xs, [r[name]["token_hit_rate"] for r in caps], style, label=label)
     ax.set(xscale="log", xlabel="capacity (blocks)", ylabel="prefix hit rate (tokens)")
     ax.legend()
     return save(fig, out / "hit_rate_vs_capacity.png")

@@ -151,3 +151,23 @@ def test_malformed_answers_are_refused(index: ChainIndex) -> None:
     index.client.set(index.keys[5], "not a number")  # "used" broken by a writer of Redis
     with pytest.raises((redis.RedisError, IndexReplyError)):
         index.claim(run("a"), budget=SIZE)
+
+
+def test_an_unreachable_index_is_counted_and_the_pool_goes_on() -> None:
+    from kvpool.evictor import ChainEvictor
+    from kvpool.keys import KeySpace
+    from tests.integration.pool_fixtures import NAMESPACE
+
+    (port,) = free_local_ports(1)  # nothing listens there
+    dead = redis.Redis(port=port, socket_connect_timeout=1, socket_timeout=1)
+    evictor = ChainEvictor(
+        ChainIndex(dead, "dead:pool"),
+        store=None,  # type: ignore[arg-type]  # never reached: nothing is evicted
+        keys=KeySpace.of(NAMESPACE, 2),
+        block_bytes=SIZE,
+        budget=lambda: 0,
+    )
+    assert evictor.admit([1, 2], [None, 1]) == [True, True]  # written, as without an index
+    evictor.touch([1], [None])
+    evictor.settle(["a"], ["b"])
+    assert evictor.stats.index_errors == 3 and evictor.stats.evicted_blocks == 0
