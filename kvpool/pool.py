@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
 
 from kvpool.block_write import BlockWrite, PendingBlock
 from kvpool.chain_index import ChainIndex
@@ -40,46 +38,10 @@ from kvpool.keys import KeySpace, completeness, longest_prefix
 from kvpool.layout import KVLayout
 from kvpool.meta import BlockMeta, MetaCodec, MetaFault, layer_digest
 from kvpool.span_io import CacheSpan, DirectIO, Received, SpanCopier, SpanIO, StagedIO
+from kvpool.stats import Lease, PoolStats
 from kvpool.store import MooncakeStore
 
 __all__ = ["BlockMeta", "BlockWrite", "KVPool", "Lease", "PendingBlock", "PoolStats"]
-
-
-class Lease(NamedTuple):
-    """A request-scoped partial block this writer removes at ``expires`` (``time.time()``)
-    unless the decode side took it first (ordered by expiry: :meth:`KVPool.sweep`)."""
-
-    expires: float
-    request_id: str
-
-
-@dataclass
-class PoolStats:
-    """Counters since start (read by metrics exporters and benchmarks)."""
-
-    blocks_written: int = 0
-    """Blocks committed (full prefix blocks and request-scoped partial blocks)."""
-    objects_written: int = 0
-    bytes_written: int = 0
-    objects_read: int = 0
-    bytes_read: int = 0
-    lookups: int = 0
-    hit_blocks: int = 0
-    miss_blocks: int = 0
-    hit_tokens: int = 0
-    miss_tokens: int = 0
-    checksum_failures: int = 0
-    short_reads: int = 0
-    bad_meta: int = 0
-    forged_blocks: int = 0
-    """Metas that fit but whose MAC failed (written without the cluster secret, or moved
-    from another block's name); such a block is never loaded, and removed."""
-    healed_blocks: int = 0
-    expired_requests: int = 0
-    write_seconds: float = 0.0
-    """Time spent in layer puts and meta commits (wherever they overlapped compute)."""
-    read_seconds: float = 0.0
-    lookup_seconds: float = 0.0
 
 
 class KVPool:
@@ -228,18 +190,20 @@ class KVPool:
             self._heal(meta_key)
         return meta
 
-    def load(self, hashes: list[int], pages: list[int], first_parent: int | None = None) -> int:
-        """Read the leading present blocks of ``hashes`` (a run of a chain whose first block
-        extends ``first_parent``) into ``pages``; verify every layer.
+    def load(self, hashes: list[int], pages: list[int], prefix: Sequence[int] = ()) -> int:
+        """Read the leading present blocks of ``hashes`` into ``pages``; verify every layer.
+        ``prefix`` is the chain before ``hashes`` (from its first block; held elsewhere,
+        e.g. in the engine's own cache).
 
         Returns how many leading blocks were loaded and verified. Pages past that count may
-        hold partial data and must be treated as not computed. The loaded blocks become the
-        most recently used (chain-aware eviction).
+        hold partial data and must be treated as not computed. The loaded blocks and their
+        ``prefix`` become the most recently used (a hit refreshes the whole chain it used).
         """
         t0 = time.perf_counter()
         loaded = self._read_blocks([self.keys.meta_key(h) for h in hashes], pages)
-        if self.evictor is not None:
-            self.evictor.touch(hashes[:loaded], chain_parents(hashes[:loaded], first_parent))
+        if self.evictor is not None and loaded:
+            used = [*prefix, *hashes[:loaded]]
+            self.evictor.touch(used, chain_parents(used, None))
         self.stats.hit_blocks += loaded
         self.stats.miss_blocks += len(hashes) - loaded
         self.stats.hit_tokens += loaded * self.layout.block_tokens

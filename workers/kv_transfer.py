@@ -296,7 +296,7 @@ def pull_prompt(
     partial: int | None = None
     if landing is None:
         hashes, pages = [b.hash for b in named], [b.page for b in named]
-        loaded = pool.load(hashes, pages) if named else 0
+        loaded = pool.load(hashes, pages, seq.block_hashes) if named else 0
         if partial_page is not None and loaded == len(named):
             partial = pool.take_partial(seq.request_id, partial_page)
     else:
