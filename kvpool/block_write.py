@@ -39,9 +39,13 @@ class BlockWrite:
     next layer; ``commit`` must come after the last of them.
     """
 
-    def __init__(self, pool: KVPool, blocks: list[PendingBlock]) -> None:
+    def __init__(
+        self, pool: KVPool, blocks: list[PendingBlock], indexed: frozenset[str] = frozenset()
+    ) -> None:
         self.pool = pool
         self.blocks = blocks
+        self.indexed = indexed
+        """Meta keys of the blocks claimed in the chain index (settled there by commit)."""
         self.ok = [True] * len(blocks)
         self.sums: list[list[bytes]] = [[b""] * pool.layout.num_layers for _ in blocks]
         self.seconds = 0.0
@@ -72,8 +76,14 @@ class BlockWrite:
             for block, ok, sums in zip(self.blocks, self.ok, self.sums, strict=True)
             if ok
         ]
-        if metas:
-            pool.store.put_bytes([k for k, _ in metas], [v for _, v in metas])
+        if metas and pool.store.put_bytes([k for k, _ in metas], [v for _, v in metas]) != 0:
+            metas = []
+        if pool.evictor is not None and self.indexed:
+            landed = {k for k, _ in metas}
+            claimed = [b.meta_key for b in self.blocks if b.meta_key in self.indexed]
+            pool.evictor.settle(
+                [k for k in claimed if k in landed], [k for k in claimed if k not in landed]
+            )
         per = pool.layout.num_layers
         stats = pool.stats
         stats.blocks_written += len(metas)

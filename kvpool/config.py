@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvpool.master import master_metrics_address
+
 PROTOCOLS = ("tcp", "rdma")
 STAGING = ("auto", "always", "never")
+EVICTION = ("chain", "master")
+DEFAULT_METRICS_PORT = 9003
+"""``mooncake_master``'s metrics port when nothing says otherwise (its own default)."""
 STAGING_SETTINGS = ("kv_staging", "kv_staging_mib")
 """The fields of :class:`PoolConfig` a tool that starts its own pool members passes on
 (``kvserve chaos``, ``kvserve bench overlap``)."""
@@ -34,6 +39,19 @@ class PoolConfig:
     - ``pool_local_buffer_mib``: the client's own transfer buffer.
     - ``pool_request_ttl_s``: lifetime of request-scoped objects (partial last blocks)
       that nobody collected.
+    - ``master_metrics_url``: ``http://host:port/metrics`` of ``mooncake_master`` (its
+      capacity, use and evictions: the router's ``/v1/cache/stats``, a worker's eviction
+      budget); empty: the router omits the pool figures, a worker reads
+      ``http://<pool_master host>:9003/metrics`` (:attr:`metrics_url`).
+    - ``pool_eviction``: who evicts the pool's prefix blocks. ``chain`` (default): the
+      writers, through the chain index in the cluster's Redis (:mod:`kvpool.evictor`):
+      least recently used chain tails first, never a block while a block that extends it
+      stays, keeping the pool at most ``pool_evict_at`` full; ``master``: only
+      ``mooncake_master``, from its high watermark, in lease order. (The master's eviction
+      stays on under ``chain`` as the backstop.)
+    - ``pool_evict_at``: the share of the pool's capacity that chain eviction keeps the
+      prefix blocks under; below the master's eviction watermark (0.9 by default), so the
+      master never has to evict, with room for request-scoped blocks.
     - ``kv_staging``: how KV moves between the KV cache and the pool
       (:mod:`kvpool.span_io`). ``auto`` (default): in place for a KV cache in host memory,
       through host staging slots for one on a GPU; ``always``: through the staging slots
@@ -54,6 +72,9 @@ class PoolConfig:
     pool_segment_mib: int = 512
     pool_local_buffer_mib: int = 64
     pool_request_ttl_s: float = 60.0
+    master_metrics_url: str = ""
+    pool_eviction: str = field(default="chain", metadata={"choices": EVICTION})
+    pool_evict_at: float = 0.85
     kv_staging: str = field(default="auto", metadata={"choices": STAGING})
     kv_staging_mib: int = 64
 
@@ -68,6 +89,12 @@ class PoolConfig:
             raise ValueError("pool_segment_mib must be >= 0 and pool_local_buffer_mib >= 1")
         if self.pool_request_ttl_s <= 0:
             raise ValueError("pool_request_ttl_s must be positive")
+        if self.master_metrics_url:
+            master_metrics_address(self.master_metrics_url)  # raises when malformed
+        if self.pool_eviction not in EVICTION:
+            raise ValueError(f"pool_eviction must be one of {EVICTION}, got {self.pool_eviction!r}")
+        if not 0 < self.pool_evict_at < 1:
+            raise ValueError(f"pool_evict_at must be in (0, 1), got {self.pool_evict_at}")
         if self.kv_staging not in STAGING:
             raise ValueError(f"kv_staging must be one of {STAGING}, got {self.kv_staging!r}")
         if self.kv_staging_mib < 1:
@@ -79,3 +106,12 @@ class PoolConfig:
             return self.pool_metadata_server
         host = self.pool_master.rsplit(":", 1)[0]
         return f"http://{host}:8080/metadata"
+
+    @property
+    def metrics_url(self) -> str:
+        """The master's metrics page: ``master_metrics_url``, or the default port on the
+        master's host."""
+        if self.master_metrics_url:
+            return self.master_metrics_url
+        host = self.pool_master.rsplit(":", 1)[0]
+        return f"http://{host}:{DEFAULT_METRICS_PORT}/metrics"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import urllib.request
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,22 @@ class MasterConfig:
         return f"http://{self.master_host}:{self.master_metrics_port}/metrics"
 
 
+def master_metrics_address(url: str) -> tuple[str, int]:
+    """``(host, port)`` of a ``http://host:port[/metrics]`` URL; raises ValueError else."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/", "/metrics"):
+        raise ValueError(
+            f"master_metrics_url must look like http://127.0.0.1:9003/metrics, got {url!r}"
+        )
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"master_metrics_url has a bad port: {url!r}") from exc
+    if port is None:
+        raise ValueError(f"master_metrics_url needs an explicit port, got {url!r}")
+    return parts.hostname, port
+
+
 def read_metrics(cfg: MasterConfig, timeout: float = 2.0) -> str:
     """The master's metrics page (Prometheus text)."""
     with urllib.request.urlopen(cfg.metrics_url, timeout=timeout) as resp:
@@ -72,12 +89,18 @@ class MasterStats:
     evicted_bytes: int
 
 
-def master_stats(cfg: MasterConfig) -> MasterStats:
+def master_stats_at(url: str, timeout: float = 2.0) -> MasterStats:
+    """:func:`master_stats` of the master whose metrics page is ``url``."""
+    host, port = master_metrics_address(url)
+    return master_stats(MasterConfig(master_host=host, master_metrics_port=port), timeout)
+
+
+def master_stats(cfg: MasterConfig, timeout: float = 2.0) -> MasterStats:
     """Parse the master's metrics page into :class:`MasterStats`."""
     from prometheus_client.parser import text_string_to_metric_families
 
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(read_metrics(cfg)):
+    for family in text_string_to_metric_families(read_metrics(cfg, timeout)):
         for sample in family.samples:
             if not sample.labels:  # by family name: the parser renames counter samples
                 values[family.name] = sample.value

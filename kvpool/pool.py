@@ -17,61 +17,31 @@ missing object, a layout or namespace mismatch, a bad MAC (counted as a forged b
 short read or a digest mismatch makes that block and every later one a miss (counted), and a
 block that fails the MAC or its digests is removed so the next writer can publish it again.
 Nothing unverified is ever handed to the model.
+
+Eviction (optional, :meth:`KVPool.evict_through`): full prefix blocks are claimed in the
+shared chain index before they are written and refreshed there when read, and the writers
+evict least recently used chain tails to keep the pool under a budget
+(:mod:`kvpool.evictor`); request-scoped blocks stay out of it (their lease removes them).
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
 
 from kvpool.block_write import BlockWrite, PendingBlock
+from kvpool.chain_index import ChainIndex
+from kvpool.evictor import ChainEvictor, chain_parents
 from kvpool.hashing import Namespace
 from kvpool.keys import KeySpace, completeness, longest_prefix
 from kvpool.layout import KVLayout
 from kvpool.meta import BlockMeta, MetaCodec, MetaFault, layer_digest
 from kvpool.span_io import CacheSpan, DirectIO, Received, SpanCopier, SpanIO, StagedIO
+from kvpool.stats import Lease, PoolStats
 from kvpool.store import MooncakeStore
 
 __all__ = ["BlockMeta", "BlockWrite", "KVPool", "Lease", "PendingBlock", "PoolStats"]
-
-
-class Lease(NamedTuple):
-    """A request-scoped partial block this writer removes at ``expires`` (``time.time()``)
-    unless the decode side took it first (ordered by expiry: :meth:`KVPool.sweep`)."""
-
-    expires: float
-    request_id: str
-
-
-@dataclass
-class PoolStats:
-    """Counters since start (read by metrics exporters and benchmarks)."""
-
-    blocks_written: int = 0
-    """Blocks committed (full prefix blocks and request-scoped partial blocks)."""
-    objects_written: int = 0
-    bytes_written: int = 0
-    objects_read: int = 0
-    bytes_read: int = 0
-    lookups: int = 0
-    hit_blocks: int = 0
-    miss_blocks: int = 0
-    hit_tokens: int = 0
-    miss_tokens: int = 0
-    checksum_failures: int = 0
-    short_reads: int = 0
-    bad_meta: int = 0
-    forged_blocks: int = 0
-    """Metas that fit but whose MAC failed (written without the cluster secret, or moved
-    from another block's name); such a block is never loaded, and removed."""
-    healed_blocks: int = 0
-    expired_requests: int = 0
-    write_seconds: float = 0.0
-    """Time spent in layer puts and meta commits (wherever they overlapped compute)."""
-    read_seconds: float = 0.0
-    lookup_seconds: float = 0.0
 
 
 class KVPool:
@@ -81,10 +51,12 @@ class KVPool:
     :class:`kvpool.span_io.SpanCopier` (moved through its host staging slots, or in place
     from device memory): :attr:`io` does every transfer (:mod:`kvpool.span_io`).
 
-    Lifecycle: construct (registers memory for zero-copy transfers) -> ``lookup`` /
-    ``save`` / ``load`` and the request-scoped ``put_partial`` / ``take_partial``, with
-    :meth:`sweep` called now and then to expire this writer's uncollected partial blocks ->
-    :meth:`close` (unregisters). Not thread-safe: one engine thread owns it.
+    Lifecycle: construct (registers memory for zero-copy transfers) -> optionally
+    :meth:`evict_through` (chain-aware eviction) -> ``lookup`` / ``save`` / ``load`` and the
+    request-scoped ``put_partial`` / ``take_partial``, with :meth:`sweep` called now and
+    then to expire this writer's uncollected partial blocks -> :meth:`close` (unregisters,
+    stops the eviction budget's reader). Not thread-safe: one engine thread owns it (a
+    :class:`BlockWrite` commit may run on one helper thread).
 
     ``block_key`` is ``proto.trust.derive(cluster_secret, POOL_BLOCK)``: it MACs every meta
     written and checks every meta read, and names request-scoped keys. Empty (no secret):
@@ -119,6 +91,28 @@ class KVPool:
             if isinstance(memory, int)
             else StagedIO(store, layout, memory, self.digest)
         )
+        self.evictor: ChainEvictor | None = None
+        """Chain-aware eviction, when :meth:`evict_through` turned it on."""
+
+    def evict_through(self, index: ChainIndex, budget: Callable[[], int | None]) -> None:
+        """Evict chain-aware through ``index`` within ``budget`` bytes (:mod:`kvpool.evictor`);
+        ``budget`` is stopped by :meth:`close` when it is a :class:`~kvpool.budget.PoolBudget`."""
+        self.evictor = ChainEvictor(index, self.store, self.keys, self.block_bytes, budget)
+
+    @property
+    def block_bytes(self) -> int:
+        """What one full block takes in the pool: its layer objects and its meta object."""
+        sums = [self.digest(0, 0)] * self.layout.num_layers
+        meta = self.codec.encode(self.keys.meta_key(0), sums, {})
+        return self.layout.num_layers * self.layout.span_bytes + len(meta)
+
+    def admit(self, hashes: list[int], parents: list[int | None]) -> list[bool]:
+        """Per block about to be written (a run in chain order, each extending its
+        ``parents`` entry), whether it may be: all, without eviction; else what
+        :meth:`kvpool.evictor.ChainEvictor.admit` says (after evicting for room)."""
+        if self.evictor is None:
+            return [True] * len(hashes)
+        return self.evictor.admit(hashes, parents)
 
     @property
     def staged(self) -> bool:
@@ -151,28 +145,36 @@ class KVPool:
             out.append(not complete)
         return out
 
-    def begin_write(self, blocks: list[PendingBlock]) -> BlockWrite:
-        """Start writing blocks given as ``(meta key, page, extra meta fields)``.
+    def begin_write(
+        self, blocks: list[PendingBlock], indexed: frozenset[str] = frozenset()
+    ) -> BlockWrite:
+        """Start writing blocks given as ``(meta key, page, extra meta fields)``; those
+        whose meta keys are in ``indexed`` were admitted (:meth:`admit`) and are settled in
+        the chain index by the commit.
 
         The caller writes every layer (:meth:`BlockWrite.write_layer`, in any order, from one
         thread at a time, e.g. each layer as soon as the model computed it) and then calls
         :meth:`BlockWrite.commit`, which publishes the metas of the blocks whose every layer
         landed.
         """
-        return BlockWrite(self, blocks)
+        return BlockWrite(self, blocks, indexed)
 
-    def save(self, hashes: list[int], pages: list[int]) -> int:
-        """Publish full blocks (``hashes[i]`` computed in ``pages[i]``) that the pool lacks.
+    def save(self, hashes: list[int], pages: list[int], first_parent: int | None = None) -> int:
+        """Publish full blocks (``hashes[i]`` computed in ``pages[i]``, a run of a chain
+        whose first block extends ``first_parent``) that the pool lacks.
 
         Returns how many blocks this call committed. A block whose layer puts fail (e.g. the
-        pool is full) is not committed.
+        pool is full) is not committed, nor is one eviction refused.
         """
+        admitted = self.admit(hashes, chain_parents(hashes, first_parent))
         todo = [
             PendingBlock(self.keys.meta_key(h), page, {})
-            for h, page, missing in zip(hashes, pages, self.absent(hashes), strict=True)
-            if missing
+            for h, page, missing, ok in zip(
+                hashes, pages, self.absent(hashes), admitted, strict=True
+            )
+            if missing and ok
         ]
-        return self.begin_write(todo).write_all()
+        return self.begin_write(todo, frozenset(b.meta_key for b in todo)).write_all()
 
     # -- read ------------------------------------------------------------------------------
     def parse_meta(self, raw: bytes, meta_key: str) -> BlockMeta | MetaFault:
@@ -188,14 +190,20 @@ class KVPool:
             self._heal(meta_key)
         return meta
 
-    def load(self, hashes: list[int], pages: list[int]) -> int:
+    def load(self, hashes: list[int], pages: list[int], prefix: Sequence[int] = ()) -> int:
         """Read the leading present blocks of ``hashes`` into ``pages``; verify every layer.
+        ``prefix`` is the chain before ``hashes`` (from its first block; held elsewhere,
+        e.g. in the engine's own cache).
 
         Returns how many leading blocks were loaded and verified. Pages past that count may
-        hold partial data and must be treated as not computed.
+        hold partial data and must be treated as not computed. The loaded blocks and their
+        ``prefix`` become the most recently used (a hit refreshes the whole chain it used).
         """
         t0 = time.perf_counter()
         loaded = self._read_blocks([self.keys.meta_key(h) for h in hashes], pages)
+        if self.evictor is not None and loaded:
+            used = [*prefix, *hashes[:loaded]]
+            self.evictor.touch(used, chain_parents(used, None))
         self.stats.hit_blocks += loaded
         self.stats.miss_blocks += len(hashes) - loaded
         self.stats.hit_tokens += loaded * self.layout.block_tokens
@@ -249,6 +257,8 @@ class KVPool:
         """Remove a block that failed verification so a writer can publish it again."""
         self.store.remove([meta_key, *self.keys.layer_keys(meta_key)])
         self.stats.healed_blocks += 1
+        if self.evictor is not None:
+            self.evictor.forget(meta_key)
 
     # -- request-scoped partial blocks ------------------------------------------------------
     def partial_block(self, request_id: str, page: int, num_tokens: int) -> PendingBlock:
@@ -302,3 +312,5 @@ class KVPool:
 
     def close(self) -> None:
         self.io.close()
+        if self.evictor is not None:
+            self.evictor.close()

@@ -703,6 +703,11 @@ class LoadReport(_message.Message):
     POOL_OUTAGES_FIELD_NUMBER: _builtins.int
     POOL_FORGED_BLOCKS_FIELD_NUMBER: _builtins.int
     POOL_CHECKSUM_FAILURES_FIELD_NUMBER: _builtins.int
+    POOL_EVICTED_BLOCKS_FIELD_NUMBER: _builtins.int
+    POOL_REFUSED_BLOCKS_FIELD_NUMBER: _builtins.int
+    POOL_ORPHANS_REMOVED_FIELD_NUMBER: _builtins.int
+    POOL_HEALED_BLOCKS_FIELD_NUMBER: _builtins.int
+    POOL_INDEX_ERRORS_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     draining: _builtins.bool
     waiting: _builtins.int
@@ -732,6 +737,18 @@ class LoadReport(_message.Message):
     """pool blocks refused: MAC missing or wrong (not ours)"""
     pool_checksum_failures: _builtins.int
     """pool blocks refused: a layer did not match its digest"""
+    pool_evicted_blocks: _builtins.int
+    """chain-aware eviction (kvpool.evictor), this worker's share
+    evicted for the budget (least recently used chain tails)
+    """
+    pool_refused_blocks: _builtins.int
+    """not written: they or their prefix were being evicted"""
+    pool_orphans_removed: _builtins.int
+    """written while another writer evicted them, then removed"""
+    pool_healed_blocks: _builtins.int
+    """removed because they failed verification"""
+    pool_index_errors: _builtins.int
+    """chain-index calls that failed (Redis unreachable)"""
     def __init__(
         self,
         *,
@@ -759,10 +776,15 @@ class LoadReport(_message.Message):
         pool_outages: _builtins.int = ...,
         pool_forged_blocks: _builtins.int = ...,
         pool_checksum_failures: _builtins.int = ...,
+        pool_evicted_blocks: _builtins.int = ...,
+        pool_refused_blocks: _builtins.int = ...,
+        pool_orphans_removed: _builtins.int = ...,
+        pool_healed_blocks: _builtins.int = ...,
+        pool_index_errors: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "draining", b"draining", "free_pages", b"free_pages", "kv_bytes_read", b"kv_bytes_read", "kv_bytes_written", b"kv_bytes_written", "kv_exposed_seconds", b"kv_exposed_seconds", "kv_read_seconds", b"kv_read_seconds", "kv_write_seconds", b"kv_write_seconds", "output_tokens", b"output_tokens", "pool_checksum_failures", b"pool_checksum_failures", "pool_connected", b"pool_connected", "pool_forged_blocks", b"pool_forged_blocks", "pool_outages", b"pool_outages", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prompt_tokens_computed", b"prompt_tokens_computed", "prompt_tokens_local", b"prompt_tokens_local", "prompt_tokens_pool", b"prompt_tokens_pool", "queued_prefill_tokens", b"queued_prefill_tokens", "requests", b"requests", "reserved", b"reserved", "role", b"role", "running", b"running", "total_pages", b"total_pages", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "draining", b"draining", "free_pages", b"free_pages", "kv_bytes_read", b"kv_bytes_read", "kv_bytes_written", b"kv_bytes_written", "kv_exposed_seconds", b"kv_exposed_seconds", "kv_read_seconds", b"kv_read_seconds", "kv_write_seconds", b"kv_write_seconds", "output_tokens", b"output_tokens", "pool_checksum_failures", b"pool_checksum_failures", "pool_connected", b"pool_connected", "pool_evicted_blocks", b"pool_evicted_blocks", "pool_forged_blocks", b"pool_forged_blocks", "pool_healed_blocks", b"pool_healed_blocks", "pool_index_errors", b"pool_index_errors", "pool_orphans_removed", b"pool_orphans_removed", "pool_outages", b"pool_outages", "pool_refused_blocks", b"pool_refused_blocks", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prompt_tokens_computed", b"prompt_tokens_computed", "prompt_tokens_local", b"prompt_tokens_local", "prompt_tokens_pool", b"prompt_tokens_pool", "queued_prefill_tokens", b"queued_prefill_tokens", "requests", b"requests", "reserved", b"reserved", "role", b"role", "running", b"running", "total_pages", b"total_pages", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from proto.limits import MAX_LEASE_S
 from router.auth import ApiKeys, parse_api_keys
@@ -67,8 +66,6 @@ class RouterConfig:
       hit (:class:`router.pool_lookup.PoolLookup`): the pool is a cache, and a frozen master
       must not hold up requests. The lookup is one batched RPC that answers in milliseconds;
       0.5 s bounds what a frozen master adds to a first token.
-    - ``master_metrics_url``: ``http://host:port/metrics`` of ``mooncake_master`` for the
-      pool figures of ``/v1/cache/stats``; empty = omit them.
     - ``controller``: run the P:D ratio controller (:mod:`router.controller`), which moves
       workers between the prefill and decode pools.
     - ``controller_interval_s``: how often the controller evaluates (5 s evaluations x
@@ -108,7 +105,6 @@ class RouterConfig:
     keep_alive_timeout_s: int = 5
     pool_lookup: bool = True
     pool_lookup_timeout_s: float = 0.5
-    master_metrics_url: str = ""
     controller: bool = False
     controller_interval_s: float = 5.0
     ratio: RatioConfig = field(
@@ -148,8 +144,6 @@ class RouterConfig:
                 f"tokenizer_dir {self.tokenizer_dir!r} has no tokenizer.json: point it at a "
                 "local Hugging Face model directory (the one the workers serve)"
             )
-        if self.master_metrics_url:
-            master_metrics_address(self.master_metrics_url)  # raises when malformed
         if not self.controller_interval_s > 0:
             raise ValueError("controller_interval_s must be positive (seconds)")
         _ = self.api_keys  # raises, without the key, when malformed
@@ -164,19 +158,3 @@ class RouterConfig:
     @property
     def reserve_lease_ms(self) -> int:
         return max(1, round(self.reserve_lease_s * 1000))
-
-
-def master_metrics_address(url: str) -> tuple[str, int]:
-    """``(host, port)`` of a ``http://host:port[/metrics]`` URL; raises ValueError else."""
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/", "/metrics"):
-        raise ValueError(
-            f"master_metrics_url must look like http://127.0.0.1:9003/metrics, got {url!r}"
-        )
-    try:
-        port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"master_metrics_url has a bad port: {url!r}") from exc
-    if port is None:
-        raise ValueError(f"master_metrics_url needs an explicit port, got {url!r}")
-    return parts.hostname, port

@@ -5,17 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kvpool.master import MasterConfig, master_stats
-from router.config import master_metrics_address
+from kvpool.master import master_stats_at
 
 
 async def pool_stats(metrics_url: str) -> dict[str, Any]:
     """Capacity, use, keys and evictions; ``{"error": ...}`` when the master cannot say."""
-    host, port = master_metrics_address(metrics_url)
     try:
-        stats = await asyncio.to_thread(
-            master_stats, MasterConfig(master_host=host, master_metrics_port=port)
-        )
+        stats = await asyncio.to_thread(master_stats_at, metrics_url)
     except Exception as exc:  # any failure to read or parse: report it, do not fail
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {

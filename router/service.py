@@ -77,6 +77,7 @@ class RouterService:
         self.telemetry = Telemetry(
             self.metrics, self.cache_stats, self.controller.record, self.latency
         )
+        self.pool_config = pool
         self.pool = PoolLookup(pool, cluster, router.pool_lookup, router.pool_lookup_timeout_s)
         self.kv_index = KVIndex(cluster, self.metrics.index.count_batch, self._on_reject_event)
         self.planner = Planner(router, self.view.live, self.pool, self.metrics, self.kv_index)

@@ -18,6 +18,7 @@ this layer turns them into pages:
 
 from __future__ import annotations
 
+from collections import abc
 from typing import NamedTuple, Protocol
 
 from kvpool.hashing import PrefixHasher
@@ -45,12 +46,13 @@ class RemotePrefix(Protocol):
     """A shared prefix cache beyond this engine (the KV pool): who to ask for more hits.
 
     ``lookup`` says how many leading blocks of a hash chain it has; ``load`` copies the
-    leading blocks into the given pages and returns how many it verified.
+    leading blocks into the given pages and returns how many it verified (``prefix``: the
+    chain's blocks before them, held here, which a hit refreshes too).
     """
 
     def lookup(self, hashes: list[int]) -> int: ...
 
-    def load(self, hashes: list[int], pages: list[int]) -> int: ...
+    def load(self, hashes: list[int], pages: list[int], prefix: abc.Sequence[int] = ()) -> int: ...
 
 
 class BlockManager:
@@ -199,7 +201,7 @@ class BlockManager:
         if n == 0:
             return 0
         pages = self.pool.allocate(n)
-        loaded = remote.load(wanted[:n], pages)
+        loaded = remote.load(wanted[:n], pages, hashes[:local])
         parents = [hashes[local - 1] if local else self.root(seq), *wanted]
         for h, parent, page in zip(wanted[:loaded], parents, pages, strict=False):
             self.pool.cache(page, h, parent)

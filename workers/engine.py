@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import time
 
+from kvpool.chain_index import ChainIndex
 from kvpool.config import PoolConfig
 from kvpool.keyring import Keyring
 from kvpool.landing import Landing
@@ -62,10 +63,14 @@ log = logging.getLogger(__name__)
 
 class Engine:
     def __init__(
-        self, config: EngineConfig, pool: PoolConfig | None = None, keyring: Keyring | None = None
+        self,
+        config: EngineConfig,
+        pool: PoolConfig | None = None,
+        keyring: Keyring | None = None,
+        index: ChainIndex | None = None,
     ) -> None:
         self.config = config
-        parts = load_parts(config, pool, keyring or Keyring())
+        parts = load_parts(config, pool, keyring or Keyring(), index)
         self.model_dir, self.dtype, self.device = parts.model_dir, parts.dtype, parts.device
         self.model_config, self.namespace = parts.model_config, parts.namespace
         self.hasher, self.tokenizer, self.runner = parts.hasher, parts.tokenizer, parts.runner

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
+from kvpool.evictor import EvictionStats
 from kvpool.pool import KVPool
 from workers.outputs import EngineStats
 from workers.scheduler import Scheduler
@@ -35,13 +36,17 @@ class EngineInfo:
 @dataclass(frozen=True)
 class PoolHealth:
     """The KV pool as one engine sees it: reachable now (``connected``: breaker closed and
-    the client healthy), breaker openings (``outages``), and blocks refused for a bad MAC
-    (``forged_blocks``) or digest (``checksum_failures``). All zero/False without a pool."""
+    the client healthy), breaker openings (``outages``), blocks refused for a bad MAC
+    (``forged_blocks``) or digest (``checksum_failures``), blocks removed for failing
+    verification (``healed_blocks``), and chain-aware eviction's counters
+    (:class:`kvpool.evictor.EvictionStats`). All zero/False without a pool."""
 
     connected: bool = False
     outages: int = 0
     forged_blocks: int = 0
     checksum_failures: int = 0
+    healed_blocks: int = 0
+    eviction: EvictionStats = field(default_factory=EvictionStats)
 
     @classmethod
     def of(cls, pool: KVPool | None) -> PoolHealth:
@@ -53,6 +58,8 @@ class PoolHealth:
             outages=pool.store.outages,
             forged_blocks=pool.stats.forged_blocks,
             checksum_failures=pool.stats.checksum_failures,
+            healed_blocks=pool.stats.healed_blocks,
+            eviction=replace(pool.evictor.stats) if pool.evictor else EvictionStats(),
         )
 
 

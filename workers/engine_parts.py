@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from kvpool.chain_index import ChainIndex
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace, PrefixHasher
 from kvpool.keyring import Keyring
@@ -71,8 +72,14 @@ class EngineParts:
         )
 
 
-def load_parts(config: EngineConfig, pool: PoolConfig | None, keyring: Keyring) -> EngineParts:
-    """Load and size everything ``config`` names (see the module docstring)."""
+def load_parts(
+    config: EngineConfig,
+    pool: PoolConfig | None,
+    keyring: Keyring,
+    index: ChainIndex | None = None,
+) -> EngineParts:
+    """Load and size everything ``config`` names (see the module docstring); ``index`` is
+    the pool's chain index (chain-aware eviction), if the cluster has one."""
     if config.threads:
         torch.set_num_threads(config.threads)
     model_dir = resolve_model_dir(config.model)
@@ -98,7 +105,8 @@ def load_parts(config: EngineConfig, pool: PoolConfig | None, keyring: Keyring) 
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     runner = ModelRunner(model, kv, rope, native=use_native(config), eos_token_ids=frozenset(eos))
-    joined = join_pool(pool, namespace, kv, config.dtype, keyring.pool_block) if pool else None
+    block_key = keyring.pool_block
+    joined = join_pool(pool, namespace, kv, config.dtype, block_key, index) if pool else None
     return EngineParts(
         model_dir=model_dir,
         dtype=dtype,

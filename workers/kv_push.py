@@ -274,9 +274,10 @@ class PushStepWrite(StepWrite):
             if pool.keys.request_key(lease.request_id) not in pushed:
                 pool.lease(lease.request_id, lease.expires)
         blocks = [block for block in self.write.blocks if block.meta_key not in pushed]
-        write = pool.begin_write(blocks)
+        indexed = self.write.indexed & {block.meta_key for block in blocks}
+        write = pool.begin_write(blocks, indexed)
         if isinstance(pool.io, DirectIO):  # what was pushed is not digested again
-            write = KnownSumsWrite(pool, blocks, self._known_sums())
+            write = KnownSumsWrite(pool, blocks, self._known_sums(), indexed)
         published = self.pusher.publish(write, self.in_flight, self.pins)
         if failed:  # the pool carries the KV of a push that failed: it must be there now
             published.result()
@@ -306,8 +307,14 @@ class KnownSumsWrite(BlockWrite):
     pushed, over the same pinned pages): their layers are put without being digested
     again; the others as usual."""
 
-    def __init__(self, pool: KVPool, blocks: list[PendingBlock], known: dict[str, list[bytes]]):
-        super().__init__(pool, blocks)
+    def __init__(
+        self,
+        pool: KVPool,
+        blocks: list[PendingBlock],
+        known: dict[str, list[bytes]],
+        indexed: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__(pool, blocks, indexed)
         self.known = known
 
     def write_layer(self, layer: int, after: object | None = None) -> None:

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from kvpool.block_write import BlockWrite, PendingBlock
+from kvpool.budget import PoolBudget
+from kvpool.chain_index import ChainIndex
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace
 from kvpool.landing import Lander, Landing
@@ -65,13 +67,20 @@ def staged(config: PoolConfig, kv: KVCache) -> bool:
 
 
 def join_pool(
-    config: PoolConfig, namespace: Namespace, kv: KVCache, dtype: str, block_key: bytes = b""
+    config: PoolConfig,
+    namespace: Namespace,
+    kv: KVCache,
+    dtype: str,
+    block_key: bytes = b"",
+    index: ChainIndex | None = None,
 ) -> KVPool | None:
     """Connect ``kv``'s slab to the shared pool, or ``None`` (logged) if it cannot be.
 
     A host-memory cache moves in place, one on a GPU through pinned staging slots, unless
     ``config.kv_staging`` says otherwise (:mod:`kvpool.span_io`). ``block_key``
-    (``proto.trust.derive(secret, POOL_BLOCK)``) MACs and checks its blocks."""
+    (``proto.trust.derive(secret, POOL_BLOCK)``) MACs and checks its blocks. With an
+    ``index`` and ``pool_eviction=chain``, the pool evicts chain-aware through it, within
+    ``pool_evict_at`` of the capacity the master reports (:mod:`kvpool.evictor`)."""
     try:
         store = MooncakeStore.connect(config)
     except PoolUnavailableError as exc:
@@ -85,11 +94,14 @@ def join_pool(
     writer = f"{socket.gethostname()}-{os.getpid()}-{id(kv):x}"
     try:
         ttl = config.pool_request_ttl_s
-        return KVPool(store, namespace, layout, memory, writer, ttl, block_key)
+        pool = KVPool(store, namespace, layout, memory, writer, ttl, block_key)
     except PoolUnavailableError as exc:  # registering the memory failed
         log.warning("running without the KV pool: %s", exc)
         store.close()
         return None
+    if index is not None and config.pool_eviction == "chain":
+        pool.evict_through(index, PoolBudget(config.metrics_url, config.pool_evict_at).start())
+    return pool
 
 
 @dataclass
@@ -167,11 +179,13 @@ class StepWrite:
 
 
 class WriteCandidate(NamedTuple):
-    """A full block a step may write to the pool: the ``page`` it is read from, and the
-    request that owns the write (``owner``: the first that names the block in the step)."""
+    """A full block a step may write to the pool: the ``page`` it is read from, the
+    request that owns the write (``owner``: the first that names the block in the step)
+    and the block it extends (``None``: its chain's first)."""
 
     page: int
     owner: str
+    parent: int | None
 
 
 class KVStreamer:
@@ -195,9 +209,10 @@ class KVStreamer:
         bt = self.blocks.block_tokens
         for seq, n in entries:
             named = self.blocks.upcoming(seq, n)
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
             if seq.handoff and seq.num_computed_tokens + n == seq.num_prompt_tokens:
                 full = zip(seq.block_hashes, seq.block_table, strict=False)
-                named = [NamedBlock(h, p) for h, p in full] + named
+                named, parent = [NamedBlock(h, p) for h, p in full] + named, None
                 if tail := seq.num_prompt_tokens % bt:
                     page = seq.block_table[seq.num_prompt_tokens // bt]
                     block = self.pool.partial_block(seq.request_id, page, tail)
@@ -206,15 +221,19 @@ class KVStreamer:
                     owners[seq.request_id] = 1
             for block_hash, page in named:
                 if self.pool.keys.meta_key(block_hash) not in self.in_flight:
-                    candidates.setdefault(block_hash, WriteCandidate(page, seq.request_id))
+                    candidates.setdefault(block_hash, WriteCandidate(page, seq.request_id, parent))
+                parent = block_hash
         hashes = list(candidates)
+        admitted = self.pool.admit(hashes, [candidates[h].parent for h in hashes])
         todo: list[PendingBlock] = []
-        for block_hash, missing in zip(hashes, self.pool.absent(hashes), strict=True):
-            if missing:
-                page, owner = candidates[block_hash]
+        absent = self.pool.absent(hashes)
+        for block_hash, missing, ok in zip(hashes, absent, admitted, strict=True):
+            if missing and ok:
+                page, owner, _ = candidates[block_hash]
                 todo.append(PendingBlock(self.pool.keys.meta_key(block_hash), page, {}))
                 owners[owner] = owners.get(owner, 0) + 1
-        write = self.pool.begin_write(todo + partials)
+        indexed = frozenset(block.meta_key for block in todo)
+        write = self.pool.begin_write(todo + partials, indexed)
         return StepWrite(write, self.executor, owners, leases, self.in_flight)
 
     def flush(self) -> None:
@@ -277,7 +296,7 @@ def pull_prompt(
     partial: int | None = None
     if landing is None:
         hashes, pages = [b.hash for b in named], [b.page for b in named]
-        loaded = pool.load(hashes, pages) if named else 0
+        loaded = pool.load(hashes, pages, seq.block_hashes) if named else 0
         if partial_page is not None and loaded == len(named):
             partial = pool.take_partial(seq.request_id, partial_page)
     else:

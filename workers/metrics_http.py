@@ -16,7 +16,11 @@ whatever the scrape job is called; a counter then continues under its new role's
   ``kvserve:kv_pages_total``, the measured ``kvserve:prefill_tokens_per_second`` and
   ``kvserve:decode_tokens_per_second``, and the pool's health: ``kvserve:pool_connected``,
   ``kvserve:pool_outages_total``, ``kvserve:pool_forged_blocks_total`` (blocks refused for
-  a missing or wrong MAC), ``kvserve:pool_checksum_failures_total``.
+  a missing or wrong MAC), ``kvserve:pool_checksum_failures_total``,
+  ``kvserve:pool_healed_blocks_total`` (removed for failing verification), and chain-aware
+  eviction's (:mod:`kvpool.evictor`): ``kvserve:pool_evicted_blocks_total``,
+  ``kvserve:pool_refused_blocks_total``, ``kvserve:pool_orphans_removed_total``,
+  ``kvserve:pool_index_errors_total``.
 
 Lifecycle: :func:`serve_metrics` starts the HTTP server on a daemon thread and returns it;
 each scrape calls ``sample()`` (bounded by its own timeout); ``server.shutdown()`` stops it.
@@ -74,6 +78,16 @@ COUNTERS: dict[str, tuple[str, Callable[[pb.LoadReport], float]]] = {
                                   lambda r: r.pool_forged_blocks),
     f"{OURS}pool_checksum_failures": ("Pool blocks refused: a layer failed its digest",
                                       lambda r: r.pool_checksum_failures),
+    f"{OURS}pool_evicted_blocks": ("Pool blocks evicted for the budget (chain tails, LRU)",
+                                   lambda r: r.pool_evicted_blocks),
+    f"{OURS}pool_refused_blocks": ("Pool blocks not written: they or a prefix were evicted",
+                                   lambda r: r.pool_refused_blocks),
+    f"{OURS}pool_orphans_removed": ("Pool blocks written while evicted elsewhere, removed",
+                                    lambda r: r.pool_orphans_removed),
+    f"{OURS}pool_healed_blocks": ("Pool blocks removed for failing verification",
+                                  lambda r: r.pool_healed_blocks),
+    f"{OURS}pool_index_errors": ("Pool chain-index calls that failed",
+                                 lambda r: r.pool_index_errors),
 }  # fmt: skip
 """Counter name (without ``_total``) -> (help, value of a load report)."""
 PREEMPTIONS = f"{VLLM}num_preemptions"

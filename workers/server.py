@@ -35,6 +35,7 @@ from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kvpool.chain_index import ChainIndex
 from kvpool.config import PoolConfig
 from proto import channels, worker_pb2_grpc
 from proto.registry import (
@@ -89,6 +90,17 @@ def make_record(worker: WorkerConfig, engine: Engine, address: str) -> WorkerRec
     )
 
 
+INDEX_TIMEOUT_S = 1.0
+"""The longest a chain-index call may hold the engine thread (a frozen Redis)."""
+
+
+def pool_index(cluster: ClusterConfig) -> ChainIndex:
+    """The pool's chain index in the cluster's Redis (chain-aware eviction), under the
+    cluster's key prefix."""
+    client = connect(cluster, INDEX_TIMEOUT_S, INDEX_TIMEOUT_S)
+    return ChainIndex(client, f"{cluster.cluster}:pool")
+
+
 def serve(
     worker: WorkerConfig, engine_config: EngineConfig, pool: PoolConfig, cluster: ClusterConfig
 ) -> int:
@@ -103,7 +115,8 @@ def serve(
     if engine_config.step_log_dir:  # one folder per starting role: costs differ by role
         folder = str(Path(engine_config.step_log_dir) / worker.role)
         engine_config = replace(engine_config, step_log_dir=folder)
-    engine = Engine(engine_config, pool if worker.use_pool else None, cluster.keyring)
+    index = pool_index(cluster) if worker.use_pool and pool.pool_eviction == "chain" else None
+    engine = Engine(engine_config, pool if worker.use_pool else None, cluster.keyring, index)
     try:
         if worker.role != "mixed" and not engine.info.pool_attached:
             log.error("the %s role needs the KV pool, which could not be joined", worker.role)

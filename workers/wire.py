@@ -146,4 +146,9 @@ def load_report(load: EngineLoad, role: str, draining: bool) -> pb.LoadReport:
         pool_outages=load.pool.outages,
         pool_forged_blocks=load.pool.forged_blocks,
         pool_checksum_failures=load.pool.checksum_failures,
+        pool_evicted_blocks=load.pool.eviction.evicted_blocks,
+        pool_refused_blocks=load.pool.eviction.refused_blocks,
+        pool_orphans_removed=load.pool.eviction.orphans_removed,
+        pool_healed_blocks=load.pool.healed_blocks,
+        pool_index_errors=load.pool.eviction.index_errors,
     )

@@ -1,8 +1,9 @@
 """The plots of ``kvserve bench trace --out DIR``, drawn from its result rows (the
 ``results`` of its JSON, so a saved run can be drawn again without replaying the trace):
 
-- ``hit_rate_vs_capacity.png``: the offline LRU's and the real pool's prefix hit rate
-  against the capacity (``capacity`` rows);
+- ``hit_rate_vs_capacity.png``: the offline LRU's, the offline leaf-first LRU's and the
+  real pool's prefix hit rates (with each eviction replayed) against the capacity
+  (``capacity`` rows);
 - ``local_vs_shared.png``: at the largest capacity C of the cluster replay (``cluster``
   rows), one bar per router policy for each worker count N, the hit rate of N local caches
   of C/N blocks, against one horizontal line for the shared pool of C blocks (the shared
@@ -39,12 +40,18 @@ def plot(rows: Sequence[Row], out: Path) -> list[Path]:
 
 
 def hit_rate_vs_capacity(caps: Sequence[Row], out: Path) -> Path:
-    """The LRU's (and, where every row has it, the pool's) hit rate against capacity."""
+    """The LRU's (and, where every row has them, the leaf-first LRU's and each pool
+    replay's) hit rate against capacity."""
     fig, ax = pyplot().subplots(figsize=(6, 4))
     xs = [r["capacity_blocks"] for r in caps]
     ax.plot(xs, [r["lru"]["token_hit_rate"] for r in caps], "o-", label="offline LRU")
-    if caps and all("pool" in r for r in caps):
-        ax.plot(xs, [r["pool"]["token_hit_rate"] for r in caps], "s-", label="Mooncake pool")
+    for name, style, label in (
+        ("leaf_lru", "x:", "offline leaf-first LRU"),
+        ("pool", "s-", "pool, master's eviction"),
+        ("pool_chain", "d-", "pool, chain-aware eviction"),
+    ):
+        if caps and all(name in r for r in caps):  # (a run saved before it existed lacks it)
+            ax.plot(xs, [r[name]["token_hit_rate"] for r in caps], style, label=label)
     ax.set(xscale="log", xlabel="capacity (blocks)", ylabel="prefix hit rate (tokens)")
     ax.legend()
     return save(fig, out / "hit_rate_vs_capacity.png")

@@ -20,25 +20,37 @@ Lifecycle of :func:`pool_replay` (one call per capacity, nothing shared between 
    missing after ``put_retries`` retries are counted as ``put_failed_blocks``;
 4. read the master's counters (``kvpool.master.master_stats``), leave the pool, stop the
    master.
+
+With ``eviction="chain"`` the replay evicts as kvserve's writers do
+(:mod:`kvpool.evictor`): a Redis runs next to the master for the chain index; each
+request's hits refresh their blocks in it, and its new blocks are claimed there before
+they are put, which evicts the least recently used chain tails beyond a budget of exactly
+``capacity`` blocks. The segment is sized so that budget is ``evict_at`` of it (the
+master's own eviction, from its higher watermark, never has to start).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kvpool.config import PoolConfig
+from kvpool.chain_index import ChainIndex
+from kvpool.config import EVICTION, PoolConfig
+from kvpool.evictor import ChainEvictor, chain_parents
 from kvpool.keys import KeySpace, longest_prefix
 from kvpool.master import MasterConfig, MasterStats, master_stats
 from kvpool.net import free_local_ports
 from kvpool.store import MooncakeStore
 from kvserve.bench.tracesim import TRACE_NAMESPACE, HitCount, TraceRequest
 from kvserve.cluster.pool import MasterProcess
+from kvserve.cluster.redis import RedisConfig, RedisProcess
+from proto.registry import connect
 
 MIN_SEGMENT_MIB = 16
 """The smallest segment the pool accepted on these machines."""
@@ -46,9 +58,10 @@ MIN_SEGMENT_MIB = 16
 FIRST_BACKOFF_S = 0.005
 
 
-def segment_mib(capacity: int, objects_per_block: int, block_bytes: int) -> int:
-    """MiB of pool segment that holds ``capacity`` blocks (at least the pool's minimum)."""
-    need = capacity * objects_per_block * block_bytes
+def segment_mib(capacity: int, objects_per_block: int, block_bytes: int, fill: float = 1.0) -> int:
+    """MiB of pool segment whose share ``fill`` holds ``capacity`` blocks (at least the
+    pool's minimum)."""
+    need = int(capacity * objects_per_block * block_bytes / fill + 0.5)
     return max(MIN_SEGMENT_MIB, -(-need // (1 << 20)))
 
 
@@ -61,10 +74,16 @@ class PoolReplaySettings:
     eviction_high_watermark: float = 0.9
     eviction_ratio: float = 0.05
     put_retries: int = 5
+    eviction: str = "master"
+    evict_at: float = 0.85
 
     def __post_init__(self) -> None:
         if self.block_bytes < 1 or self.layers < 0 or self.put_retries < 0:
             raise ValueError("block_bytes must be positive, layers and put_retries >= 0")
+        if self.eviction not in EVICTION:
+            raise ValueError(f"eviction must be one of {EVICTION}, got {self.eviction!r}")
+        if not 0 < self.evict_at < self.eviction_high_watermark:
+            raise ValueError("evict_at must be in (0, eviction_high_watermark)")
         MasterConfig(
             master_eviction_high_watermark=self.eviction_high_watermark,
             master_eviction_ratio=self.eviction_ratio,
@@ -86,10 +105,13 @@ class PoolReplay:
     put_retries: int = 0
     put_failed_blocks: int = 0
     seconds: float = 0.0
+    chain: dict[str, int] | None = None
+    """With chain eviction: its counters (evictions, refusals, the most blocks indexed)."""
 
     def row(self, settings: PoolReplaySettings) -> dict[str, Any]:
         per_block = settings.objects_per_block * settings.block_bytes
         return {
+            "eviction": settings.eviction,
             **self.hits.row(),
             "segment_mib": self.segment_mib,
             "pool_capacity_blocks": self.stats.capacity_bytes // per_block,
@@ -100,6 +122,7 @@ class PoolReplay:
             "master_evicted_keys": self.stats.evicted_keys,
             "master_evicted_bytes": self.stats.evicted_bytes,
             "seconds": round(self.seconds, 2),
+            **({"chain": self.chain} if self.chain is not None else {}),
         }
 
 
@@ -132,14 +155,38 @@ class _Writer:
                 break
         return set(pending)
 
-    def put_blocks(self, keys: KeySpace, hashes: Sequence[int]) -> int:
-        """Layers first, then the meta of each block whose layers all landed; returns how
-        many blocks are still not present."""
+    def put_blocks(self, keys: KeySpace, hashes: Sequence[int]) -> list[int]:
+        """Layers first, then the meta of each block whose layers all landed; returns the
+        blocks still not present."""
         metas = [keys.meta_key(h) for h in hashes]
         layer_failed = self.put([k for m in metas for k in keys.layer_keys(m)])
         whole = [m for m in metas if not any(k in layer_failed for k in keys.layer_keys(m))]
-        meta_failed = self.put(whole)
-        return len(metas) - len(whole) + len(meta_failed)
+        present = set(whole) - self.put(whole)
+        return [h for h, m in zip(hashes, metas, strict=True) if m not in present]
+
+
+@contextmanager
+def _chain_evictor(
+    settings: PoolReplaySettings,
+    capacity: int,
+    store: MooncakeStore,
+    keys: KeySpace,
+    log_dir: Path,
+) -> Iterator[ChainEvictor | None]:
+    """A chain evictor over a fresh Redis with a budget of ``capacity`` blocks (``None``
+    with the master's eviction)."""
+    if settings.eviction != "chain":
+        yield None
+        return
+    (port,) = free_local_ports(1)
+    per_block = settings.objects_per_block * settings.block_bytes
+    with RedisProcess(RedisConfig(port=port), log_dir / f"redis-trace-{capacity}-{port}.log") as r:
+        client = connect(r.cluster_config, socket_timeout=30)
+        try:
+            index = ChainIndex(client, "trace")
+            yield ChainEvictor(index, store, keys, per_block, lambda: capacity * per_block)
+        finally:
+            client.close()
 
 
 def pool_replay(
@@ -160,7 +207,8 @@ def pool_replay(
         master_eviction_high_watermark=settings.eviction_high_watermark,
         master_eviction_ratio=settings.eviction_ratio,
     )
-    mib = segment_mib(capacity, settings.objects_per_block, settings.block_bytes)
+    fill = settings.evict_at if settings.eviction == "chain" else 1.0
+    mib = segment_mib(capacity, settings.objects_per_block, settings.block_bytes, fill)
     longest = max((len(c) for c in chains), default=1)
     hits = HitCount()
     with MasterProcess(cfg, log_dir / f"mooncake_master-trace-{capacity}-{rpc}.log"):
@@ -176,15 +224,45 @@ def pool_replay(
         store.register(buf.ctypes.data, buf.nbytes)
         writer = _Writer(store, buf, settings)
         failed = 0
+        peak = 0
         t0 = time.perf_counter()
         try:
-            for request, chain in zip(requests, chains, strict=True):
-                hit = longest_prefix(store, keys, list(chain))
-                hits.add(request, hit)
-                failed += writer.put_blocks(keys, chain[hit:])
+            with _chain_evictor(settings, capacity, store, keys, log_dir) as evictor:
+                for request, chain in zip(requests, chains, strict=True):
+                    hit = longest_prefix(store, keys, list(chain))
+                    hits.add(request, hit)
+                    todo = list(chain[hit:])
+                    if evictor is None:
+                        failed += len(writer.put_blocks(keys, todo))
+                        continue
+                    evictor.touch(chain[:hit], chain_parents(chain[:hit], None))
+                    parents = chain_parents(todo, chain[hit - 1] if hit else None)
+                    admitted = evictor.admit(todo, parents)
+                    todo = todo[: admitted.index(False) if False in admitted else len(todo)]
+                    missing = writer.put_blocks(keys, todo)
+                    evictor.settle(
+                        [keys.meta_key(h) for h in todo if h not in missing],
+                        [keys.meta_key(h) for h in missing],
+                    )
+                    failed += len(missing)
+                    peak = max(peak, evictor.index.stats().blocks)
+                chain_row = _chain_row(evictor, peak, capacity) if evictor else None
             seconds = time.perf_counter() - t0
             stats = master_stats(cfg)
         finally:
             store.unregister(buf.ctypes.data)
             store.close()
-    return PoolReplay(hits, mib, stats, writer.objects, writer.retries, failed, seconds)
+    return PoolReplay(hits, mib, stats, writer.objects, writer.retries, failed, seconds, chain_row)
+
+
+def _chain_row(evictor: ChainEvictor, peak: int, capacity: int) -> dict[str, int]:
+    index = evictor.index.stats()
+    return {
+        "budget_blocks": capacity,
+        "peak_indexed_blocks": peak,
+        "indexed_blocks_end": index.blocks,
+        "evicted_blocks": evictor.stats.evicted_blocks,
+        "refused_blocks": evictor.stats.refused_blocks,
+        "orphans_removed": evictor.stats.orphans_removed,
+        "forgotten_blocks": index.forgotten,
+    }

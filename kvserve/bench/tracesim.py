@@ -30,7 +30,7 @@ from typing import Any
 from kvpool.hashing import Namespace, PrefixHasher
 from kvserve.loadgen import mooncake_trace
 from kvserve.loadgen.mooncake_trace import TraceEntry
-from kvserve.sim.lru import LRUCache, leading
+from kvserve.sim.lru import LeafFirstLRU, LRUCache, leading
 
 BLOCK_TOKENS = 512
 """Tokens per trace block (the Mooncake trace's fixed block size)."""
@@ -115,11 +115,15 @@ class HitCount:
 
 
 def lru_replay(
-    requests: Sequence[TraceRequest], chains: Sequence[Sequence[int]], capacity: int
-) -> tuple[HitCount, LRUCache]:
-    """Offline LRU of ``capacity`` blocks over the trace in order: count leading hits, then
-    touch every block of the request. Returns the counts and the final cache."""
-    cache = LRUCache(capacity)
+    requests: Sequence[TraceRequest],
+    chains: Sequence[Sequence[int]],
+    capacity: int,
+    leaf_first: bool = False,
+) -> tuple[HitCount, LRUCache | LeafFirstLRU]:
+    """Offline LRU of ``capacity`` blocks over the trace in order (``leaf_first``: evicting
+    only chain tails, :class:`LeafFirstLRU`): count leading hits, then touch every block of
+    the request. Returns the counts and the final cache."""
+    cache = LeafFirstLRU(capacity) if leaf_first else LRUCache(capacity)
     count = HitCount()
     for request, chain in zip(requests, chains, strict=True):
         count.add(request, leading(chain, cache.__contains__))

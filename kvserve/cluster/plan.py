@@ -158,7 +158,6 @@ def _router_plan(spec: ClusterSpec) -> ProcessPlan:
     argv += ["--router-port", str(spec.router_port), *config_argv(spec.cluster_config)]
     if spec.use_pool:
         argv += config_argv(spec.pool_config("router"))
-        argv += ["--master-metrics-url", spec.pool_master.metrics_url]
     else:
         argv += ["--no-pool-lookup"]
     if spec.policy:

@@ -261,6 +261,7 @@ class ClusterSpec:
             self.pool,
             pool_master=self.pool_master.rpc_address,
             pool_metadata_server=self.pool_master.metadata_url,
+            master_metrics_url=self.pool_master.metrics_url,
             pool_local_hostname=self.host_of(name) if name in self.hosts else LOOPBACK,
         )
 

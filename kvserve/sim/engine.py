@@ -20,6 +20,7 @@ Lifecycle of a :class:`SimEngine` (driven by :class:`kvserve.sim.cluster.SimClus
 from __future__ import annotations
 
 import zlib
+from collections import abc
 from dataclasses import dataclass, field
 
 from kvpool.hashing import Namespace, PrefixHasher
@@ -117,7 +118,7 @@ class PoolClient:
     def lookup(self, hashes: list[int]) -> int:
         return self.pool.leading(hashes)
 
-    def load(self, hashes: list[int], pages: list[int]) -> int:
+    def load(self, hashes: list[int], pages: list[int], prefix: abc.Sequence[int] = ()) -> int:
         n = min(self.pool.leading(hashes), len(pages))
         self.pool.add(hashes[:n])
         self.loaded_blocks += n

@@ -41,8 +41,8 @@ def ops_routes(service: RouterService, secured: bool) -> APIRouter:
     async def cache_stats() -> dict[str, Any]:
         out = service.cache_stats.report()
         out["pool_lookup"] = {"enabled": config.pool_lookup, "connected": service.pool.connected}
-        if config.master_metrics_url:
-            out["pool"] = await pool_stats(config.master_metrics_url)
+        if service.pool_config.master_metrics_url:
+            out["pool"] = await pool_stats(service.pool_config.master_metrics_url)
         return out
 
     @routes.get("/v1/status", responses=reads)

@@ -41,6 +41,7 @@ def pool_config(master: MasterConfig, segment_mib: int = 64) -> PoolConfig:
     return PoolConfig(
         pool_master=master.rpc_address,
         pool_metadata_server=master.metadata_url,
+        master_metrics_url=master.metrics_url,
         pool_segment_mib=segment_mib,
         pool_local_buffer_mib=16,
         kv_staging=STAGING,

@@ -58,6 +58,26 @@ def test_small_pool_evicts_and_hits_no_more_than_unbounded(
     assert replay.stats.key_count <= 2 * 128
 
 
+def test_chain_eviction_is_exactly_the_leaf_first_lru(
+    head: tuple[list[TraceRequest], list[list[int]]], tmp_path: Path
+) -> None:
+    requests, chains = head
+    capacity = 150  # about a tenth of the blocks: evictions all along
+    settings = PoolReplaySettings(block_bytes=4096, eviction="chain")
+    replay = pool_replay(requests, chains, capacity, settings, tmp_path)
+    leaf, _ = lru_replay(requests, chains, capacity, leaf_first=True)
+    lru, _ = lru_replay(requests, chains, capacity)
+    assert replay.hits == leaf  # the same blocks, request by request in sum
+    assert replay.hits.hit_tokens >= lru.hit_tokens > 0
+    assert replay.put_failed_blocks == 0 and replay.stats.evicted_keys == 0  # not the master
+    assert replay.chain is not None
+    assert replay.chain["budget_blocks"] == capacity
+    longest = max(map(len, chains))  # a claim never evicts its own blocks
+    assert capacity <= replay.chain["peak_indexed_blocks"] <= capacity + longest
+    assert replay.chain["evicted_blocks"] > 0
+    assert replay.stats.key_count == replay.chain["indexed_blocks_end"]
+
+
 def test_cli_prints_one_json_object(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     trace.add_arguments(parser)
@@ -71,7 +91,10 @@ def test_cli_prints_one_json_object(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert out["bench"] == "trace" and out["conditions"]["requests"] == 60
     sections = [r["section"] for r in out["results"]]
     assert sections == ["ceiling", "capacity", "capacity"] + ["cluster"] * 12
-    top = out["results"][2]
-    assert top["pool"]["token_hit_rate"] == top["lru"]["token_hit_rate"]
-    assert out["headline"]["ratio"] == 1.0
-    assert out["headline"]["capacity_blocks"] == 20000
+    small, top = out["results"][1:3]
+    for name in ("pool", "pool_chain", "leaf_lru"):
+        assert top[name]["token_hit_rate"] == top["lru"]["token_hit_rate"]  # nothing evicted
+    assert small["pool_chain"]["token_hit_rate"] == small["leaf_lru"]["token_hit_rate"]
+    assert out["headline"]["pool"] == "pool_chain"
+    worst = min(small["pool_chain_vs_lru_tokens"], top["pool_chain_vs_lru_tokens"])
+    assert out["headline"]["ratio"] == worst

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from kvpool.master import MasterConfig
+from kvpool.budget import PoolBudget
+from kvpool.chain_index import ChainIndex
+from kvpool.config import PoolConfig
+from kvpool.master import MasterConfig, master_stats
+from kvpool.net import free_local_ports
+from kvserve.cluster.redis import RedisConfig, RedisProcess
+from proto.registry import connect
 from tests.integration.pool_fixtures import pool_config, running_master
 from tests.integration.reference import hf_greedy
 from tests.staging import STAGING
@@ -121,3 +128,64 @@ def test_kv_crosses_engines_in_separate_processes_bit_exact(
         if writer.stdin:
             writer.stdin.close()
         writer.wait(60)
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[ChainIndex]:
+    (port,) = free_local_ports(1)
+    with RedisProcess(RedisConfig(port=port), tmp_path / "redis.log") as server:
+        client = connect(server.cluster_config, socket_timeout=5)
+        yield ChainIndex(client, "engines:pool")
+        client.close()
+
+
+def test_an_engine_with_the_index_evicts_within_the_masters_capacity(
+    tiny_model_dir: Path, master: MasterConfig, index: ChainIndex
+) -> None:
+    config = EngineConfig(model=str(tiny_model_dir), block_tokens=16, kv_cache_mib=32)
+    engine = Engine(config, pool_config(master), None, index)
+    try:
+        assert engine.pool is not None and engine.pool.evictor is not None
+        budget = engine.pool.evictor.budget
+        assert isinstance(budget, PoolBudget) and budget.url == master.metrics_url
+        budget.refresh()
+        capacity = master_stats(master).capacity_bytes
+        assert capacity > 0 and budget() == int(capacity * PoolConfig().pool_evict_at)
+    finally:
+        engine.close()
+
+
+def test_engines_evicting_chain_aware_stay_exact(
+    tiny_model_dir: Path, master: MasterConfig, index: ChainIndex
+) -> None:
+    rng = random.Random(23)
+    shared = [rng.randrange(49152) for _ in range(48)]  # three blocks every prompt shares
+    prompts = [[*shared, *(rng.randrange(49152) for _ in range(50))] for _ in range(4)]
+    a = pooled_engine(tiny_model_dir, master)
+    b = pooled_engine(tiny_model_dir, master)
+    try:
+        for engine in (a, b):
+            assert engine.pool is not None
+            engine.pool.evict_through(index, functools.partial(int, 8 * engine.pool.block_bytes))
+        for prompt in prompts:  # 6 full blocks each: every prompt evicts older tails
+            a.generate([prompt], GREEDY)
+        assert a.pool is not None and a.pool.evictor is not None
+        assert a.pool.evictor.stats.evicted_blocks > 0
+        indexed = index.blocks()
+        for block in indexed:  # no block without its parent
+            parent = index.parent_of(block)
+            assert parent == "" or parent in indexed
+        assert len(indexed) <= 8 + 6
+        keys = a.pool.keys
+        prefix = [keys.meta_key(h) for h in a.hasher.chain(shared, 16)]
+        assert set(prefix) <= set(indexed)  # every chain extends it: never a leaf
+        assert a.pool.lookup(a.hasher.chain(prompts[0], 16)) == 3  # its own tail went first
+        (out,) = b.generate([prompts[-1]], GREEDY)  # the newest chain is whole in the pool
+        assert out.num_pool_tokens == 96
+        assert out.output_token_ids == hf_greedy(tiny_model_dir, prompts[-1], GREEDY.max_tokens)
+        (out,) = b.generate([prompts[0]], GREEDY)  # its tail was evicted, the prefix kept
+        assert (out.num_cached_tokens, out.num_pool_tokens) == (48, 0)  # the prefix is local
+        assert out.output_token_ids == hf_greedy(tiny_model_dir, prompts[0], GREEDY.max_tokens)
+    finally:
+        a.close()
+        b.close()

@@ -87,8 +87,10 @@ def test_two_cores_one_prefill_one_decode_pins_one_core_each() -> None:
     assert not plan.shared_cores and plan.notes == ()
     router = ["py", "-m", "kvserve", "router", "--router-host", "127.0.0.1"]
     router += ["--router-port", "8000", *REGISTRY, *config_argv(spec().pool_config("router"))]
-    router += ["--master-metrics-url", "http://127.0.0.1:9003/metrics", "--tokenizer-dir", "/m"]
+    router += ["--tokenizer-dir", "/m"]
     assert list(plan.router.argv) == router
+    for process in (plan.router, decode):  # the pool settings say where the master's metrics are
+        assert flag(process.argv, "--master-metrics-url") == "http://127.0.0.1:9003/metrics"
     assert plan.router.cores == () and plan.router.port == 8000
 
 

@@ -214,7 +214,8 @@ def test_prometheus_scrapes_every_component_where_it_serves_metrics(
     for job in yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]:  # no role by job
         assert not job.get("relabel_configs") and not job.get("metric_relabel_configs")
         assert all(not s.get("labels") for s in job.get("static_configs", []))
-    assert router.master_metrics_url == f"http://master:{master.master_metrics_port}/metrics"
+    router_pool = config_from_args(PoolConfig, parse(SERVICES["router"], monkeypatch))
+    assert router_pool.master_metrics_url == f"http://master:{master.master_metrics_port}/metrics"
     jobs = yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]
     (job,) = (j for j in jobs if j["job_name"] == "router")
     assert job["authorization"]["type"] == "Bearer"

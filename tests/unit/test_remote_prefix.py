@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import abc
+
 from kvpool.hashing import Namespace, PrefixHasher
 from proto.kv_events import Stored
 from workers.block_manager import BlockManager
@@ -19,6 +21,7 @@ class FakePool:
         self.hashes = hashes
         self.bad_from = bad_from
         self.loads: list[tuple[list[int], list[int]]] = []
+        self.prefixes: list[list[int]] = []
 
     def lookup(self, hashes: list[int]) -> int:
         n = 0
@@ -28,8 +31,9 @@ class FakePool:
             n += 1
         return n
 
-    def load(self, hashes: list[int], pages: list[int]) -> int:
+    def load(self, hashes: list[int], pages: list[int], prefix: abc.Sequence[int] = ()) -> int:
         self.loads.append((list(hashes), list(pages)))
+        self.prefixes.append(list(prefix))
         return len(hashes) if self.bad_from is None else min(self.bad_from, len(hashes))
 
 
@@ -62,6 +66,7 @@ def test_pull_starts_after_local_hits_and_stops_at_a_failed_block() -> None:
     s = seq(tokens)
     assert bm.pull_remote(s, remote) == 1
     assert remote.loads[0][0] == chain[1:4]  # block 0 was a local hit: not asked for
+    assert remote.prefixes == [chain[:1]]  # but named, so a hit refreshes the whole chain
     assert [len(p) for p in bm.match_prefix(s)] == [2, 2]
     # the pulled block is logged with its parent, the local hit before it
     assert bm.pool.take_events() == [

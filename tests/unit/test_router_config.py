@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from kvpool.config import PoolConfig
+from kvpool.master import master_metrics_address
 from kvserve.settings import add_config_args, config_from_args
-from router.config import RouterConfig, master_metrics_address
+from router.config import RouterConfig
 from router.ratio import RatioConfig
 
 
@@ -22,8 +24,6 @@ from router.ratio import RatioConfig
         ({"request_timeout_s": -1.0}, "request_timeout_s"),
         ({"max_body_bytes": 10}, "max_body_bytes"),
         ({"tokenizer_dir": "/nonexistent"}, "no tokenizer.json"),
-        ({"master_metrics_url": "127.0.0.1:9003"}, "master_metrics_url"),
-        ({"master_metrics_url": "http://127.0.0.1/metrics"}, "explicit port"),
         ({"controller_interval_s": 0.0}, "controller_interval_s"),
         ({"admission_ttft_s": -1.0}, "admission_ttft_s"),
         ({"admission_ttft_s": float("nan")}, "admission_ttft_s"),
@@ -33,6 +33,16 @@ from router.ratio import RatioConfig
 def test_rejects_bad_values(fields: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         RouterConfig(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [("127.0.0.1:9003", "master_metrics_url"), ("http://127.0.0.1/metrics", "explicit port")],
+)
+def test_the_master_metrics_url_is_checked(url: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PoolConfig(master_metrics_url=url)
+    assert PoolConfig(pool_master="10.0.0.9:50051").metrics_url == "http://10.0.0.9:9003/metrics"
 
 
 def test_defaults_and_helpers(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from kvserve.bench.tracesim import (
     parse_trace,
 )
 from kvserve.loadgen.mooncake_trace import SHIPPED
-from kvserve.sim.lru import LRUCache
+from kvserve.sim.lru import LeafFirstLRU, LRUCache
 from router.conductor import LocalityWeights
 
 
@@ -115,6 +115,39 @@ def test_lru_cache_evicts_least_recent_and_counts() -> None:
     assert (len(cache), cache.evictions) == (2, 1)
     with pytest.raises(ValueError):
         LRUCache(0)
+
+
+def test_leaf_first_lru_evicts_chain_tails_never_a_prefix_of_a_cached_block() -> None:
+    cache = LeafFirstLRU(4)
+    cache.touch([1, 2, 3])
+    cache.touch([1, 4])  # 1 refreshed, but it has children: the oldest leaf is 3
+    cache.touch([5])
+    assert [h in cache for h in range(1, 7)] == [True, True, False, True, True, False]
+    assert cache.evictions == 1
+    cache.touch([6])  # now 2 is a leaf with its old tick: it goes, not 1
+    assert [h in cache for h in range(1, 7)] == [True, False, False, True, True, True]
+    plain = LRUCache(4)  # the plain LRU drops the root first, stranding its chain
+    plain.touch([1, 2, 3])
+    plain.touch([7, 8])
+    assert 1 not in plain and 2 in plain
+    with pytest.raises(ValueError):
+        LeafFirstLRU(0)
+
+
+def test_leaf_first_lru_never_evicts_the_chain_it_is_touching() -> None:
+    cache = LeafFirstLRU(2)
+    cache.touch([1, 2, 3])  # longer than the capacity: held whole until the next touch
+    assert len(cache) == 3
+    cache.touch([9])
+    assert [h in cache for h in (1, 2, 3, 9)] == [True, False, False, True]  # tail first
+
+
+def test_leaf_first_replay_hits_at_least_what_the_lru_hits_here() -> None:
+    trace = [req([1, 2, 3]), req([4, 5]), req([1, 2, 6]), req([1, 2, 3])]
+    chains = [block_chain(r.hash_ids) for r in trace]
+    lru, _ = lru_replay(trace, chains, 4)
+    leaf, _ = lru_replay(trace, chains, 4, leaf_first=True)
+    assert (lru.hit_blocks, leaf.hit_blocks) == (2, 4)
 
 
 # -- local caches vs shared, under the router's policies ---------------------------------------
