@@ -45,6 +45,10 @@ from workers.engine import Engine
 from workers.sequence import SamplingParams
 
 MODES = ("after", "streaming", "push")
+LEASE_S = 3600.0
+"""The decode reservation's lease here: longer than any prefill measured (an 8k-token
+SmolLM2 prefill takes over a minute on one CPU core), so no landing or push is cut short
+by it (a push stops at its target's lease, a landing at its reservation's)."""
 
 
 def _engines(
@@ -100,7 +104,7 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
                         prompt = [rng.randrange(vocab) for _ in range(length)]
                         prefill, decode = engines[mode]
                         rid, push = f"{mode}-{rep}-{length}", mode == "push"
-                        run = handoff(prefill, decode, rid, prompt, params, push=push)
+                        run = handoff(prefill, decode, rid, prompt, params, LEASE_S, push=push)
                         rows.append(_row(mode, length, run))
                         log(f"rep {rep} {mode:9s} {length:5d} tokens: {rows[-1]}")
         finally:
