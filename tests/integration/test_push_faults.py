@@ -20,6 +20,7 @@ import pytest
 from kvpool.config import PoolConfig
 from kvserve.cluster import faults
 from kvserve.cluster.launch import Cluster
+from tests.integration.pool_member import listening
 from tests.integration.reference import hf_greedy
 from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
 
@@ -56,12 +57,20 @@ def token_ids(client: openai.OpenAI, prompt: list[int], n: int) -> list[int]:
 def test_pushed_prompts_decode_exactly(
     client: openai.OpenAI, cluster: Cluster, tiny_model_dir: Path
 ) -> None:
+    """Also: the prefill worker's push engine (started by its first push) listens on the
+    worker's pool address only, like its pool client (:mod:`kvpool.confine`)."""
+    pid = cluster.process("prefill-0").pid
+    assert pid is not None
+    before = listening(pid)
     pushed = faults.router_metric(cluster, HANDOFFS, path="push")
     for length, seed in ((9, 1), (48, 2), (301, 3)):  # partial only, aligned, several chunks
         prompt = prompt_of(length, seed)
         assert token_ids(client, prompt, 8) == hf_greedy(tiny_model_dir, prompt, 8)
     assert faults.router_metric(cluster, HANDOFFS, path="push") == pushed + 3
     assert faults.wait_idle(cluster) == dict.fromkeys(cluster.worker_names, 0)
+    after = listening(pid)
+    assert len(after) > len(before), "the push engine opens listeners of its own"
+    assert set(after) <= {"127.0.0.1", "::ffff:127.0.0.1"}, after
 
 
 def reserving_decoder(cluster: Cluster, timeout: float = 30.0) -> str:
