@@ -7,6 +7,7 @@ Fields are flags and ``KVSERVE_*`` environment variables through :mod:`kvserve.s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import PurePath
 
 PROTOCOLS = ("tcp", "rdma")
 STAGING = ("auto", "always", "never")
@@ -32,6 +33,10 @@ class PoolConfig:
       without one, a warning and every interface).
     - ``pool_segment_mib``: memory this process contributes to the pool.
     - ``pool_local_buffer_mib``: the client's own transfer buffer.
+    - ``pool_ssd_dir``: the pool's second tier, Mooncake's own SSD offload
+      (:mod:`kvpool.tiers`): an absolute directory where this member keeps offloaded
+      copies of the objects in its segment (created when joining if missing; the
+      master needs ``master_enable_offload``). Empty (default): DRAM only.
     - ``pool_request_ttl_s``: lifetime of request-scoped objects (partial last blocks)
       that nobody collected.
     - ``kv_staging``: how KV moves between the KV cache and the pool
@@ -54,6 +59,7 @@ class PoolConfig:
     pool_segment_mib: int = 512
     pool_local_buffer_mib: int = 64
     pool_request_ttl_s: float = 60.0
+    pool_ssd_dir: str = ""
     kv_staging: str = field(default="auto", metadata={"choices": STAGING})
     kv_staging_mib: int = 64
 
@@ -68,6 +74,11 @@ class PoolConfig:
             raise ValueError("pool_segment_mib must be >= 0 and pool_local_buffer_mib >= 1")
         if self.pool_request_ttl_s <= 0:
             raise ValueError("pool_request_ttl_s must be positive")
+        ssd = PurePath(self.pool_ssd_dir)
+        if self.pool_ssd_dir and (not ssd.is_absolute() or ".." in ssd.parts):
+            raise ValueError(
+                f"pool_ssd_dir must be an absolute path without '..', got {self.pool_ssd_dir!r}"
+            )
         if self.kv_staging not in STAGING:
             raise ValueError(f"kv_staging must be one of {STAGING}, got {self.kv_staging!r}")
         if self.kv_staging_mib < 1:
