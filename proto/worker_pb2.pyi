@@ -578,6 +578,10 @@ class LoadReport(_message.Message):
     POOL_OUTAGES_FIELD_NUMBER: _builtins.int
     POOL_FORGED_BLOCKS_FIELD_NUMBER: _builtins.int
     POOL_CHECKSUM_FAILURES_FIELD_NUMBER: _builtins.int
+    POOL_DRAM_OBJECTS_FIELD_NUMBER: _builtins.int
+    POOL_SSD_OBJECTS_FIELD_NUMBER: _builtins.int
+    POOL_DRAM_READ_SECONDS_FIELD_NUMBER: _builtins.int
+    POOL_SSD_READ_SECONDS_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     draining: _builtins.bool
     waiting: _builtins.int
@@ -607,6 +611,11 @@ class LoadReport(_message.Message):
     """pool blocks refused: MAC missing or wrong (not ours)"""
     pool_checksum_failures: _builtins.int
     """pool blocks refused: a layer did not match its digest"""
+    pool_dram_objects: _builtins.int
+    """pool objects loaded from each tier and the seconds their reads took (SSD tier only)"""
+    pool_ssd_objects: _builtins.int
+    pool_dram_read_seconds: _builtins.float
+    pool_ssd_read_seconds: _builtins.float
     def __init__(
         self,
         *,
@@ -634,10 +643,14 @@ class LoadReport(_message.Message):
         pool_outages: _builtins.int = ...,
         pool_forged_blocks: _builtins.int = ...,
         pool_checksum_failures: _builtins.int = ...,
+        pool_dram_objects: _builtins.int = ...,
+        pool_ssd_objects: _builtins.int = ...,
+        pool_dram_read_seconds: _builtins.float = ...,
+        pool_ssd_read_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "draining", b"draining", "free_pages", b"free_pages", "kv_bytes_read", b"kv_bytes_read", "kv_bytes_written", b"kv_bytes_written", "kv_exposed_seconds", b"kv_exposed_seconds", "kv_read_seconds", b"kv_read_seconds", "kv_write_seconds", b"kv_write_seconds", "output_tokens", b"output_tokens", "pool_checksum_failures", b"pool_checksum_failures", "pool_connected", b"pool_connected", "pool_forged_blocks", b"pool_forged_blocks", "pool_outages", b"pool_outages", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prompt_tokens_computed", b"prompt_tokens_computed", "prompt_tokens_local", b"prompt_tokens_local", "prompt_tokens_pool", b"prompt_tokens_pool", "queued_prefill_tokens", b"queued_prefill_tokens", "requests", b"requests", "reserved", b"reserved", "role", b"role", "running", b"running", "total_pages", b"total_pages", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "draining", b"draining", "free_pages", b"free_pages", "kv_bytes_read", b"kv_bytes_read", "kv_bytes_written", b"kv_bytes_written", "kv_exposed_seconds", b"kv_exposed_seconds", "kv_read_seconds", b"kv_read_seconds", "kv_write_seconds", b"kv_write_seconds", "output_tokens", b"output_tokens", "pool_checksum_failures", b"pool_checksum_failures", "pool_connected", b"pool_connected", "pool_dram_objects", b"pool_dram_objects", "pool_dram_read_seconds", b"pool_dram_read_seconds", "pool_forged_blocks", b"pool_forged_blocks", "pool_outages", b"pool_outages", "pool_ssd_objects", b"pool_ssd_objects", "pool_ssd_read_seconds", b"pool_ssd_read_seconds", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prompt_tokens_computed", b"prompt_tokens_computed", "prompt_tokens_local", b"prompt_tokens_local", "prompt_tokens_pool", b"prompt_tokens_pool", "queued_prefill_tokens", b"queued_prefill_tokens", "requests", b"requests", "reserved", b"reserved", "role", b"role", "running", b"running", "total_pages", b"total_pages", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvpool.pool import KVPool
+from kvpool.tiers import TierStats
 from workers.outputs import EngineStats
 from workers.scheduler import Scheduler
 
@@ -36,12 +37,14 @@ class EngineInfo:
 class PoolHealth:
     """The KV pool as one engine sees it: reachable now (``connected``: breaker closed and
     the client healthy), breaker openings (``outages``), and blocks refused for a bad MAC
-    (``forged_blocks``) or digest (``checksum_failures``). All zero/False without a pool."""
+    (``forged_blocks``) or digest (``checksum_failures``), and with an SSD tier the objects
+    loaded from each tier (``tiers``). All zero/False without a pool."""
 
     connected: bool = False
     outages: int = 0
     forged_blocks: int = 0
     checksum_failures: int = 0
+    tiers: TierStats = field(default_factory=TierStats)
 
     @classmethod
     def of(cls, pool: KVPool | None) -> PoolHealth:
@@ -53,6 +56,12 @@ class PoolHealth:
             outages=pool.store.outages,
             forged_blocks=pool.stats.forged_blocks,
             checksum_failures=pool.stats.checksum_failures,
+            tiers=TierStats(
+                pool.stats.dram_objects,
+                pool.stats.ssd_objects,
+                pool.stats.dram_read_seconds,
+                pool.stats.ssd_read_seconds,
+            ),
         )
 
 

@@ -111,4 +111,8 @@ def load_report(load: EngineLoad, role: str, draining: bool) -> pb.LoadReport:
         pool_outages=load.pool.outages,
         pool_forged_blocks=load.pool.forged_blocks,
         pool_checksum_failures=load.pool.checksum_failures,
+        pool_dram_objects=load.pool.tiers.dram_objects,
+        pool_ssd_objects=load.pool.tiers.ssd_objects,
+        pool_dram_read_seconds=load.pool.tiers.dram_read_seconds,
+        pool_ssd_read_seconds=load.pool.tiers.ssd_read_seconds,
     )

@@ -110,3 +110,15 @@ def test_receive_by_tier_keeps_order_and_counts_each_tier() -> None:
     assert [g.key for g in got] == keys
     assert calls == [["s0", "s1"], ["d0", "gone", "d1"]]
     assert (stats.ssd_objects, stats.dram_objects) == (2, 2)
+
+
+def test_tier_counts_reach_the_load_report() -> None:
+    from workers.engine_info import EngineLoad, PoolHealth
+    from workers.outputs import EngineStats
+    from workers.wire import load_report
+
+    health = PoolHealth(connected=True, tiers=TierStats(3, 2, 0.25, 0.5))
+    load = EngineLoad(0, 0, 0, 0, 1, 1, EngineStats(), health)
+    report = load_report(load, "decode", False)
+    assert (report.pool_dram_objects, report.pool_ssd_objects) == (3, 2)
+    assert (report.pool_dram_read_seconds, report.pool_ssd_read_seconds) == (0.25, 0.5)
