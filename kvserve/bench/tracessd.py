@@ -189,6 +189,8 @@ def ssd_rows(
     log_dir: Path,
 ) -> list[dict[str, Any]]:
     """The DRAM-only and the DRAM + SSD rows at ``args.ssd_fraction`` of the working set."""
+    if not 0 < args.ssd_fraction <= 1:
+        raise ValueError(f"ssd-fraction must be in (0, 1], got {args.ssd_fraction}")
     settings = PoolReplaySettings(
         args.block_bytes,
         args.layers,
