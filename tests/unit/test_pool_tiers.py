@@ -12,7 +12,14 @@ import pytest
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvpool.store import MooncakeStore
-from kvpool.tiers import NO_SPACE, Tier, TierStats, prepare_ssd_dir, receive_by_tier
+from kvpool.tiers import (
+    BUFFER_VARIABLE,
+    NO_SPACE,
+    Tier,
+    TierStats,
+    prepare_ssd_dir,
+    receive_by_tier,
+)
 from kvserve import cli
 from kvserve.cluster.pool import master_command
 from kvserve.cluster.spec import ClusterSpec
@@ -110,6 +117,21 @@ def test_receive_by_tier_keeps_order_and_counts_each_tier() -> None:
     assert [g.key for g in got] == keys
     assert calls == [["s0", "s1"], ["d0", "gone", "d1"]]
     assert (stats.ssd_objects, stats.dram_objects) == (2, 2)
+
+
+def test_ssd_reads_fit_half_the_offload_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BUFFER_VARIABLE, "16")  # 2 objects of 4 bytes a batch
+    calls: list[list[str]] = []
+
+    def receive(keys: list[str], spans: list[int]) -> Sequence[Got]:
+        calls.append(keys)
+        return [Got(4, k) for k in keys]
+
+    keys = ["s0", "d0", "s1", "s2", "s3", "s4"]
+    tiers = [Tier.SSD, Tier.DRAM, *[Tier.SSD] * 4]
+    got = receive_by_tier(receive, tiers, keys, list(range(6)), 4, TierStats())
+    assert [g.key for g in got] == keys
+    assert calls == [["s0", "s1"], ["s2", "s3"], ["s4"], ["d0"]]
 
 
 def test_tier_counts_reach_the_load_report() -> None:
