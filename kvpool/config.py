@@ -7,6 +7,7 @@ Fields are flags and ``KVSERVE_*`` environment variables through :mod:`kvserve.s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import PurePath
 
 from kvpool.master import master_metrics_address
 
@@ -37,6 +38,10 @@ class PoolConfig:
       without one, a warning and every interface).
     - ``pool_segment_mib``: memory this process contributes to the pool.
     - ``pool_local_buffer_mib``: the client's own transfer buffer.
+    - ``pool_ssd_dir``: the pool's second tier, Mooncake's own SSD offload
+      (:mod:`kvpool.tiers`): an absolute directory where this member keeps offloaded
+      copies of the objects in its segment (created when joining if missing; the
+      master needs ``master_enable_offload``). Empty (default): DRAM only.
     - ``pool_request_ttl_s``: lifetime of request-scoped objects (partial last blocks)
       that nobody collected.
     - ``master_metrics_url``: ``http://host:port/metrics`` of ``mooncake_master`` (its
@@ -48,7 +53,9 @@ class PoolConfig:
       least recently used chain tails first, never a block while a block that extends it
       stays, keeping the pool at most ``pool_evict_at`` full; ``master``: only
       ``mooncake_master``, from its high watermark, in lease order. (The master's eviction
-      stays on under ``chain`` as the backstop.)
+      stays on under ``chain`` as the backstop.) A member with ``pool_ssd_dir`` does not
+      evict chain-aware: that removes blocks from every tier, and the SSD tier is there to
+      keep what DRAM evicts.
     - ``pool_evict_at``: the share of the pool's capacity that chain eviction keeps the
       prefix blocks under; below the master's eviction watermark (0.9 by default), so the
       master never has to evict, with room for request-scoped blocks.
@@ -75,6 +82,7 @@ class PoolConfig:
     master_metrics_url: str = ""
     pool_eviction: str = field(default="chain", metadata={"choices": EVICTION})
     pool_evict_at: float = 0.85
+    pool_ssd_dir: str = ""
     kv_staging: str = field(default="auto", metadata={"choices": STAGING})
     kv_staging_mib: int = 64
 
@@ -95,6 +103,11 @@ class PoolConfig:
             raise ValueError(f"pool_eviction must be one of {EVICTION}, got {self.pool_eviction!r}")
         if not 0 < self.pool_evict_at < 1:
             raise ValueError(f"pool_evict_at must be in (0, 1), got {self.pool_evict_at}")
+        ssd = PurePath(self.pool_ssd_dir)
+        if self.pool_ssd_dir and (not ssd.is_absolute() or ".." in ssd.parts):
+            raise ValueError(
+                f"pool_ssd_dir must be an absolute path without '..', got {self.pool_ssd_dir!r}"
+            )
         if self.kv_staging not in STAGING:
             raise ValueError(f"kv_staging must be one of {STAGING}, got {self.kv_staging!r}")
         if self.kv_staging_mib < 1:

@@ -17,7 +17,9 @@ nothing is evicted here). Thread-safe where its store is (calls are independent)
 
 The index is an aid, never a dependency: when Redis fails or answers nonsense, the call is
 counted (``index_errors``, logged at most once a minute) and the pool goes on as if the
-index were not there (blocks are written, the master's eviction guards the pool).
+index were not there (blocks are written, the master's eviction guards the pool); for
+:data:`INDEX_BACKOFF_S` after a failure the index is not asked at all, so a Redis that is
+down costs the engine thread one failed call per backoff, not one per step.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from kvpool.store import MooncakeStore
 log = logging.getLogger(__name__)
 
 LOG_EVERY_S = 60.0
+INDEX_BACKOFF_S = 5.0
 
 
 @dataclass
@@ -75,6 +78,12 @@ class ChainEvictor:
         self.budget = budget
         self.stats = EvictionStats()
         self._logged_at = -LOG_EVERY_S
+        self._down_until = 0.0
+
+    @property
+    def index_up(self) -> bool:
+        """Whether to ask the index now (not within the backoff after a failure)."""
+        return time.monotonic() >= self._down_until
 
     @contextmanager
     def _guarded(self, what: str) -> Iterator[None]:
@@ -83,6 +92,7 @@ class ChainEvictor:
             yield
         except (redis.RedisError, OSError, IndexReplyError) as exc:
             self.stats.index_errors += 1
+            self._down_until = time.monotonic() + INDEX_BACKOFF_S
             if time.monotonic() - self._logged_at >= LOG_EVERY_S:
                 self._logged_at = time.monotonic()
                 log.warning(
@@ -103,6 +113,8 @@ class ChainEvictor:
         asks for and remove it from the store. Returns, per block, whether to write it."""
         budget = self.budget()
         admitted = [True] * len(hashes)
+        if not hashes or not self.index_up:
+            return admitted
         with self._guarded("admit"):
             claimed = self.index.claim(
                 self.links(hashes, parents), NO_BUDGET if budget is None else budget
@@ -123,6 +135,8 @@ class ChainEvictor:
         """After a commit of claimed blocks (meta keys): ``written`` landed, ``failed`` did
         not (in chain order)."""
         gone: list[str] = []
+        if not self.index_up:
+            return
         with self._guarded("settle"):
             gone = self.index.settle(written, failed[::-1])
         if gone:
@@ -135,7 +149,7 @@ class ChainEvictor:
 
     def touch(self, hashes: Sequence[int], parents: Sequence[int | None]) -> None:
         """Refresh blocks just read (a run in chain order): they become the most recent."""
-        if hashes:
+        if hashes and self.index_up:
             with self._guarded("touch"):
                 self.index.claim(self.links(hashes, parents))
 

@@ -25,6 +25,12 @@ class MasterConfig:
     - ``master_client_ttl_s``: seconds before a silent member's segment is unmounted.
     - ``master_eviction_high_watermark`` / ``master_eviction_ratio``: start evicting when
       this share of pool memory is used; evict this share of objects each time.
+    - ``master_enable_offload``: let members with an SSD tier (``pool_ssd_dir``) offload
+      objects to it and serve misses from it (Mooncake's ``--enable_offload``; off: DRAM
+      only, whatever the members say).
+    - ``master_offload_on_evict``: offload an object only when DRAM evicts it (default: as
+      soon as it is written, so DRAM and SSD both hold it until DRAM evicts it).
+    - ``master_promotion_on_hit``: copy objects read from SSD back into DRAM.
     """
 
     master_host: str = "127.0.0.1"
@@ -34,6 +40,9 @@ class MasterConfig:
     master_client_ttl_s: int = 10
     master_eviction_high_watermark: float = 0.9
     master_eviction_ratio: float = 0.05
+    master_enable_offload: bool = False
+    master_offload_on_evict: bool = False
+    master_promotion_on_hit: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.master_eviction_high_watermark <= 1:
@@ -42,6 +51,12 @@ class MasterConfig:
             raise ValueError("master_eviction_ratio must be in (0, 1]")
         if self.master_client_ttl_s < 1:
             raise ValueError("master_client_ttl_s must be at least 1")
+        if (self.master_offload_on_evict or self.master_promotion_on_hit) and not (
+            self.master_enable_offload
+        ):
+            raise ValueError(
+                "master_offload_on_evict and master_promotion_on_hit need master_enable_offload"
+            )
 
     @property
     def rpc_address(self) -> str:

@@ -40,6 +40,7 @@ from kvpool.meta import BlockMeta, MetaCodec, MetaFault, layer_digest
 from kvpool.span_io import CacheSpan, DirectIO, Received, SpanCopier, SpanIO, StagedIO
 from kvpool.stats import Lease, PoolStats
 from kvpool.store import MooncakeStore
+from kvpool.tiers import receive_by_tier
 
 __all__ = ["BlockMeta", "BlockWrite", "KVPool", "Lease", "PendingBlock", "PoolStats"]
 
@@ -232,7 +233,7 @@ class KVPool:
         per = self.layout.num_layers
         keys = [k for meta_key in meta_keys[: len(metas)] for k in self.keys.layer_keys(meta_key)]
         spans = [span for page in pages[: len(metas)] for span in self._spans(page)]
-        got = self.io.receive(keys, spans)
+        got = self._receive(keys, spans)
         self.stats.objects_read += len(keys)
         self.stats.bytes_read += sum(g.nbytes for g in got if g.nbytes > 0)
         for i, meta in enumerate(metas):
@@ -240,6 +241,14 @@ class KVPool:
                 self._heal(meta_keys[i])
                 return i
         return len(metas)
+
+    def _receive(self, keys: list[str], spans: list[CacheSpan]) -> list[Received]:
+        """``io.receive``; with an SSD tier, in a batch per tier (:mod:`kvpool.tiers`)."""
+        if not self.store.ssd:
+            return self.io.receive(keys, spans)
+        tiers = self.store.tiers(keys)
+        size = self.layout.span_bytes
+        return receive_by_tier(self.io.receive, tiers, keys, spans, size, self.stats)
 
     def verify_block(self, got: list[Received], sums: list[bytes]) -> bool:
         """Whether every layer of a block was read in full and matches its digest in

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from kvpool.tiers import TierStats
+
 
 class Lease(NamedTuple):
     """A request-scoped partial block this writer removes at ``expires`` (``time.time()``)
@@ -16,8 +18,10 @@ class Lease(NamedTuple):
 
 
 @dataclass
-class PoolStats:
-    """Counters since start (read by metrics exporters and benchmarks)."""
+class PoolStats(TierStats):
+    """Counters since start (read by metrics exporters and benchmarks); with an SSD tier,
+    :class:`~kvpool.tiers.TierStats` says which tier served the objects
+    :meth:`~kvpool.pool.KVPool.load` read, and how long each tier's reads took."""
 
     blocks_written: int = 0
     """Blocks committed (full prefix blocks and request-scoped partial blocks)."""

@@ -15,7 +15,13 @@ client reports itself unhealthy opens a breaker: for :data:`OUTAGE_BACKOFF_S` ev
 answers "failed" at once without calling the binding (reads miss, writes are not
 committed: the pool is a cache, callers recompute); then one health probe decides whether
 to close it or wait again. :attr:`MooncakeStore.outages` counts outages,
-:attr:`MooncakeStore.available` says whether the pool is usable now.
+:attr:`MooncakeStore.available` says whether the pool is usable now. A put refused for want
+of space (:data:`kvpool.tiers.NO_SPACE`: DRAM full while eviction or the SSD tier's offload
+catches up) is a failed put, never an outage.
+
+SSD tier (``pool_ssd_dir``, :mod:`kvpool.tiers`): ``connect`` creates the directory, sets
+Mooncake's offload variables and joins with offload on; :attr:`MooncakeStore.ssd` says so,
+and :meth:`MooncakeStore.tiers` tells where objects would be read from.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.net import port_open
+from kvpool.tiers import NO_SPACE, Tier, offload_environment, prepare_ssd_dir, replica_tiers
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +56,12 @@ class PoolUnavailableError(RuntimeError):
 
 
 class MooncakeStore:
-    def __init__(self, client: Any, master: tuple[str, int] | None = None) -> None:
+    def __init__(
+        self, client: Any, master: tuple[str, int] | None = None, ssd: bool = False
+    ) -> None:
         self._client = client
+        self.ssd = ssd
+        """Whether this member joined with an SSD tier (offloads and reads back from it)."""
         self._master = master
         """``(host, port)`` of the master's RPC service, probed before closing the breaker."""
         self.outages = 0
@@ -77,9 +88,9 @@ class MooncakeStore:
         return self._master is None or port_open(*self._master, timeout=MASTER_PROBE_S / 4)
 
     def _check(self, codes: list[int]) -> list[int]:
-        """Open the breaker when a call to the master failed, or a verb failed and the
-        client says the master is gone."""
-        failed = any(c < 0 for c in codes)
+        """Open the breaker when a call to the master failed, or a verb failed (for another
+        reason than :data:`~kvpool.tiers.NO_SPACE`) and the client says the master is gone."""
+        failed = any(c < 0 and c != NO_SPACE for c in codes)
         if failed and not self._retry_at and (RPC_FAIL in codes or not self.healthy()):
             self._retry_at = time.monotonic() + OUTAGE_BACKOFF_S
             self.outages += 1
@@ -107,6 +118,13 @@ class MooncakeStore:
         # Mooncake advertises its transfer-engine address from this variable, else from the
         # machine's first LAN interface, whatever the local hostname says: make it say ours.
         os.environ[TRANSFER_ADDRESS_VARIABLE] = config.pool_local_hostname
+        ssd_dir = ""
+        if config.pool_ssd_dir:
+            try:
+                ssd_dir = prepare_ssd_dir(config.pool_ssd_dir)
+            except OSError as exc:
+                raise PoolUnavailableError(str(exc)) from exc
+            offload_environment()
         client = MooncakeDistributedStore()
         rc = client.setup(
             config.pool_local_hostname,
@@ -116,6 +134,9 @@ class MooncakeStore:
             config.pool_protocol,
             config.pool_rdma_devices,
             config.pool_master,
+            None,
+            bool(ssd_dir),
+            ssd_dir,
         )
         if rc != 0:
             raise PoolUnavailableError(
@@ -124,7 +145,7 @@ class MooncakeStore:
                 f"(segments under 16 MiB were refused here; this one is "
                 f"{config.pool_segment_mib} MiB)"
             )
-        return cls(client, master)
+        return cls(client, master, ssd=bool(ssd_dir))
 
     def register(self, ptr: int, size: int) -> None:
         """Make ``size`` bytes at ``ptr`` a source/target of zero-copy transfers."""
@@ -178,8 +199,21 @@ class MooncakeStore:
             return [FAILED] * len(keys)
         return list(self._client.batch_remove(keys, True))
 
+    def tiers(self, keys: list[str]) -> list[Tier]:
+        """Per key, the tier a read would be served from now (:func:`kvpool.tiers.replica_tiers`;
+        one RPC); all :attr:`Tier.DRAM <kvpool.tiers.Tier>` without an SSD tier (no RPC)."""
+        if not self.ssd or not keys or not self.available:
+            return [Tier.DRAM] * len(keys)
+        return replica_tiers(self._client, keys)
+
     def healthy(self) -> bool:
         return int(self._client.health_check()) == 0
 
     def close(self) -> None:
-        self._client.close()
+        """Leave the pool. With an SSD tier the client is only dropped: on
+        0.3.13.post1 its ``close()`` followed by its destructor crashes the process in the
+        offload's shutdown, while the destructor alone unmounts and shuts down cleanly."""
+        if not self.ssd:
+            self._client.close()
+        else:
+            self._client = None  # no verb may be called after close

@@ -22,9 +22,12 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from kvpool.keyring import Keyring
 from proto.credentials import Credentials, NotGrantedError
@@ -229,10 +232,14 @@ def connect(
     cluster: ClusterConfig,
     socket_timeout: float | None = None,
     socket_connect_timeout: float | None = None,
+    retry: bool = True,
 ) -> redis.Redis:
     """The one way to open the registry: a client for ``cluster.redis_url`` with the
     configured credentials. It connects lazily (the first command raises
-    ``redis.RedisError``: wrap with :func:`explain` for a message that names the setting)."""
+    ``redis.RedisError``: wrap with :func:`explain` for a message that names the setting).
+    ``retry=False``: a failed command fails at once (redis-py's default retries a refused
+    connection for about 4 s), for callers on a hot path that must not wait."""
+    options: dict[str, Any] = {} if retry else {"retry": Retry(NoBackoff(), 0)}
     credentials: dict[str, str] = {}
     if cluster.redis_username:
         credentials["username"] = cluster.redis_username
@@ -243,6 +250,7 @@ def connect(
         socket_timeout=socket_timeout,
         socket_connect_timeout=socket_connect_timeout,
         **credentials,
+        **options,
     )
 
 

@@ -90,7 +90,7 @@ class PoolLookup:
         enabled: bool = True,
         timeout_s: float = RouterConfig.pool_lookup_timeout_s,
     ) -> None:
-        self._config = dataclasses.replace(config, pool_segment_mib=0)
+        self._config = dataclasses.replace(config, pool_segment_mib=0, pool_ssd_dir="")
         self._keyring = cluster.keyring
         self._enabled = enabled
         self._timeout_s = timeout_s

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from kvpool.evictor import EvictionStats
 from kvpool.pool import KVPool
+from kvpool.tiers import TierStats
 from workers.outputs import EngineStats
 from workers.scheduler import Scheduler
 
@@ -38,8 +39,9 @@ class PoolHealth:
     """The KV pool as one engine sees it: reachable now (``connected``: breaker closed and
     the client healthy), breaker openings (``outages``), blocks refused for a bad MAC
     (``forged_blocks``) or digest (``checksum_failures``), blocks removed for failing
-    verification (``healed_blocks``), and chain-aware eviction's counters
-    (:class:`kvpool.evictor.EvictionStats`). All zero/False without a pool."""
+    verification (``healed_blocks``), chain-aware eviction's counters
+    (:class:`kvpool.evictor.EvictionStats`), and with an SSD tier the objects loaded from
+    each tier (``tiers``). All zero/False without a pool."""
 
     connected: bool = False
     outages: int = 0
@@ -47,6 +49,7 @@ class PoolHealth:
     checksum_failures: int = 0
     healed_blocks: int = 0
     eviction: EvictionStats = field(default_factory=EvictionStats)
+    tiers: TierStats = field(default_factory=TierStats)
 
     @classmethod
     def of(cls, pool: KVPool | None) -> PoolHealth:
@@ -60,6 +63,12 @@ class PoolHealth:
             checksum_failures=pool.stats.checksum_failures,
             healed_blocks=pool.stats.healed_blocks,
             eviction=replace(pool.evictor.stats) if pool.evictor else EvictionStats(),
+            tiers=TierStats(
+                pool.stats.dram_objects,
+                pool.stats.ssd_objects,
+                pool.stats.dram_read_seconds,
+                pool.stats.ssd_read_seconds,
+            ),
         )
 
 

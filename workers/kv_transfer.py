@@ -80,7 +80,9 @@ def join_pool(
     ``config.kv_staging`` says otherwise (:mod:`kvpool.span_io`). ``block_key``
     (``proto.trust.derive(secret, POOL_BLOCK)``) MACs and checks its blocks. With an
     ``index`` and ``pool_eviction=chain``, the pool evicts chain-aware through it, within
-    ``pool_evict_at`` of the capacity the master reports (:mod:`kvpool.evictor`)."""
+    ``pool_evict_at`` of the capacity the master reports (:mod:`kvpool.evictor`), unless
+    it has an SSD tier (``pool_ssd_dir``), whose point is to keep what DRAM evicts: chain
+    eviction removes blocks from every tier, so the master's eviction is used there."""
     try:
         store = MooncakeStore.connect(config)
     except PoolUnavailableError as exc:
@@ -100,7 +102,11 @@ def join_pool(
         store.close()
         return None
     if index is not None and config.pool_eviction == "chain":
-        pool.evict_through(index, PoolBudget(config.metrics_url, config.pool_evict_at).start())
+        if config.pool_ssd_dir:  # the tier holds what DRAM evicts: removing it defeats it
+            log.warning("pool_eviction=chain is off with an SSD tier: the master evicts DRAM")
+        else:
+            budget = PoolBudget(config.metrics_url, config.pool_evict_at).start()
+            pool.evict_through(index, budget)
     return pool
 
 

@@ -21,6 +21,9 @@ whatever the scrape job is called; a counter then continues under its new role's
   eviction's (:mod:`kvpool.evictor`): ``kvserve:pool_evicted_blocks_total``,
   ``kvserve:pool_refused_blocks_total``, ``kvserve:pool_orphans_removed_total``,
   ``kvserve:pool_index_errors_total``.
+  a missing or wrong MAC), ``kvserve:pool_checksum_failures_total``, and with the pool's
+  SSD tier (``--pool-ssd-dir``) where loads were served from:
+  ``kvserve:pool_{dram,ssd}_objects_read_total`` and ``kvserve:pool_{dram,ssd}_read_seconds_total``.
 
 Lifecycle: :func:`serve_metrics` starts the HTTP server on a daemon thread and returns it;
 each scrape calls ``sample()`` (bounded by its own timeout); ``server.shutdown()`` stops it.
@@ -88,6 +91,14 @@ COUNTERS: dict[str, tuple[str, Callable[[pb.LoadReport], float]]] = {
                                   lambda r: r.pool_healed_blocks),
     f"{OURS}pool_index_errors": ("Pool chain-index calls that failed",
                                  lambda r: r.pool_index_errors),
+    f"{OURS}pool_dram_objects_read": ("Pool objects loaded from DRAM (SSD tier on)",
+                                      lambda r: r.pool_dram_objects),
+    f"{OURS}pool_ssd_objects_read": ("Pool objects loaded from the SSD tier",
+                                     lambda r: r.pool_ssd_objects),
+    f"{OURS}pool_dram_read_seconds": ("Seconds loading pool objects from DRAM (SSD tier on)",
+                                      lambda r: r.pool_dram_read_seconds),
+    f"{OURS}pool_ssd_read_seconds": ("Seconds loading pool objects from the SSD tier",
+                                     lambda r: r.pool_ssd_read_seconds),
 }  # fmt: skip
 """Counter name (without ``_total``) -> (help, value of a load report)."""
 PREEMPTIONS = f"{VLLM}num_preemptions"

@@ -97,7 +97,7 @@ INDEX_TIMEOUT_S = 1.0
 def pool_index(cluster: ClusterConfig) -> ChainIndex:
     """The pool's chain index in the cluster's Redis (chain-aware eviction), under the
     cluster's key prefix."""
-    client = connect(cluster, INDEX_TIMEOUT_S, INDEX_TIMEOUT_S)
+    client = connect(cluster, INDEX_TIMEOUT_S, INDEX_TIMEOUT_S, retry=False)
     return ChainIndex(client, f"{cluster.cluster}:pool")
 
 

@@ -151,4 +151,8 @@ def load_report(load: EngineLoad, role: str, draining: bool) -> pb.LoadReport:
         pool_orphans_removed=load.pool.eviction.orphans_removed,
         pool_healed_blocks=load.pool.healed_blocks,
         pool_index_errors=load.pool.eviction.index_errors,
+        pool_dram_objects=load.pool.tiers.dram_objects,
+        pool_ssd_objects=load.pool.tiers.ssd_objects,
+        pool_dram_read_seconds=load.pool.tiers.dram_read_seconds,
+        pool_ssd_read_seconds=load.pool.tiers.ssd_read_seconds,
     )

@@ -82,6 +82,8 @@ class TraceBenchConfig:
     - ``sweep_overlap_weights`` / ``sweep_home_slacks``: the grid of ``cache_aware``'s
       prefill weights to sweep (both needed; empty: no sweep);
     - ``sweep_decode_weights``: ``cache_aware``'s decode weights to sweep (empty: none);
+    - ``ssd_fraction``: also replay DRAM only against DRAM + SSD on a DRAM tier that holds
+      this share of the working set (:mod:`kvserve.bench.tracessd`; 0: not run);
     - ``seed``: seed of the random policy;
     - ``out``: folder for PNG plots.
     """
@@ -106,6 +108,7 @@ class TraceBenchConfig:
     sweep_overlap_weights: list[float] = setting([])
     sweep_home_slacks: list[float] = setting([])
     sweep_decode_weights: list[float] = setting([])
+    ssd_fraction: float = 0.0
     seed: int = 0
     out: Path | None = None
 
@@ -164,7 +167,13 @@ def run(args: argparse.Namespace) -> int:
     grid = list(itertools.product(args.sweep_overlap_weights, args.sweep_home_slacks))
     if grid or args.sweep_decode_weights:
         rows += sweep_rows(requests, chains, points, grid, args.sweep_decode_weights, model)
-    emit("trace", _conditions(args, len(requests), capacities), rows, _headline(rows))
+    headline = _headline(rows)
+    if args.ssd_fraction:
+        from kvserve.bench.tracessd import ssd_headline, ssd_rows
+
+        rows += ssd_rows(requests, chains, args, Path(tempfile.gettempdir()))
+        headline = ssd_headline(rows)
+    emit("trace", _conditions(args, len(requests), capacities), rows, headline)
     if args.out is not None:
         from kvserve.bench.trace_plot import plot
 
@@ -244,6 +253,7 @@ def _conditions(args: argparse.Namespace, n: int, capacities: list[int]) -> dict
         "decode_s_per_token": args.decode_s_per_token,
         "event_lag_s": args.event_lag_s,
         "seed": args.seed,
+        "ssd_fraction": args.ssd_fraction,
         "repetitions": 1,
         "keys": "PrefixHasher.block(parent, [trace hash id]) chained from the unsalted root "
         "(sha256, fixed public key), namespace mooncake-trace/none/bt512; KeySpace meta key "

@@ -92,7 +92,20 @@ def master_command(cfg: MasterConfig) -> list[str]:
         f"--client_ttl={cfg.master_client_ttl_s}",
         f"--eviction_high_watermark_ratio={cfg.master_eviction_high_watermark}",
         f"--eviction_ratio={cfg.master_eviction_ratio}",
+        *offload_flags(cfg),
     ]
+
+
+def offload_flags(cfg: MasterConfig) -> list[str]:
+    """The master's SSD-offload flags (none when ``master_enable_offload`` is off)."""
+    if not cfg.master_enable_offload:
+        return []
+    flags = ["--enable_offload=true"]
+    if cfg.master_offload_on_evict:
+        flags.append("--offload_on_evict=true")
+    if cfg.master_promotion_on_hit:
+        flags.append("--promotion_on_hit=true")
+    return flags
 
 
 METADATA = "mooncake_metadata"

@@ -80,7 +80,10 @@ class ClusterSpec:
       model, :attr:`model_dir`); ``threads`` there is overridden by
       ``threads_per_worker`` when that is set; with both 0 a worker gets its core count.
     - ``pool``: forwarded to workers and router, with ``pool_master``,
-      ``pool_metadata_server`` and ``pool_local_hostname`` set to this cluster's.
+      ``pool_metadata_server`` and ``pool_local_hostname`` set to this cluster's; with
+      ``pool_ssd_dir`` (the SSD tier) each worker gets its own subdirectory
+      ``<pool_ssd_dir>/<worker name>`` (the router none: it holds no segment), and the
+      master runs with ``master_enable_offload``.
     - ``use_pool``: False runs no master and passes ``--no-use-pool`` (mixed workers only).
     - ``policy`` / ``disagg_threshold_tokens``: router options ('' / None: its defaults);
       ``router_args`` / ``worker_args``: extra flags appended verbatim.
@@ -250,19 +253,25 @@ class ClusterSpec:
 
     @property
     def pool_master(self) -> MasterConfig:
-        """``master`` on its host (see :attr:`hosts`)."""
+        """``master`` on its host (see :attr:`hosts`), offloading when ``pool`` has an
+        SSD tier."""
+        master = self.master
+        if self.pool.pool_ssd_dir and not master.master_enable_offload:
+            master = dataclasses.replace(master, master_enable_offload=True)
         if "mooncake_master" not in self.hosts:
-            return self.master
-        return dataclasses.replace(self.master, master_host=self.host_of("mooncake_master"))
+            return master
+        return dataclasses.replace(master, master_host=self.host_of("mooncake_master"))
 
     def pool_config(self, name: str) -> PoolConfig:
         """The pool settings of process ``name`` (a worker or the router)."""
+        ssd = self.pool.pool_ssd_dir
         return dataclasses.replace(
             self.pool,
             pool_master=self.pool_master.rpc_address,
             pool_metadata_server=self.pool_master.metadata_url,
             master_metrics_url=self.pool_master.metrics_url,
             pool_local_hostname=self.host_of(name) if name in self.hosts else LOOPBACK,
+            pool_ssd_dir=str(Path(ssd) / name) if ssd and name != "router" else "",
         )
 
     def with_free_ports(self) -> ClusterSpec:

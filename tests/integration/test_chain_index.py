@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from kvpool.chain_index import ChainIndex, IndexReplyError, Link
 from kvpool.net import free_local_ports
@@ -159,7 +161,7 @@ def test_an_unreachable_index_is_counted_and_the_pool_goes_on() -> None:
     from tests.integration.pool_fixtures import NAMESPACE
 
     (port,) = free_local_ports(1)  # nothing listens there
-    dead = redis.Redis(port=port, socket_connect_timeout=1, socket_timeout=1)
+    dead = redis.Redis(port=port, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
     evictor = ChainEvictor(
         ChainIndex(dead, "dead:pool"),
         store=None,  # type: ignore[arg-type]  # never reached: nothing is evicted
@@ -168,6 +170,8 @@ def test_an_unreachable_index_is_counted_and_the_pool_goes_on() -> None:
         budget=lambda: 0,
     )
     assert evictor.admit([1, 2], [None, 1]) == [True, True]  # written, as without an index
-    evictor.touch([1], [None])
+    assert evictor.stats.index_errors == 1 and not evictor.index_up
+    evictor.touch([1], [None])  # within the backoff: not asked
     evictor.settle(["a"], ["b"])
-    assert evictor.stats.index_errors == 3 and evictor.stats.evicted_blocks == 0
+    assert evictor.admit([3], [2]) == [True]
+    assert evictor.stats.index_errors == 1 and evictor.stats.evicted_blocks == 0

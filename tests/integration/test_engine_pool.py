@@ -34,11 +34,11 @@ def master(tmp_path: Path) -> Iterator[MasterConfig]:
         yield cfg
 
 
-def pooled_engine(model_dir: Path, master: MasterConfig) -> Engine:
+def pooled_engine(model_dir: Path, master: MasterConfig, index: ChainIndex | None = None) -> Engine:
     config = EngineConfig(
         model=str(model_dir), block_tokens=16, kv_cache_mib=32, max_num_batched_tokens=64
     )
-    engine = Engine(config, pool_config(master))
+    engine = Engine(config, pool_config(master), None, index)
     assert engine.pool is not None
     assert engine.pool.staged is (STAGING == "always")  # the mode this run tests
     return engine
@@ -139,32 +139,24 @@ def index(tmp_path: Path) -> Iterator[ChainIndex]:
         client.close()
 
 
-def test_an_engine_with_the_index_evicts_within_the_masters_capacity(
-    tiny_model_dir: Path, master: MasterConfig, index: ChainIndex
-) -> None:
-    config = EngineConfig(model=str(tiny_model_dir), block_tokens=16, kv_cache_mib=32)
-    engine = Engine(config, pool_config(master), None, index)
-    try:
-        assert engine.pool is not None and engine.pool.evictor is not None
-        budget = engine.pool.evictor.budget
-        assert isinstance(budget, PoolBudget) and budget.url == master.metrics_url
-        budget.refresh()
-        capacity = master_stats(master).capacity_bytes
-        assert capacity > 0 and budget() == int(capacity * PoolConfig().pool_evict_at)
-    finally:
-        engine.close()
-
-
 def test_engines_evicting_chain_aware_stay_exact(
     tiny_model_dir: Path, master: MasterConfig, index: ChainIndex
 ) -> None:
     rng = random.Random(23)
     shared = [rng.randrange(49152) for _ in range(48)]  # three blocks every prompt shares
     prompts = [[*shared, *(rng.randrange(49152) for _ in range(50))] for _ in range(4)]
-    a = pooled_engine(tiny_model_dir, master)
+    a = pooled_engine(tiny_model_dir, master, index)
     b = pooled_engine(tiny_model_dir, master)
     try:
-        for engine in (a, b):
+        # as a worker joins: the budget is pool_evict_at of the capacity the master reports
+        assert a.pool is not None and a.pool.evictor is not None
+        budget = a.pool.evictor.budget
+        assert isinstance(budget, PoolBudget) and budget.url == master.metrics_url
+        budget.refresh()
+        capacity = master_stats(master).capacity_bytes
+        assert capacity > 0 and budget() == int(capacity * PoolConfig().pool_evict_at)
+        a.pool.evictor.close()
+        for engine in (a, b):  # then a budget of 8 blocks in all, for both
             assert engine.pool is not None
             engine.pool.evict_through(index, functools.partial(int, 8 * engine.pool.block_bytes))
         for prompt in prompts:  # 6 full blocks each: every prompt evicts older tails
