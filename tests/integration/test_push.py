@@ -274,6 +274,33 @@ def test_pushed_blocks_are_verified_while_the_prefill_runs(
     assert idle(prefill) and idle(decode)
 
 
+def test_a_salted_prompt_is_pushed_under_its_salts_names(
+    pair: tuple[Engine, Engine], tiny_model_dir: Path
+) -> None:
+    """Both sides name the blocks from the request's salted root: every pushed block
+    verifies (nothing recomputed) and the pool gets them under the salted names only."""
+    prefill, decode = pair
+    assert prefill.pool is not None
+    ids, rid, salt = prompt(91, 70), "salted", "tenant\0x"
+    assert decode.reserve(rid, ids, 4, 60.0, salt, offer_push=True) is not None
+    prefill.add_request(ids, GREEDY, rid, True, salt, decode.push_target(rid))
+    first = run_until_first(prefill, rid)
+    assert first.push is not None and first.push.ok
+    check = decode.push_check(rid)
+    assert check is not None and check.run(first.push.metas).tokens == len(ids)
+    decode.adopt(rid, ids, first.new_token_ids[0], GREEDY, salt, check.run(first.push.metas))
+    computed = decode.stats.prompt_tokens_computed
+    while decode.has_unfinished:
+        decode.step()
+    assert decode.stats.prompt_tokens_computed == computed
+    settle(prefill)
+    bt = prefill.pool.layout.block_tokens
+    full = ids[: len(ids) // bt * bt]
+    assert prefill.pool.lookup(prefill.hasher.chain(full, bt, prefill.hasher.root(salt))) == 4
+    assert prefill.pool.lookup(prefill.hasher.chain(full, bt)) == 0
+    assert idle(prefill) and idle(decode)
+
+
 def test_an_ended_push_reservation_keeps_its_pages_for_the_quarantine(
     pair: tuple[Engine, Engine],
 ) -> None:
