@@ -189,6 +189,49 @@ def _chain_evictor(
             client.close()
 
 
+@contextmanager
+def replay_member(
+    settings: PoolReplaySettings,
+    mib: int,
+    longest: int,
+    log_dir: Path,
+    name: str,
+    ssd_dir: str = "",
+) -> Iterator[tuple[MasterConfig, MooncakeStore, np.ndarray]]:
+    """A fresh ``mooncake_master`` on free loopback ports with ``settings``' eviction (and
+    offload on, with an ``ssd_dir``), its log ``log_dir/mooncake_master-<name>-<rpc port>.log``,
+    and its one member
+    contributing ``mib`` MiB (its SSD tier in ``ssd_dir``) with a registered buffer for the
+    objects of a ``longest``-block chain: the master's config, the member's store and the
+    buffer. On exit the member unregisters and leaves, then the master stops."""
+    rpc, meta, metrics = free_local_ports(3)
+    cfg = MasterConfig(
+        master_port=rpc,
+        master_metadata_port=meta,
+        master_metrics_port=metrics,
+        master_eviction_high_watermark=settings.eviction_high_watermark,
+        master_eviction_ratio=settings.eviction_ratio,
+        master_enable_offload=bool(ssd_dir),
+    )
+    with MasterProcess(cfg, log_dir / f"mooncake_master-{name}-{rpc}.log"):
+        store = MooncakeStore.connect(
+            PoolConfig(
+                pool_master=cfg.rpc_address,
+                pool_metadata_server=cfg.metadata_url,
+                pool_segment_mib=mib,
+                pool_local_buffer_mib=16,
+                pool_ssd_dir=ssd_dir,
+            )
+        )
+        buf = np.zeros(longest * settings.objects_per_block * settings.block_bytes, np.uint8)
+        store.register(buf.ctypes.data, buf.nbytes)
+        try:
+            yield cfg, store, buf
+        finally:
+            store.unregister(buf.ctypes.data)
+            store.close()
+
+
 def pool_replay(
     requests: Sequence[TraceRequest],
     chains: Sequence[Sequence[int]],
@@ -199,59 +242,37 @@ def pool_replay(
     """Replay ``requests`` (with their :func:`~kvserve.bench.tracesim.block_chain`) through
     a fresh master whose pool holds about ``capacity`` blocks; see the module docstring."""
     keys = KeySpace.of(TRACE_NAMESPACE, settings.layers)
-    rpc, meta, metrics = free_local_ports(3)
-    cfg = MasterConfig(
-        master_port=rpc,
-        master_metadata_port=meta,
-        master_metrics_port=metrics,
-        master_eviction_high_watermark=settings.eviction_high_watermark,
-        master_eviction_ratio=settings.eviction_ratio,
-    )
     fill = settings.evict_at if settings.eviction == "chain" else 1.0
     mib = segment_mib(capacity, settings.objects_per_block, settings.block_bytes, fill)
     longest = max((len(c) for c in chains), default=1)
     hits = HitCount()
-    with MasterProcess(cfg, log_dir / f"mooncake_master-trace-{capacity}-{rpc}.log"):
-        store = MooncakeStore.connect(
-            PoolConfig(
-                pool_master=cfg.rpc_address,
-                pool_metadata_server=cfg.metadata_url,
-                pool_segment_mib=mib,
-                pool_local_buffer_mib=16,
-            )
-        )
-        buf = np.zeros(longest * settings.objects_per_block * settings.block_bytes, np.uint8)
-        store.register(buf.ctypes.data, buf.nbytes)
+    failed = 0
+    peak = 0
+    with replay_member(settings, mib, longest, log_dir, f"trace-{capacity}") as (cfg, store, buf):
         writer = _Writer(store, buf, settings)
-        failed = 0
-        peak = 0
         t0 = time.perf_counter()
-        try:
-            with _chain_evictor(settings, capacity, store, keys, log_dir) as evictor:
-                for request, chain in zip(requests, chains, strict=True):
-                    hit = longest_prefix(store, keys, list(chain))
-                    hits.add(request, hit)
-                    todo = list(chain[hit:])
-                    if evictor is None:
-                        failed += len(writer.put_blocks(keys, todo))
-                        continue
-                    evictor.touch(chain[:hit], chain_parents(chain[:hit], None))
-                    parents = chain_parents(todo, chain[hit - 1] if hit else None)
-                    admitted = evictor.admit(todo, parents)
-                    todo = todo[: admitted.index(False) if False in admitted else len(todo)]
-                    missing = writer.put_blocks(keys, todo)
-                    evictor.settle(
-                        [keys.meta_key(h) for h in todo if h not in missing],
-                        [keys.meta_key(h) for h in missing],
-                    )
-                    failed += len(missing)
-                    peak = max(peak, evictor.index.stats().blocks)
-                chain_row = _chain_row(evictor, peak, capacity) if evictor else None
-            seconds = time.perf_counter() - t0
-            stats = master_stats(cfg)
-        finally:
-            store.unregister(buf.ctypes.data)
-            store.close()
+        with _chain_evictor(settings, capacity, store, keys, log_dir) as evictor:
+            for request, chain in zip(requests, chains, strict=True):
+                hit = longest_prefix(store, keys, list(chain))
+                hits.add(request, hit)
+                todo = list(chain[hit:])
+                if evictor is None:
+                    failed += len(writer.put_blocks(keys, todo))
+                    continue
+                evictor.touch(chain[:hit], chain_parents(chain[:hit], None))
+                parents = chain_parents(todo, chain[hit - 1] if hit else None)
+                admitted = evictor.admit(todo, parents)
+                todo = todo[: admitted.index(False) if False in admitted else len(todo)]
+                missing = writer.put_blocks(keys, todo)
+                evictor.settle(
+                    [keys.meta_key(h) for h in todo if h not in missing],
+                    [keys.meta_key(h) for h in missing],
+                )
+                failed += len(missing)
+                peak = max(peak, evictor.index.stats().blocks)
+            chain_row = _chain_row(evictor, peak, capacity) if evictor else None
+        seconds = time.perf_counter() - t0
+        stats = master_stats(cfg)
     return PoolReplay(hits, mib, stats, writer.objects, writer.retries, failed, seconds, chain_row)
 
 

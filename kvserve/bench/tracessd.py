@@ -36,15 +36,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from kvpool.config import PoolConfig
 from kvpool.keys import KeySpace, longest_prefix
-from kvpool.master import MasterConfig, master_stats
-from kvpool.net import free_local_ports
+from kvpool.master import master_stats
 from kvpool.store import MooncakeStore
 from kvpool.tiers import TierStats, receive_by_tier
-from kvserve.bench.tracepool import PoolReplay, PoolReplaySettings, _Writer, segment_mib
+from kvserve.bench.tracepool import (
+    PoolReplay,
+    PoolReplaySettings,
+    _Writer,
+    replay_member,
+    segment_mib,
+)
 from kvserve.bench.tracesim import TRACE_NAMESPACE, HitCount, TraceRequest
-from kvserve.cluster.pool import MasterProcess
 
 TIERS = ("dram", "ssd")
 
@@ -134,50 +137,26 @@ def ssd_replay(
     with an SSD tier if ``ssd``; returns the replay, the loads per tier and the blocks
     the lookups found."""
     keys = KeySpace.of(TRACE_NAMESPACE, settings.layers)
-    rpc, meta, metrics = free_local_ports(3)
-    cfg = MasterConfig(
-        master_port=rpc,
-        master_metadata_port=meta,
-        master_metrics_port=metrics,
-        master_eviction_high_watermark=settings.eviction_high_watermark,
-        master_eviction_ratio=settings.eviction_ratio,
-        master_enable_offload=ssd,
-    )
-    per, size = settings.objects_per_block, settings.block_bytes
-    mib = segment_mib(capacity, per, size)
+    mib = segment_mib(capacity, settings.objects_per_block, settings.block_bytes)
     longest = max((len(c) for c in chains), default=1)
     hits, loads, found, failed = HitCount(), TierLoads(), 0, 0
-    label = "ssd" if ssd else "dram"
+    name = f"{'ssd' if ssd else 'dram'}-{capacity}"
     with (
-        tempfile.TemporaryDirectory(prefix="kvserve-ssd-") as ssd_dir,
-        MasterProcess(cfg, log_dir / f"mooncake_master-{label}-{capacity}-{rpc}.log"),
+        tempfile.TemporaryDirectory(prefix="kvserve-ssd-") as tmp,
+        replay_member(settings, mib, longest, log_dir, name, tmp if ssd else "") as member,
     ):
-        store = MooncakeStore.connect(
-            PoolConfig(
-                pool_master=cfg.rpc_address,
-                pool_metadata_server=cfg.metadata_url,
-                pool_segment_mib=mib,
-                pool_local_buffer_mib=16,
-                pool_ssd_dir=ssd_dir if ssd else "",
-            )
-        )
-        buf = np.zeros(longest * per * size, np.uint8)
-        store.register(buf.ctypes.data, buf.nbytes)
-        reader = _Reader(store, buf, size)
+        cfg, store, buf = member
+        reader = _Reader(store, buf, settings.block_bytes)
         writer = _Writer(store, buf, settings)
         t0 = time.perf_counter()
-        try:
-            for request, chain in zip(requests, chains, strict=True):
-                present = longest_prefix(store, keys, list(chain))
-                found += present
-                hit = reader.load(keys, chain[:present], loads)
-                hits.add(request, hit)
-                failed += len(writer.put_blocks(keys, chain[hit:]))
-            seconds = time.perf_counter() - t0
-            stats = master_stats(cfg)
-        finally:
-            store.unregister(buf.ctypes.data)
-            store.close()
+        for request, chain in zip(requests, chains, strict=True):
+            present = longest_prefix(store, keys, list(chain))
+            found += present
+            hit = reader.load(keys, chain[:present], loads)
+            hits.add(request, hit)
+            failed += len(writer.put_blocks(keys, chain[hit:]))
+        seconds = time.perf_counter() - t0
+        stats = master_stats(cfg)
     replay = PoolReplay(hits, mib, stats, writer.objects, writer.retries, failed, seconds)
     return replay, loads, found
 

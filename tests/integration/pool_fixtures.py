@@ -1,4 +1,5 @@
-"""A real ``mooncake_master`` on free loopback ports, and slabs to move blocks between."""
+"""A real ``mooncake_master`` on free loopback ports, a real Redis (the chain index's, the
+KV events'), and slabs to move blocks between."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import redis
 
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace, PrefixHasher
@@ -14,6 +16,8 @@ from kvpool.layout import KVLayout
 from kvpool.master import MasterConfig
 from kvpool.net import free_local_ports
 from kvserve.cluster.pool import MasterProcess
+from kvserve.cluster.redis import RedisConfig, RedisProcess
+from proto.registry import connect
 from tests.staging import STAGING
 
 LAYOUT = KVLayout(
@@ -35,6 +39,19 @@ def running_master(log_dir: Path, **overrides: object) -> Iterator[MasterConfig]
     )
     with MasterProcess(cfg, log_dir / "mooncake_master.log"):
         yield cfg
+
+
+@contextmanager
+def running_redis(log_dir: Path) -> Iterator[redis.Redis]:
+    """A ``redis-server`` on a free loopback port (its log in ``log_dir``) and a client of
+    it; both stopped on exit."""
+    (port,) = free_local_ports(1)
+    with RedisProcess(RedisConfig(port=port), log_dir / "redis.log") as server:
+        client = connect(server.cluster_config, socket_timeout=5)
+        try:
+            yield client
+        finally:
+            client.close()
 
 
 def pool_config(master: MasterConfig, segment_mib: int = 64) -> PoolConfig:

@@ -13,17 +13,15 @@ import pytest
 import redis
 
 from kvpool.chain_index import ChainIndex
-from kvpool.net import free_local_ports
 from kvpool.pool import KVPool
 from kvpool.store import MooncakeStore
-from kvserve.cluster.redis import RedisConfig, RedisProcess
-from proto.registry import connect
 from tests.integration.pool_fixtures import (
     HASHER,
     LAYOUT,
     NAMESPACE,
     pool_config,
     running_master,
+    running_redis,
 )
 from tests.staging import pool_memory
 
@@ -38,17 +36,11 @@ DEPTH = 5  # blocks per chain at most: a tree of 3 roots x 3 branches per level
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[MooncakeStore, redis.Redis]]:
-    (port,) = free_local_ports(1)
-    with (
-        running_master(tmp_path) as master,
-        RedisProcess(RedisConfig(port=port), tmp_path / "redis.log") as server,
-    ):
+    with running_master(tmp_path) as master, running_redis(tmp_path) as client:
         store = MooncakeStore.connect(pool_config(master))
-        client = connect(server.cluster_config, socket_timeout=5)
         try:
             yield store, client
         finally:
-            client.close()
             store.close()
 
 

@@ -4,7 +4,6 @@ evicts and in which order, what it refuses while an eviction is under way."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -13,20 +12,15 @@ from redis.retry import Retry
 
 from kvpool.chain_index import ChainIndex, IndexReplyError, Link
 from kvpool.net import free_local_ports
-from kvserve.cluster.redis import RedisConfig, RedisProcess
-from proto.registry import connect
+from tests.integration.pool_fixtures import running_redis
 
 SIZE = 10
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    (port,) = free_local_ports(1)
-    log = tmp_path_factory.mktemp("redis") / "redis.log"
-    with RedisProcess(RedisConfig(port=port), Path(log)) as server:
-        client = connect(server.cluster_config, socket_timeout=5)
+    with running_redis(tmp_path_factory.mktemp("redis")) as client:
         yield client
-        client.close()
 
 
 @pytest.fixture

@@ -14,9 +14,7 @@ from kvpool.chain_index import ChainIndex
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig, master_stats
 from kvpool.net import free_local_ports
-from kvserve.cluster.redis import RedisConfig, RedisProcess
-from proto.registry import connect
-from tests.integration.pool_fixtures import pool_config, running_master
+from tests.integration.pool_fixtures import pool_config, running_master, running_redis
 from tests.integration.reference import hf_greedy
 from tests.staging import STAGING
 from workers.config import EngineConfig
@@ -72,7 +70,6 @@ def test_engine_b_reuses_the_prefix_engine_a_computed(
 
 def test_engine_runs_without_a_reachable_pool(tiny_model_dir: Path) -> None:
     from kvpool.config import PoolConfig
-    from kvpool.net import free_local_ports
 
     (port,) = free_local_ports(1)
     config = EngineConfig(model=str(tiny_model_dir), block_tokens=16, kv_cache_mib=32)
@@ -132,11 +129,8 @@ def test_kv_crosses_engines_in_separate_processes_bit_exact(
 
 @pytest.fixture
 def index(tmp_path: Path) -> Iterator[ChainIndex]:
-    (port,) = free_local_ports(1)
-    with RedisProcess(RedisConfig(port=port), tmp_path / "redis.log") as server:
-        client = connect(server.cluster_config, socket_timeout=5)
+    with running_redis(tmp_path) as client:
         yield ChainIndex(client, "engines:pool")
-        client.close()
 
 
 def test_engines_evicting_chain_aware_stay_exact(

@@ -4,13 +4,10 @@ order, past junk that anyone with access to Redis could add, into the prefix ind
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
-from kvpool.net import free_local_ports
-from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto.kv_events import EventBatch, Removed, Stored
 from proto.kv_stream import (
     STREAM_FIELD,
@@ -20,9 +17,10 @@ from proto.kv_stream import (
     stream_name,
 )
 from proto.records import FORGED, MALFORMED
-from proto.registry import ClusterConfig, connect
+from proto.registry import ClusterConfig
 from proto.trust import new_secret
 from router.prefix_index import PrefixIndex
+from tests.integration.pool_fixtures import running_redis
 
 SECRET = new_secret()
 KEYS = ClusterConfig(cluster="ev", cluster_secret=SECRET).keys
@@ -30,12 +28,8 @@ KEYS = ClusterConfig(cluster="ev", cluster_secret=SECRET).keys
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    (port,) = free_local_ports(1)
-    log = tmp_path_factory.mktemp("redis") / "redis.log"
-    with RedisProcess(RedisConfig(port=port), Path(log)) as server:
-        client = connect(server.cluster_config, socket_timeout=5)
+    with running_redis(tmp_path_factory.mktemp("redis")) as client:
         yield client
-        client.close()
 
 
 def test_batches_cross_the_stream_in_order_into_the_index(client: redis.Redis) -> None:
