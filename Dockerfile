@@ -15,11 +15,15 @@
 # hash check: see scripts/setup.sh);
 # 4. the project, and the CUDA Mooncake wheel instead of the CPU one when asked for;
 # 5. the default model converted offline, at build time, into $KVSERVE_CACHE_DIR (a volume
-# in docker-compose.yml, filled from the image on first use).
+# in docker-compose.yml, filled from the image on first use);
+# 6. with --build-arg VLLM=1, vLLM's own environment in /opt/vllm (kvserve/vllm_env.py:
+# vLLM's CPU build and its torch from PyTorch's CPU index; the CUDA build with a GPU), for
+# `kvserve worker --engine vllm` (KVSERVE_VLLM_VENV points there).
 FROM python:3.11-slim
 
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG MOONCAKE=mooncake-transfer-engine-non-cuda
+ARG VLLM=0
 
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libibverbs1 libnuma1 g++ \
@@ -42,6 +46,12 @@ RUN pip install --no-deps --no-build-isolation -e . \
          && pip uninstall -y mooncake-transfer-engine-non-cuda \
          && pip install --no-deps "${MOONCAKE}==${version}"; \
        fi
+
+RUN if [ "${VLLM}" = 1 ]; then \
+         PIP_EXTRA_INDEX_URL="${TORCH_INDEX}" python -c \
+           "from pathlib import Path; from kvserve.vllm_env import ensure_vllm; ensure_vllm(Path('/opt/vllm'))"; \
+       fi
+ENV KVSERVE_VLLM_VENV=/opt/vllm
 
 RUN useradd --create-home --uid 1000 kvserve \
     && mkdir -p /models && chown kvserve:kvserve /models

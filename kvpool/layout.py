@@ -49,6 +49,16 @@ class KVLayout:
             f"x{self.dtype}"
         )
 
+    @classmethod
+    def from_wire(cls, wire: str, num_blocks: int = 1) -> KVLayout:
+        """The layout named ``wire`` (:attr:`wire`) with ``num_blocks`` pages; ValueError
+        for a name that is not one."""
+        match = _WIRE.fullmatch(wire)
+        if match is None:
+            raise ValueError(f"not a KV layout name: {wire[:80]!r}")
+        layers, tokens, heads, dim = (int(g) for g in match.groups()[:4])
+        return cls(layers, num_blocks, tokens, heads, dim, match.group(5))
+
     def offset(self, layer: int, block: int) -> int:
         """Byte offset of the (layer, block) span from the start of the slab."""
         assert 0 <= layer < self.num_layers and 0 <= block < self.num_blocks
@@ -58,8 +68,5 @@ class KVLayout:
 def token_bytes(wire: str) -> int:
     """Bytes of one token's KV over all layers in the layout named ``wire``
     (:attr:`KVLayout.wire`); ``ValueError`` for a name that is not one."""
-    match = _WIRE.fullmatch(wire)
-    if match is None or match.group(5) not in ELEMENT_BYTES:
-        raise ValueError(f"not a KV layout name: {wire[:80]!r}")
-    layers, _, heads, dim = (int(g) for g in match.groups()[:4])
-    return layers * 2 * heads * dim * ELEMENT_BYTES[match.group(5)]
+    layout = KVLayout.from_wire(wire)
+    return layout.num_layers * 2 * layout.kv_heads * layout.head_dim * ELEMENT_BYTES[layout.dtype]

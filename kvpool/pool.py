@@ -142,7 +142,7 @@ class KVPool:
             return out
         for h, complete in zip(hashes, completeness(self.store, self.keys, hashes), strict=True):
             if complete is None:
-                self._heal(self.keys.meta_key(h))
+                self.heal(self.keys.meta_key(h))
             out.append(not complete)
         return out
 
@@ -188,7 +188,7 @@ class KVPool:
             self.stats.bad_meta += 1
         elif meta is MetaFault.FORGED:
             self.stats.forged_blocks += 1
-            self._heal(meta_key)
+            self.heal(meta_key)
         return meta
 
     def load(self, hashes: list[int], pages: list[int], prefix: Sequence[int] = ()) -> int:
@@ -238,7 +238,7 @@ class KVPool:
         self.stats.bytes_read += sum(g.nbytes for g in got if g.nbytes > 0)
         for i, meta in enumerate(metas):
             if not self.verify_block(got[i * per : (i + 1) * per], meta.sums):
-                self._heal(meta_keys[i])
+                self.heal(meta_keys[i])
                 return i
         return len(metas)
 
@@ -262,7 +262,7 @@ class KVPool:
             return False
         return True
 
-    def _heal(self, meta_key: str) -> None:
+    def heal(self, meta_key: str) -> None:
         """Remove a block that failed verification so a writer can publish it again."""
         self.store.remove([meta_key, *self.keys.layer_keys(meta_key)])
         self.stats.healed_blocks += 1

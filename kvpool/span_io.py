@@ -124,8 +124,15 @@ class DirectIO:
         codes = self.store.put_from(list(keys), ptrs, [size] * len(ptrs))
         return [self.digest(p, size) if c == 0 else None for c, p in zip(codes, ptrs, strict=True)]
 
-    def receive(self, keys: Sequence[str], spans: Sequence[CacheSpan]) -> list[Received]:
-        """Get ``keys`` into ``spans``; per span what was read and its digest."""
+    def receive(
+        self,
+        keys: Sequence[str],
+        spans: Sequence[CacheSpan],
+        expected: Sequence[bytes] | None = None,
+    ) -> list[Received]:
+        """Get ``keys`` into ``spans``; per span what was read and its digest. In place,
+        every byte read is in the pages already: ``expected`` (see :meth:`StagedIO.receive`)
+        is not used."""
         size, ptrs = self.layout.span_bytes, self._ptrs(spans)
         got = self.store.get_into(list(keys), ptrs, [size] * len(ptrs))
         return [
@@ -185,9 +192,16 @@ class StagedIO:
                 ]
         return out
 
-    def receive(self, keys: Sequence[str], spans: Sequence[CacheSpan]) -> list[Received]:
+    def receive(
+        self,
+        keys: Sequence[str],
+        spans: Sequence[CacheSpan],
+        expected: Sequence[bytes] | None = None,
+    ) -> list[Received]:
         """As :meth:`DirectIO.receive`; digested in the slots (staged: before the copy to
-        the pages; in place: over a copy back from them)."""
+        the pages; in place: over a copy back from them). Staged with ``expected`` (a
+        digest per span): only the spans read in full whose digest is the expected one
+        reach their pages, so no unverified byte ever does."""
         out: list[Received] = []
         size = self.layout.span_bytes
         for part in self._rounds(len(spans)):
@@ -199,12 +213,21 @@ class StagedIO:
                 ]
                 if self._direct is not None:
                     self.copier.to_host([sp for _, sp in full], [s for s, _ in full], None)
-                elif full:
-                    self.copier.to_device([s for s, _ in full], [sp for _, sp in full])
-                out += [
+                received = [
                     Received(n, self.digest(self._slot_ptr(s), size) if n == size else b"")
                     for n, s in zip(got, slots, strict=True)
                 ]
+                if self._direct is None and full:
+                    wanted = expected[part] if expected is not None else None
+                    copy = [
+                        (s, sp)
+                        for i, (s, sp) in enumerate(zip(slots, spans[part], strict=True))
+                        if received[i].nbytes == size
+                        and (wanted is None or received[i].digest == wanted[i])
+                    ]
+                    if copy:
+                        self.copier.to_device([s for s, _ in copy], [sp for _, sp in copy])
+                out += received
         return out
 
     def close(self) -> None:

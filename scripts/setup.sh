@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 
 # iproute2: `ip netns` for up --hosts; g++: the native attention kernels (workers/model/csrc);
 # prometheus: tests/e2e/test_dashboard.py checks the Grafana dashboard's queries through it;
-# chromium: tests/e2e/test_status_page.py loads the router's status page in it
-apt_packages=(libibverbs1 libnuma1 redis-server iproute2 g++ prometheus chromium)
+# chromium: tests/e2e/test_status_page.py loads the router's status page in it;
+# nginx-light: the round-robin in front of several vLLMs in kvserve bench peer
+apt_packages=(libibverbs1 libnuma1 redis-server iproute2 g++ prometheus chromium nginx-light)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -65,4 +66,11 @@ fi
 if ! .venv/bin/python -m workers.model.native >/dev/null; then
   echo "setup: WARNING: the native attention kernels did not build (the reason is above);" \
     "attention falls back to the slower torch path" >&2
+fi
+
+# vLLM as an engine (kvserve worker --engine vllm, and the tests marked vllm): its own
+# virtualenv under the cache, since vLLM's pins conflict with the lock (minutes and ~0.5 GB
+# of downloads the first time; kvserve/vllm_env.py). Made when KVSERVE_VLLM=1.
+if [ "${KVSERVE_VLLM:-0}" = "1" ]; then
+  .venv/bin/python -c "from kvserve.vllm_env import ensure_vllm; ensure_vllm()" >&2
 fi

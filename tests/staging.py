@@ -18,7 +18,7 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.layout import KVLayout
 from kvserve.settings import env_name
-from workers.kv_staging import TorchCopier
+from workers.kv_staging import SlabViews, TorchCopier
 
 STAGING = os.environ.get(env_name("kv_staging"), PoolConfig.kv_staging)
 TEST_SLOTS = 16
@@ -31,4 +31,4 @@ def pool_memory(slab: np.ndarray, layout: KVLayout) -> int | TorchCopier:
     if STAGING != "always":
         return int(slab.ctypes.data)
     spans = slab.view(np.uint8).reshape(layout.num_layers, layout.num_blocks, layout.span_bytes)
-    return TorchCopier(torch.from_numpy(spans), TEST_SLOTS)
+    return TorchCopier(SlabViews(torch.from_numpy(spans)), TEST_SLOTS)

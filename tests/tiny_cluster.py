@@ -14,7 +14,7 @@ import openai
 from kvpool.config import PoolConfig
 from kvserve.cluster.launch import Cluster, ClusterSpec
 from tests.staging import STAGING
-from workers.config import EngineConfig
+from workers.config import EngineConfig, VllmOptions
 
 BLOCK = 16
 MODEL_NAME = "tiny-llama"
@@ -57,3 +57,20 @@ def cluster_client(cluster: Cluster, timeout: float = 120) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=cluster.router_url + "/v1", api_key="unused", max_retries=0, timeout=timeout
     )
+
+
+VLLM_BLOCK = 32
+"""Tokens per block of the clusters with vLLM workers: vLLM's CPU kernels take multiples of
+32 only, and one block size serves the whole cluster."""
+
+
+def vllm_cluster_spec(model_dir: Path, log_dir: Path, **spec: Any) -> ClusterSpec:
+    """:func:`tiny_cluster_spec` with vLLM-backed workers (``--engine vllm``, eager: no
+    compile), 32-token blocks and a 64 MiB KV cache each."""
+    engine = {"block_tokens": VLLM_BLOCK, "kv_cache_mib": 64, **spec.pop("engine", {})}
+    defaults: dict[str, Any] = {
+        "worker_engine": "vllm",
+        "vllm": VllmOptions(vllm_compile=False),
+        "startup_timeout_s": 300,
+    }
+    return tiny_cluster_spec(model_dir, log_dir, engine=engine, **{**defaults, **spec})

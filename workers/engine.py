@@ -40,12 +40,13 @@ from kvpool.config import PoolConfig
 from kvpool.keyring import Keyring
 from kvpool.landing import Landing
 from kvpool.push import PushTarget
+from kvpool.stream import Transfer
 from workers.config import EngineConfig
 from workers.engine_info import EngineInfo, EngineLoad
 from workers.engine_parts import load_parts
 from workers.handoff import Reservations
 from workers.kv_push import Pusher
-from workers.kv_transfer import KVStreamer, Transfer
+from workers.kv_transfer import KVStreamer
 from workers.model_runner import describe
 from workers.offline import generate
 from workers.outputs import EngineStats, RequestOutput

@@ -54,7 +54,8 @@ from dataclasses import dataclass
 from kvpool.landing import Lander, Landing
 from kvpool.pool import KVPool
 from kvpool.push import PushTarget
-from workers.kv_transfer import Transfer, pull_prompt, start_landing
+from kvpool.stream import Transfer
+from workers.kv_transfer import pull_prompt, start_landing
 from workers.push_receive import (
     PushCheck,
     PushVerdict,

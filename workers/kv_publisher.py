@@ -35,14 +35,13 @@ import logging
 import queue
 import threading
 import time
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import redis
 
 from proto.kv_events import MAX_EVENTS, EventBatch, KVEvent, Stored
 from proto.kv_stream import publish_batch, take_snapshot_request
 from proto.registry import ClusterConfig, connect
-from workers.block_pool import BlockPool
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +52,23 @@ SNAPSHOT_EVERY_S = 2.0
 MAX_QUEUED = 512
 """Items waiting to be sent; beyond that the engine drops deltas (see the docstring)."""
 LOG_EVERY_S = 60.0
+
+
+class EventSource(Protocol):
+    """A cache whose changes are published: our engine's
+    :class:`~workers.block_pool.BlockPool`, or vLLM's under our names
+    (``vllm_backend.cache_names.CacheNames``)."""
+
+    def log_events(self) -> None:
+        """Log events from now on."""
+
+    def take_events(self) -> list[KVEvent]:
+        """The events since the last call, oldest first."""
+        ...
+
+    def cached_names(self) -> list[int]:
+        """Every block name the cache holds now."""
+        ...
 
 
 class _Item(NamedTuple):
@@ -87,12 +103,12 @@ class EventPublisher:
 
     # --- the engine thread --------------------------------------------------------------
 
-    def attach(self, pool: BlockPool) -> None:
+    def attach(self, pool: EventSource) -> None:
         """Log ``pool``'s events from now on; the first batch is a snapshot."""
         pool.log_events()
         self._want_snapshot.set()
 
-    def collect(self, pool: BlockPool) -> None:
+    def collect(self, pool: EventSource) -> None:
         """Queue the events ``pool`` logged since the last call, then a snapshot if one is
         wanted. Never blocks, never raises for a full queue."""
         events = pool.take_events()

@@ -40,8 +40,8 @@ from kvpool.layout import KVLayout
 from kvpool.pool import KVPool
 from kvpool.push import PushEngine, PushError, PushOutcome, PushTarget, target_error
 from kvpool.span_io import DirectIO
+from kvpool.stream import StepWrite, Transfer
 from workers.block_manager import BlockManager
-from workers.kv_transfer import StepWrite, Transfer
 from workers.scheduler import BatchEntry
 from workers.sequence import Sequence
 
@@ -258,7 +258,7 @@ class PushStepWrite(StepWrite):
         if self.executor is not None:
             self._pending.append(self.executor.submit(self.pusher.push_layer, self.jobs, layer))
 
-    def finish(self) -> Transfer:
+    def finish(self, wait_commit: bool = False) -> Transfer:
         t0 = time.perf_counter()
         for layer_push in self._pending:
             layer_push.result()
@@ -279,7 +279,7 @@ class PushStepWrite(StepWrite):
         if isinstance(pool.io, DirectIO):  # what was pushed is not digested again
             write = KnownSumsWrite(pool, blocks, self._known_sums(), indexed)
         published = self.pusher.publish(write, self.in_flight, self.pins)
-        if failed:  # the pool carries the KV of a push that failed: it must be there now
+        if failed or wait_commit:  # the pool carries a failed push's KV: it must be there now
             published.result()
             if self.executor is not None:  # earlier steps' commits, queued on kv-write
                 self.executor.submit(lambda: None).result()

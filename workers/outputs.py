@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpool.push import PushOutcome
+from kvpool.stream import Transfer
 from workers.histogram import Buckets
-from workers.kv_transfer import Transfer
 from workers.model.prepare import default_model_dir
 from workers.sequence import FinishReason, Sequence, TokenLogprob
 

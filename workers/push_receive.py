@@ -39,8 +39,9 @@ from kvpool.meta import BlockMeta, MetaFault
 from kvpool.pool import KVPool
 from kvpool.push import PushTarget, target_mac
 from kvpool.span_io import DirectIO
+from kvpool.stream import Transfer
 from workers.block_manager import BlockManager
-from workers.kv_transfer import Transfer, credit_prompt, prompt_targets
+from workers.kv_transfer import credit_prompt, prompt_targets
 from workers.sequence import Sequence
 
 

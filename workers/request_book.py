@@ -9,9 +9,9 @@ engine finishes a request in its scheduler when an output says it finished.
 
 from __future__ import annotations
 
+from kvpool.stream import Transfer
 from proto.tokenization import Tokenizer
 from workers.detokenizer import IncrementalText
-from workers.kv_transfer import Transfer
 from workers.outputs import EngineStats, RequestOutput
 from workers.sequence import FinishReason, Sequence, TokenLogprob
 

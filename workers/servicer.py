@@ -23,38 +23,26 @@ from typing import Any
 import grpc
 
 from kvpool.landing import STALL_S
+from kvpool.stream import Transfer
 from proto import worker_pb2 as pb
-from proto import worker_pb2_grpc
 from proto.limits import request_id_error
-from proto.records import ROLES
 from workers.engine import Engine
 from workers.engine_info import EngineLoad
 from workers.engine_loop import EngineLoop
-from workers.kv_transfer import Transfer
 from workers.outputs import RequestOutput
-from workers.role_switch import RoleSwitch
-from workers.rpc_edge import (
-    Request,
-    aborted,
-    delivered,
-    lease_error,
-    lease_seconds,
-    request_error,
-)
+from workers.rpc_edge import aborted, delivered, lease_seconds
+from workers.servicer_base import Context, ServicerBase
 from workers.wire import (
-    finish_reason,
     load_report,
-    logprobs,
-    push_result,
+    prefill_reply,
     push_target,
     push_target_msg,
-    sampling_params,
+    token_chunk,
     transfer,
     usage,
 )
 
 log = logging.getLogger(__name__)
-Context = grpc.aio.ServicerContext[Any, Any]
 LANDING_WAIT_S = 10.0
 """Hard cap on the wait for a landing after its prefill answered. The wait ends sooner when
 the landing is over or stalls (no new object or meta for :data:`kvpool.landing.STALL_S`:
@@ -62,41 +50,10 @@ what is missing will not come); this bounds one that keeps trickling. Either way
 cancelled then, keeping the leading blocks it verified, and the engine recomputes the rest."""
 
 
-class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+class WorkerServicer(ServicerBase):
     def __init__(self, loop: EngineLoop, role: str, on_change: Callable[[], None]) -> None:
+        super().__init__(role, on_change, loop.info.max_model_len, loop.info.pool_attached)
         self.loop = loop
-        self.roles = RoleSwitch(role, on_change)
-        """Role and drain (:mod:`workers.role_switch`)."""
-
-    @property
-    def role(self) -> str:
-        return self.roles.role
-
-    @property
-    def draining(self) -> bool:
-        return self.roles.draining
-
-    @property
-    def on_change(self) -> Callable[[], None]:
-        """Called (on a thread) after the role or the drain state changed (re-publishes the
-        record)."""
-        return self.roles.on_change
-
-    @on_change.setter
-    def on_change(self, callback: Callable[[], None]) -> None:
-        self.roles.on_change = callback
-
-    async def _admit(self, verb: str, context: Context, held: bool = False) -> None:
-        """Abort the call unless this role takes ``verb`` and the worker is not draining
-        (``held``: the call finishes work the worker already holds, taken even so)."""
-        if refusal := self.roles.refusal(verb, held):
-            await context.abort(*refusal)
-
-    async def _check(self, request: Request, context: Context) -> None:
-        """Abort the call with INVALID_ARGUMENT unless its request id is well-formed and its
-        token lists and cache salt fit this worker (:func:`workers.rpc_edge.request_error`)."""
-        if error := request_error(request, self.loop.info.max_model_len):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error)
 
     async def _on_engine(self, fn: Callable[[Engine], Any]) -> Any:
         return await asyncio.wrap_future(self.loop.call(fn))
@@ -133,8 +90,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Reserve(self, request: pb.ReserveRequest, context: Context) -> pb.ReserveReply:
         await self._admit("Reserve", context)
         await self._check(request, context)
-        if error := lease_error(request.lease_ms):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error)
+        await self._check_lease(request, context)
         prompt = list(request.prompt_token_ids)
         lease = lease_seconds(request.lease_ms)
 
@@ -178,16 +134,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except asyncio.CancelledError:
             await self._cancel(request.request_id)
             raise
-        out = await delivered(out, context)
-        return pb.PrefillReply(
-            first_token=out.new_token_ids[0],
-            text=out.text_delta,
-            finish_reason=finish_reason(out.finish_reason),
-            usage=usage(out),
-            transfer=transfer(out.transfer),
-            logprob=logprobs(out.logprobs)[0] if out.logprobs else None,
-            push=push_result(out.push) if out.push is not None else None,
-        )
+        return prefill_reply(await delivered(out, context))
 
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
@@ -209,13 +156,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             first_chunk = True
             while True:
                 out = await delivered(await outputs.get(), context)
-                chunk = pb.TokenChunk(
-                    token_ids=out.new_token_ids,
-                    text=out.text_delta,
-                    finish_reason=finish_reason(out.finish_reason),
-                    logprobs=logprobs(out.logprobs),
-                    prompt_logprobs=logprobs(out.prompt_logprobs or ()),
-                )
+                chunk = token_chunk(out)
                 if first_chunk:
                     chunk.usage.CopyFrom(usage(out))
                     chunk.transfer.CopyFrom(transfer(read))
@@ -250,12 +191,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             return lambda e: e.adopt(rid, prompt, first, params, salt, verdict)
         return lambda e: e.add_request(prompt, params, rid, cache_salt=salt)
 
-    async def _params(self, msg: pb.SamplingParams, context: Context) -> Any:
-        try:
-            return sampling_params(msg)
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-
     async def Abort(self, request: pb.AbortRequest, context: Context) -> pb.AbortReply:
         rid = request.request_id
         if request_id_error(rid):
@@ -273,16 +208,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def GetLoad(self, request: pb.LoadRequest, context: Context) -> pb.LoadReport:
         load: EngineLoad = await self._on_engine(lambda e: e.load())
         return load_report(load, self.role, self.draining)
-
-    async def SetRole(self, request: pb.SetRoleRequest, context: Context) -> pb.SetRoleReply:
-        if request.role not in ROLES:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"role must be one of {ROLES}")
-        if request.role != "mixed" and not self.loop.info.pool_attached:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION, f"role {request.role} needs the KV pool"
-            )
-        previous = await self.roles.change(request.role, self._busy)
-        return pb.SetRoleReply(role=self.role, previous=previous)
 
     async def _busy(self) -> bool:
         """Whether the engine holds any work (what a drain waits out)."""

@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from kvpool.stream import StepWrite, Transfer
 from workers.kv_push import Pusher
-from workers.kv_transfer import KVStreamer, StepWrite, Transfer
+from workers.kv_transfer import KVStreamer
 from workers.model_runner import ModelRunner, Sampled, describe
 from workers.scheduler import ScheduledBatch
 

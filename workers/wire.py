@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvpool.push import PushOutcome, PushTarget
+from kvpool.stream import Transfer
 from proto import worker_pb2 as pb
 from proto.finish import wire_finish
 from proto.limits import logit_bias_count_error, stop_count_error, stop_token_ids_count_error
 from workers.engine_info import EngineLoad
-from workers.kv_transfer import Transfer
 from workers.outputs import RequestOutput
 from workers.sequence import FinishReason, SamplingParams, TokenLogprob
 
@@ -70,6 +70,32 @@ def usage(out: RequestOutput) -> pb.PromptUsage:
         local_tokens=cached - pool,
         pool_tokens=pool,
         computed_tokens=prompt - cached,
+    )
+
+
+def token_chunk(out: RequestOutput) -> pb.TokenChunk:
+    """One ``Generate`` chunk of an engine output (without the first chunk's usage and
+    transfer, which the servicer adds)."""
+    return pb.TokenChunk(
+        token_ids=out.new_token_ids,
+        text=out.text_delta,
+        finish_reason=finish_reason(out.finish_reason),
+        logprobs=logprobs(out.logprobs),
+        prompt_logprobs=logprobs(out.prompt_logprobs or ()),
+    )
+
+
+def prefill_reply(out: RequestOutput) -> pb.PrefillReply:
+    """A ``Prefill``'s answer: the first token's output (its text, finish, usage, the KV
+    written, its logprob, and the push's outcome when it came with a target)."""
+    return pb.PrefillReply(
+        first_token=out.new_token_ids[0],
+        text=out.text_delta,
+        finish_reason=finish_reason(out.finish_reason),
+        usage=usage(out),
+        transfer=transfer(out.transfer),
+        logprob=logprobs(out.logprobs)[0] if out.logprobs else None,
+        push=push_result(out.push) if out.push is not None else None,
     )
 
 

@@ -26,9 +26,9 @@ from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvpool.net import free_local_ports
 from kvpool.push import PushOutcome
+from kvpool.stream import Transfer
 from kvserve.cluster.pool import MasterProcess
 from workers.engine import Engine
-from workers.kv_transfer import Transfer
 from workers.outputs import RequestOutput
 from workers.sequence import SamplingParams
 

@@ -3,7 +3,7 @@
 Lifecycle of one invocation:
 
 1. vLLM's CPU build is installed into its own virtualenv under the cache on first use
-   (:func:`kvserve.bench.peer_vllm.ensure_vllm`; minutes, once); its ``vllm bench serve``
+   (:func:`kvserve.vllm_env.ensure_vllm`; minutes, once); its ``vllm bench serve``
    is the load generator for every server;
 2. for each model (``--model``, repeatable: ``default``, ``tiny`` or a directory) and each
    server of ``--servers`` in turn (``vllm``, kvserve's ``default`` 1 prefill + 1 decode,
@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import math
 import os
 import signal
 import tempfile
-import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -43,14 +40,15 @@ from typing import Any, ClassVar
 
 from kvserve.bench import peer_client as pc
 from kvserve.bench import peer_results as pr
-from kvserve.bench import peer_vllm as pv
+from kvserve.bench.peer_servers import engine_fields, server_up
 from kvserve.cluster.deployment import SegmentConfig
 from kvserve.loadgen.options import json_rate
 from kvserve.report import emit, log
 from kvserve.settings import BENCH_ENV, add_config_args, setting
-from workers.config import EngineConfig
+from kvserve.vllm_env import VllmEnv, ensure_vllm
+from workers.config import EngineConfig, VllmOptions
 
-ENGINE_FIELDS = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "model"]
+ENGINE_FIELDS = engine_fields()
 
 
 @dataclass(frozen=True)
@@ -64,7 +62,6 @@ class PeerConfig:
     - ``rates``: request rates, req/s, Poisson; inf: all at once;
     - ``num_prompts``: requests per run;
     - ``seed``: run i of the plan uses seed+i;
-    - ``vllm_venv``: vLLM virtualenv dir (default: one in the cache, installed on first use);
     - ``vllm_kvcache_gib``: vLLM's KV cache;
     - ``vllm_max_model_len``: vLLM's longest prompt + output;
     - ``startup_timeout_s``: seconds for a server to start;
@@ -81,7 +78,6 @@ class PeerConfig:
     rates: list[float] = setting([0.5, 1.0, math.inf])
     num_prompts: int = 50
     seed: int = 0
-    vllm_venv: Path | None = None
     vllm_kvcache_gib: float = 2.0
     vllm_max_model_len: int = 2048
     startup_timeout_s: float = 600.0
@@ -95,13 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``kvserve bench peer``; kvserve's engine flags (``--kv-cache-mib``...) and
     pool segment as ``kvserve up`` has them, for every kvserve worker."""
     add_config_args(parser, PeerConfig)
+    add_config_args(parser, VllmOptions, only=("vllm_venv",))
     add_config_args(parser, SegmentConfig)
     add_config_args(parser, EngineConfig, only=ENGINE_FIELDS)
-
-
-def engine_config(args: argparse.Namespace, model_dir: Path) -> EngineConfig:
-    """Every kvserve worker's engine settings: the flags, with ``model_dir``."""
-    return EngineConfig(model=str(model_dir), **{f: getattr(args, f) for f in ENGINE_FIELDS})
 
 
 def served_model(url: str) -> str:
@@ -110,55 +102,9 @@ def served_model(url: str) -> str:
         return str(json.load(resp)["data"][0]["id"])
 
 
-@contextlib.contextmanager
-def server_up(
-    args: argparse.Namespace,
-    venv: pv.VllmEnv,
-    server: pr.Server,
-    model_dir: Path,
-    log_dir: Path,
-) -> Iterator[str]:
-    """``server`` serving ``model_dir``, healthy; yields its base URL, stops it on exit."""
-    if server.name == pr.BASELINE:
-        with pv.vllm_server(
-            venv,
-            model_dir,
-            log_dir,
-            kvcache_gib=args.vllm_kvcache_gib,
-            max_model_len=args.vllm_max_model_len,
-            startup_timeout_s=args.startup_timeout_s,
-        ) as url:
-            yield url
-        return
-    from kvserve.bench.compare import started
-
-    engine = engine_config(args, model_dir)
-    options = cluster_options(server, args.startup_timeout_s)
-    begin = time.monotonic()
-    with started(server.deployment, engine, args.segment_mib, **options) as cluster:
-        placement = {p.name: list(p.cores) for p in cluster.plan.workers}
-        log(f"bench peer: kvserve {server.name} up in {time.monotonic() - begin:.0f}s at "
-            f"{cluster.router_url} (worker cores {placement})")  # fmt: skip
-        yield cluster.router_url
-
-
-def cluster_options(server: pr.Server, startup_timeout_s: float) -> dict[str, Any]:
-    """The :class:`~kvserve.cluster.spec.ClusterSpec` fields of a kvserve server besides its
-    shape: a server with ``threads`` gets that many threads per worker and only the first
-    core of this process's affinity (the core vLLM pins its engine to)."""
-    options: dict[str, Any] = {"startup_timeout_s": startup_timeout_s}
-    if server.threads:
-        options |= {"threads_per_worker": server.threads, "cores": (first_core(),)}
-    return options
-
-
-def first_core() -> int:
-    return min(os.sched_getaffinity(0))
-
-
 def run_server(
     args: argparse.Namespace,
-    venv: pv.VllmEnv,
+    venv: VllmEnv,
     server: pr.Server,
     model_dir: Path,
     plan: list[pr.Run],
@@ -173,20 +119,13 @@ def run_server(
             name = served_model(url)
             for run in plan:
                 stem = f"{run.workload}-rate{json_rate(run.rate)}-seed{run.seed}"
-                result = run_dir / f"{stem}.json"
-                argv = pc.bench_argv(
-                    venv, url, name, model_dir, run.workload, run.rate, run.seed,
-                    args.num_prompts, result,
-                )  # fmt: skip
                 log(f"bench peer: {model} {server.name} {stem}")
                 try:
-                    data = pc.run_client(argv, result, run_dir / f"{stem}.log", args.run_timeout_s)
+                    row = run_once(args, venv, url, name, model_dir, run, run_dir / stem)
                 except RuntimeError as exc:
                     rows.append(pr.error_row(model, server.name, run, str(exc)))
                     continue
-                row = pr.row_from_result(
-                    data, model=model, server=server.name, run=run, num_prompts=args.num_prompts
-                )
+                row["server"] = server.name
                 log(f"bench peer:   {row['completed']} done, {row['failed']} failed, "
                     f"{row['output_throughput'] or 0:.1f} output tok/s")  # fmt: skip
                 rows.append(row)
@@ -194,6 +133,34 @@ def run_server(
         log(f"bench peer: {server.name} on {model} failed: {exc}")
         rows.append(pr.error_row(model, server.name, None, str(exc)))
     return rows
+
+
+def run_once(
+    args: argparse.Namespace,
+    venv: VllmEnv,
+    url: str,
+    name: str,
+    model_dir: Path,
+    run: pr.Run,
+    stem: Path,
+) -> dict[str, Any]:
+    """One run's row: ``vllm bench serve`` for vLLM's datasets, ``kvserve bench serve``
+    for the multi-turn workload (:data:`kvserve.bench.peer_client.OUR_CLIENT`)."""
+    model = model_dir.name
+    if run.workload in pc.OUR_CLIENT:
+        argv = pc.serve_argv(url, name, run.workload, run.rate, run.seed, args.num_prompts, stem)
+        data = pc.run_client(
+            argv, stem / "serve.json", stem.with_suffix(".log"), args.run_timeout_s
+        )
+        return pr.row_from_serve(
+            data, model=model, server="", run=run, num_prompts=args.num_prompts
+        )
+    result = stem.with_suffix(".json")
+    argv = pc.bench_argv(
+        venv, url, name, model_dir, run.workload, run.rate, run.seed, args.num_prompts, result
+    )
+    data = pc.run_client(argv, result, stem.with_suffix(".log"), args.run_timeout_s)
+    return pr.row_from_result(data, model=model, server="", run=run, num_prompts=args.num_prompts)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -218,11 +185,11 @@ def run(args: argparse.Namespace) -> int:
     """The command (see the module docstring)."""
     _check(args)
     servers = pr.parse_names(args.servers, pr.SERVERS, "--servers")
-    workloads = pr.parse_names(args.workloads, pc.WORKLOADS, "--workloads")
+    workloads = pr.parse_names(args.workloads, pc.ALL_WORKLOADS, "--workloads")
     plan = pr.seed_plan(workloads, args.rates, args.seed)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        venv = pv.ensure_vllm(args.vllm_venv)
+        venv = ensure_vllm(Path(args.vllm_venv) if args.vllm_venv else None)
         if args.install_only:
             print(venv.root)
             return 0
@@ -242,11 +209,17 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     pr.add_ratios(rows)
+    pr.add_ratios(rows, pr.PAIR_BASELINE, only=pr.PAIRED)
     if args.out is not None:
         from kvserve.bench.peer_plot import throughput_plot
 
         throughput_plot(rows, args.out)
-    emit("peer", conditions(args, venv, models, servers, plan, log_dir), rows, pr.headline(rows))
+    headline = pr.headline(rows)
+    paired = pr.headline(rows, pr.PAIR_BASELINE)["ratios"]
+    headline[f"vs_{pr.PAIR_BASELINE}"] = {
+        model: {s: r for s, r in means.items() if r is not None} for model, means in paired.items()
+    }
+    emit("peer", conditions(args, venv, models, servers, plan, log_dir), rows, headline)
     return 1 if any("error" in r for r in rows) else 0
 
 
@@ -258,7 +231,7 @@ def resolve(spec: str) -> Path:
 
 def conditions(
     args: argparse.Namespace,
-    venv: pv.VllmEnv,
+    venv: VllmEnv,
     models: dict[str, Path],
     servers: list[str],
     plan: list[pr.Run],
@@ -272,7 +245,8 @@ def conditions(
         "models": {spec: model_shape(path) for spec, path in models.items()},
         "servers": {name: pr.SERVERS[name].about for name in servers},
         "workloads": {
-            w: " ".join(pc.WORKLOADS[w]) for w in dict.fromkeys(r.workload for r in plan)
+            w: " ".join({**pc.WORKLOADS, **pc.OUR_CLIENT}[w])
+            for w in dict.fromkeys(r.workload for r in plan)
         },
         "rates": [json_rate(r) for r in args.rates],
         "num_prompts": args.num_prompts,
@@ -280,7 +254,8 @@ def conditions(
             {"workload": r.workload, "rate": json_rate(r.rate), "seed": r.seed} for r in plan
         ],
         "client": "vllm bench serve --backend vllm --ignore-eos --temperature 0, Poisson "
-        "arrivals (inf: all at once), run on the same cores",
+        "arrivals (inf: all at once), run on the same cores; multiturn: kvserve bench serve "
+        "--workload conversation (token-id prompts, vLLM's return_token_ids)",
         "cores": sorted(os.sched_getaffinity(0)),
         "cpu_model": cpu_model(),
         "versions": {**venv.versions(), "vllm_venv": str(venv.root)},

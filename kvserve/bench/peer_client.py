@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.peer_vllm import QUIET_ENV, VllmEnv
 from kvserve.cluster.processes import ManagedProcess
+from kvserve.vllm_env import QUIET_ENV, VllmEnv
 
 WORKLOADS: dict[str, tuple[str, ...]] = {
     "random": (
@@ -33,6 +34,19 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
 }
 """The client's dataset flags per workload: 512 random tokens in, or 5 shared prefixes of
 448 tokens + 64 unique ones; 64 tokens out (``--ignore-eos``) either way."""
+MULTITURN_TURNS = 4
+OUR_CLIENT: dict[str, tuple[str, ...]] = {
+    "multiturn": (
+        *("--workload", "conversation", "--turns", str(MULTITURN_TURNS)),
+        *("--first-prompt-len", "448", "--user-message-len", "64", "--answer-len", "64"),
+        *("--think-s", "0", "--ignore-eos", "--warmup", "0"),
+    ),
+}
+"""Workloads ``vllm bench serve`` has no dataset for, driven by ``kvserve bench serve``:
+multi-turn conversations (4 turns; a 448-token first message, 64-token answers and later
+messages, each turn's prompt the whole conversation so far as token ids), the same for
+every server (vLLM's ``return_token_ids`` returns the answers' ids)."""
+ALL_WORKLOADS = (*WORKLOADS, *OUR_CLIENT)
 
 
 def bench_argv(
@@ -58,6 +72,19 @@ def bench_argv(
     argv += ["--result-dir", str(result.parent)]
     argv += ["--result-filename", result.name, "--num-prompts", str(num_prompts)]
     return [*argv, *WORKLOADS[workload]]
+
+
+def serve_argv(
+    url: str, model: str, workload: str, rate: float, seed: int, num_prompts: int, out: Path
+) -> list[str]:
+    """``kvserve bench serve`` of one run of an :data:`OUR_CLIENT` workload: about
+    ``num_prompts`` requests (whole conversations), conversations starting at ``rate``
+    per second (Poisson), its ``serve.json`` in ``out``."""
+    conversations = max(1, num_prompts // MULTITURN_TURNS)
+    argv = [sys.executable, "-m", "kvserve", "bench", "serve", "--url", url, "--model", model]
+    argv += [*OUR_CLIENT[workload], "--conversations", str(conversations)]
+    argv += ["--rates", "inf" if math.isinf(rate) else f"{rate:g}", "--seed", str(seed)]
+    return [*argv, "--out", str(out)]
 
 
 def run_client(

@@ -19,13 +19,16 @@ from typing import Any
 from kvserve.loadgen.options import json_rate
 
 BASELINE = "vllm"
+PAIR_BASELINE = "vllm-x2"
 
 
 @dataclass(frozen=True)
 class Server:
-    """One deployment: ``vllm`` (vLLM's CPU build, its defaults) or a kvserve cluster of
-    ``prefill``/``decode``/``mixed`` workers; ``threads`` > 0 pins the (single) worker to
-    one core with that many torch threads; ``about`` says what it is in the JSON."""
+    """One deployment: plain ``vllm serve`` (vLLM's CPU build, its defaults; ``replicas``
+    > 1: that many, a core each, behind nginx's round-robin) or a kvserve cluster of
+    ``prefill``/``decode``/``mixed`` workers running ``engine`` (ours, or vLLM's through
+    the kvserve connector); ``threads`` > 0 pins the (single) worker to one core with that
+    many torch threads; ``about`` says what it is in the JSON."""
 
     name: str
     prefill: int = 0
@@ -33,6 +36,13 @@ class Server:
     mixed: int = 0
     threads: int = 0
     about: str = ""
+    engine: str = "kvserve"
+    replicas: int = 0
+
+    @property
+    def plain_vllm(self) -> bool:
+        """Plain ``vllm serve`` (one, or :attr:`replicas` behind a round-robin)."""
+        return self.name == BASELINE or self.replicas > 0
 
     @property
     def deployment(self) -> str:
@@ -54,8 +64,22 @@ SERVERS: dict[str, Server] = {
             threads=1,
             about="kvserve up --mixed 1 --threads 1, the worker pinned to the first core",
         ),
+        Server(
+            PAIR_BASELINE,
+            replicas=2,
+            about="2 x vllm serve, engines pinned to a core each, behind nginx round-robin",
+        ),
+        Server("vllm-1p1d", 1, 1, engine="vllm",
+               about="kvserve up --engine vllm: 1 prefill + 1 decode vLLM worker, a core each"),
+        Server("vllm-mixed1", mixed=1, engine="vllm",
+               about="kvserve up --engine vllm --mixed 1: one vLLM worker on every core"),
+        Server("vllm-mixed2", mixed=2, engine="vllm",
+               about="kvserve up --engine vllm --mixed 2: two vLLM workers, a core each, "
+               "behind kvserve's router and pool"),
     )
-}
+}  # fmt: skip
+PAIRED = {"vllm-mixed2": PAIR_BASELINE, "mixed2": PAIR_BASELINE}
+"""Servers of two workers, also compared with two plain vLLMs on the same cores."""
 
 
 def parse_names(text: str, known: Iterable[str], what: str) -> list[str]:
@@ -94,6 +118,32 @@ def _number(value: Any) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
+def _head(
+    model: str,
+    server: str,
+    run: Run,
+    prompts: int,
+    completed: int,
+    failed: int,
+    figures: Mapping[str, Any],
+    duration_key: str,
+) -> dict[str, Any]:
+    """What every row starts with: the run, its counts, duration and throughputs."""
+    return {
+        "model": model,
+        "server": server,
+        "workload": run.workload,
+        "rate": json_rate(run.rate),
+        "seed": run.seed,
+        "num_prompts": prompts,
+        "completed": completed,
+        "failed": failed,
+        "duration_s": _number(figures.get(duration_key)),
+        "request_throughput": _number(figures.get("request_throughput")),
+        "output_throughput": _number(figures.get("output_throughput")),
+    }
+
+
 def row_from_result(
     result: Mapping[str, Any], *, model: str, server: str, run: Run, num_prompts: int
 ) -> dict[str, Any]:
@@ -105,21 +155,11 @@ def row_from_result(
     to the requested length when the server honours it)."""
     completed = int(result.get("completed", 0))
     failed = result.get("failed")
-    row: dict[str, Any] = {
-        "model": model,
-        "server": server,
-        "workload": run.workload,
-        "rate": json_rate(run.rate),
-        "seed": run.seed,
-        "num_prompts": num_prompts,
-        "completed": completed,
-        "failed": int(failed) if isinstance(failed, int) else num_prompts - completed,
-        "duration_s": _number(result.get("duration")),
-        "request_throughput": _number(result.get("request_throughput")),
-        "output_throughput": _number(result.get("output_throughput")),
-        "total_input_tokens": result.get("total_input_tokens"),
-        "total_output_tokens": result.get("total_output_tokens"),
-    }
+    row = _head(model, server, run, num_prompts, completed,
+                int(failed) if isinstance(failed, int) else num_prompts - completed, result,
+                "duration")  # fmt: skip
+    row["total_input_tokens"] = result.get("total_input_tokens")
+    row["total_output_tokens"] = result.get("total_output_tokens")
     for metric in METRICS:
         for p in PERCENTILES:
             row[f"{metric}_{p}_ms"] = _number(result.get(f"{p}_{metric}_ms"))
@@ -129,6 +169,23 @@ def row_from_result(
     errors = [e for e in result.get("errors") or () if isinstance(e, str) and e]
     if errors:
         row["errors"] = sorted({e.strip()[-300:] for e in errors})[:3]
+    return row
+
+
+def row_from_serve(
+    payload: Mapping[str, Any], *, model: str, server: str, run: Run, num_prompts: int
+) -> dict[str, Any]:
+    """One output row from ``kvserve bench serve``'s ``serve.json`` (its first rate's
+    summary; latencies in seconds there, in ms here; no end-to-end latency)."""
+    summary = payload["results"][0]["summary"]
+    row = _head(model, server, run, int(summary["requests"]), int(summary["completed"]),
+                int(summary["failed"]), summary, "duration_s")  # fmt: skip
+    row["client"] = "kvserve bench serve"
+    for metric in METRICS:
+        dist = summary.get(f"{metric}_s") or {}
+        for p in PERCENTILES:
+            value = _number(dist.get(p))
+            row[f"{metric}_{p}_ms"] = None if value is None else value * 1000
     return row
 
 
@@ -157,13 +214,21 @@ def ratio(value: Any, base: Any) -> float | None:
     return None if v is None or b is None or b == 0 else v / b
 
 
-def add_ratios(rows: Sequence[dict[str, Any]], baseline: str = BASELINE) -> None:
-    """Give each non-baseline row with a result ``vs_<baseline>``: every :data:`RATIO_KEYS`
-    value over the baseline row of the same model, workload and rate (throughput > 1 and
-    latency < 1 favour the row); rows without such a baseline get None."""
+def add_ratios(
+    rows: Sequence[dict[str, Any]],
+    baseline: str = BASELINE,
+    only: Iterable[str] | None = None,
+) -> None:
+    """Give each non-baseline row with a result (of the servers ``only``, default every
+    one) ``vs_<baseline>``: every :data:`RATIO_KEYS` value over the baseline row of the
+    same model, workload and rate (throughput > 1 and latency < 1 favour the row); rows
+    without such a baseline get None."""
     base = {_key(r): r for r in rows if r["server"] == baseline and "error" not in r}
+    chosen = None if only is None else set(only)
     for row in rows:
         if row["server"] == baseline or "error" in row:
+            continue
+        if chosen is not None and row["server"] not in chosen:
             continue
         other = base.get(_key(row))
         row[f"vs_{baseline}"] = (

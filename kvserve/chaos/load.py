@@ -115,15 +115,20 @@ def run_load(
     hang_s: float,
     deadline: float,
     on_done: Callable[[int], None] | None = None,
+    interval_s: float = 0.0,
 ) -> list[Outcome | None]:
-    """Send every request (``concurrency`` at a time) until ``deadline`` (monotonic); a
-    request not sent before it is ``None``."""
+    """Send every request (``concurrency`` at a time, request ``i`` not before
+    ``i * interval_s`` seconds from now) until ``deadline`` (monotonic); a request not sent
+    before it is ``None``."""
     client = openai.OpenAI(base_url=base_url, api_key="chaos", max_retries=0, timeout=hang_s)
     outcomes: list[Outcome | None] = [None] * len(requests)
     lock = threading.Lock()
     done = [0]
+    start = time.monotonic()
 
     def one(i: int) -> None:
+        if (wait := start + i * interval_s - time.monotonic()) > 0:
+            time.sleep(wait)
         if time.monotonic() > deadline:
             return
         outcomes[i] = send_one(client, model, requests[i])

@@ -2,8 +2,10 @@
 restarted at random; prints what became of every request.
 
 1. start a cluster on 127.0.0.1 only (``--prefill`` + ``--decode`` workers, Redis,
-   mooncake_master, router; the tiny random model unless ``--model``), and compute the
-   fault-free greedy reference of the workload on an in-process engine;
+   mooncake_master, router; the tiny random model unless ``--model``; our engine, or
+   vLLM's with ``--engine vllm``), and compute the fault-free greedy reference of the
+   workload on an in-process engine of ours (a vLLM answer that differs from it is
+   checked token by token: exact up to floating-point ties, or wrong);
 2. run the load (:mod:`kvserve.chaos.load`) while a fault thread, one fault at a time
    after a random pause (mean ``--fault-every-s``), picks from ``--faults``: SIGKILL a
    decode or prefill worker, SIGSTOP a decode worker (a hung peer), SIGKILL the master or
@@ -34,10 +36,11 @@ from pathlib import Path
 from kvpool.config import STAGING_SETTINGS
 from kvserve.chaos.load import ChaosRequest, Outcome, reference_texts, run_load, workload
 from kvserve.chaos.report import MUST_BE_ZERO, FaultRecord, mismatches, print_table, summarize
-from kvserve.chaos.settings import CHAOS_POOL
+from kvserve.chaos.settings import CHAOS_POOL, SMALLEST_BLOCK
 from kvserve.cluster import faults
 from kvserve.cluster.launch import Cluster, ClusterSpec
-from workers.config import EngineConfig
+from kvserve.settings import config_from_args
+from workers.config import EngineConfig, VllmOptions
 
 WAIT_S = 60.0
 """Longest wait for a detection or a recovery before it is recorded as not seen."""
@@ -57,6 +60,8 @@ def _spec(args: argparse.Namespace, engine: EngineConfig) -> ClusterSpec:
         decode=args.decode,
         host="127.0.0.1",
         engine=engine,
+        worker_engine=args.engine,
+        vllm=config_from_args(VllmOptions, args),
         pool=dataclasses.replace(CHAOS_POOL, **{k: getattr(args, k) for k in STAGING_SETTINGS}),
         disagg_threshold_tokens=0,
         pin_cores=False,
@@ -86,12 +91,17 @@ def _pool_connected(cluster: Cluster) -> list[bool]:
     return out
 
 
+def next_fault(faults: list[str], order: str, rng: random.Random, made: int) -> str:
+    """The next fault after ``made`` of them: in turn (``cycle``) or at random."""
+    return faults[made % len(faults)] if order == "cycle" else rng.choice(faults)
+
+
 class FaultInjector:
     """One fault at a time, at random, until the load is done (see the module docstring).
 
     It runs on the main thread, because it restarts processes: a child started from a
     helper thread would get its death signal when that thread ends
-    (:func:`kvserve.cluster.processes._die_with_parent`)."""
+    (:func:`workers.lifetime.die_with_parent`)."""
 
     def __init__(self, cluster: Cluster, args: argparse.Namespace, t0: float) -> None:
         self.cluster, self.args, self.t0 = cluster, args, t0
@@ -100,7 +110,8 @@ class FaultInjector:
 
     def run_until(self, done: threading.Event) -> None:
         while not done.wait(self.rng.expovariate(1 / self.args.fault_every_s)):
-            record = self._inject(self.rng.choice(self.args.faults), done)
+            kind = next_fault(self.args.faults, self.args.fault_order, self.rng, len(self.records))
+            record = self._inject(kind, done)
             self.records.append(record)
             print(f"[chaos] {record}", file=sys.stderr, flush=True)
 
@@ -202,6 +213,8 @@ def _progress(done: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model = _model_dir(args.model)
+    if not args.block_tokens:
+        args.block_tokens = SMALLEST_BLOCK[args.engine]
     engine = EngineConfig(model=str(model), block_tokens=args.block_tokens, kv_cache_mib=64)
     from workers.model.config import load_model_config
 
@@ -228,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
                         args.hang_s,
                         t0 + args.max_seconds,
                         _progress,
+                        args.interval_s,
                     )
                 )
             finally:

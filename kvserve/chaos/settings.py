@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from kvpool.config import STAGING_SETTINGS, PoolConfig
 from kvserve.settings import add_config_args, setting
+from workers.config import VllmOptions, WorkerConfig
 
 FAULTS = ("kill-decode", "kill-prefill", "freeze-decode", "kill-master", "kill-redis")
 
@@ -18,15 +19,21 @@ class ChaosConfig:
 
     - ``requests``: requests sent at most;
     - ``concurrency``: requests in flight;
+    - ``interval_s``: least seconds between the starts of two requests (0: as fast as the
+      concurrency allows); a slower load leaves room for more faults;
     - ``max_seconds``: stop sending after this;
     - ``fault_every_s``: mean pause between faults;
     - ``down_s``: how long a killed process stays down;
     - ``freeze_s``: how long a frozen worker stays;
     - ``hang_s``: no answer after this: hung;
     - ``faults``: the faults to pick from;
+    - ``fault_order``: ``random`` picks each fault at random, ``cycle`` takes them in the
+      order given, again and again (every kind in a short run: a vLLM worker takes a minute
+      to come back, so a run has few faults);
     - ``prefill`` / ``decode``: prefill and decode workers;
     - ``model``: model directory (default: the tiny model);
-    - ``block_tokens``: tokens per KV block of the workers;
+    - ``block_tokens``: tokens per KV block of the workers (0: the engine's smallest, 16
+      for kvserve's, 32 for vLLM's CPU kernels);
     - ``seed``: seed of the workload and of the fault schedule;
     - ``log_dir``: process logs (default: a temporary folder);
     - ``json``: also write the results as JSON to this file.
@@ -35,16 +42,18 @@ class ChaosConfig:
     env_prefix: ClassVar[str] = "KVSERVE_CHAOS_"
     requests: int = 500
     concurrency: int = 4
+    interval_s: float = 0.0
     max_seconds: float = 1200.0
     fault_every_s: float = 8.0
     down_s: float = 2.0
     freeze_s: float = 8.0
     hang_s: float = 120.0
     faults: list[str] = setting(list(FAULTS), choices=FAULTS)
+    fault_order: str = setting("random", choices=("random", "cycle"))
     prefill: int = 1
     decode: int = 2
     model: str = ""
-    block_tokens: int = 16
+    block_tokens: int = 0
     seed: int = 0
     log_dir: str = ""
     json: str = ""
@@ -56,7 +65,14 @@ CHAOS_POOL = PoolConfig(pool_segment_mib=128, pool_local_buffer_mib=16)
 the flags: ``--kv-staging always`` runs the faults over the host staging path)."""
 
 
+SMALLEST_BLOCK = {"kvserve": 16, "vllm": 32}
+"""Tokens per block when ``--block-tokens`` is 0, by engine."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The chaos settings, then the pool's staging settings."""
+    """The chaos settings, the pool's staging settings, the workers' engine (``--engine
+    vllm`` and vLLM's settings)."""
     add_config_args(parser, ChaosConfig)
     add_config_args(parser, PoolConfig, only=STAGING_SETTINGS)
+    add_config_args(parser, WorkerConfig, only=("engine",))
+    add_config_args(parser, VllmOptions)

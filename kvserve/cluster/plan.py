@@ -122,7 +122,7 @@ def plan_cluster(spec: ClusterSpec, cores: Sequence[int]) -> ClusterPlan:
         threads = spec.threads_per_worker or spec.engine.threads
         threads = threads or (len(mine) if pinned else auto_threads)
         cores_of = mine if spec.pin_cores else ()
-        plan = _worker_plan(spec, name, role, ports[name], cores_of, threads)
+        plan = worker_plan(spec, name, role, ports[name], cores_of, threads)
         metrics = spec.worker_metrics_port(i)
         if metrics:
             argv = (*plan.argv, "--worker-metrics-port", str(metrics))
@@ -139,15 +139,20 @@ def _own_env(spec: ClusterSpec, holder: str, *own: tuple[str, str]) -> tuple[tup
     return (("PYTHONUNBUFFERED", "1"), *secret_env(cluster), *own)
 
 
-def _worker_plan(
+def worker_plan(
     spec: ClusterSpec, name: str, role: str, port: int, cores: tuple[int, ...], threads: int
 ) -> ProcessPlan:
+    """Worker ``name``'s argv and environment in ``role`` on ``port``, pinned to ``cores``
+    with ``threads`` threads (its grant of the cluster secret in the environment)."""
     engine = dataclasses.replace(spec.engine, threads=threads)
     pool = config_argv(spec.pool_config(name)) if spec.use_pool else ["--no-use-pool"]
     host = spec.host_of(name)
     argv = [spec.python, "-m", "kvserve", "worker", "--role", role]
     argv += ["--worker-host", host, "--worker-port", str(port), "--worker-id", name]
-    argv += [*config_argv(engine), *pool, *config_argv(spec.cluster_config), *spec.worker_args]
+    argv += [*config_argv(engine), *pool, *config_argv(spec.cluster_config)]
+    if spec.worker_engine != "kvserve":
+        argv += ["--engine", spec.worker_engine, *config_argv(spec.vllm)]
+    argv += spec.worker_args
     env = _own_env(spec, "worker", ("OMP_NUM_THREADS", str(threads)))
     return ProcessPlan(name, role, tuple(argv), host, port, cores, env, spec.prefix_of(name))
 

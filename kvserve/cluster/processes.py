@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from workers.lifetime import die_with_parent
+
 
 def tail(path: Path, lines: int = 30) -> str:
     """The last ``lines`` lines of a log file ('' if it does not exist)."""
@@ -86,21 +88,6 @@ def child_environment(
     other secret of the launcher reaches a child only when ``own`` names it."""
     source = os.environ if launcher is None else launcher
     return {**{k: v for k, v in source.items() if inherited(k)}, **own}
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux for SIGTERM when the launcher dies.
-
-    Linux sends it when the *thread* that forked the child exits, not only the process:
-    start children from a thread that outlives them (the main thread), never from a
-    short-lived helper thread, or they are stopped when that thread ends."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -157,14 +144,14 @@ class ManagedProcess:
         if self.foreground:
             return self.argv, None
         if not self.cores:
-            return self.argv, _die_with_parent
+            return self.argv, die_with_parent
         taskset = shutil.which("taskset")
         if taskset:
-            return [taskset, "-c", ",".join(map(str, self.cores)), *self.argv], _die_with_parent
+            return [taskset, "-c", ",".join(map(str, self.cores)), *self.argv], die_with_parent
         cores = set(self.cores)
 
         def setup() -> None:
-            _die_with_parent()
+            die_with_parent()
             os.sched_setaffinity(0, cores)
 
         return self.argv, setup

@@ -34,7 +34,7 @@ from kvserve.cluster.redis import RedisConfig, is_loopback, new_password
 from proto.registry import ClusterConfig
 from proto.trust import new_secret
 from router.auth import parse_api_keys
-from workers.config import EngineConfig
+from workers.config import ENGINES, EngineConfig, VllmOptions
 from workers.model.prepare import default_model_dir
 
 ROLE_ORDER = ("prefill", "decode", "mixed")
@@ -79,6 +79,8 @@ class ClusterSpec:
     - ``engine``: forwarded to every worker (the router reads the tokenizer from the same
       model, :attr:`model_dir`); ``threads`` there is overridden by
       ``threads_per_worker`` when that is set; with both 0 a worker gets its core count.
+    - ``worker_engine``: which engine the workers run, ``kvserve`` or ``vllm`` (with
+      ``vllm``'s settings: :class:`workers.config.VllmOptions`; it needs the pool).
     - ``pool``: forwarded to workers and router, with ``pool_master``,
       ``pool_metadata_server`` and ``pool_local_hostname`` set to this cluster's; with
       ``pool_ssd_dir`` (the SSD tier) each worker gets its own subdirectory
@@ -107,6 +109,8 @@ class ClusterSpec:
     master: MasterConfig = field(default_factory=MasterConfig)
     use_pool: bool = True
     engine: EngineConfig = field(default_factory=EngineConfig)
+    worker_engine: str = "kvserve"
+    vllm: VllmOptions = field(default_factory=VllmOptions)
     pool: PoolConfig = field(default_factory=lambda: PoolConfig(pool_segment_mib=256))
     policy: str = ""
     disagg_threshold_tokens: int | None = None
@@ -128,6 +132,10 @@ class ClusterSpec:
             raise ValueError("a cluster needs a decode-capable worker: set decode or mixed >= 1")
         if self.prefill and not self.decode:
             raise ValueError("prefill workers hand requests to decode workers: set decode >= 1")
+        if self.worker_engine not in ENGINES:
+            raise ValueError(f"worker_engine must be one of {ENGINES}, got {self.worker_engine!r}")
+        if self.worker_engine == "vllm" and not self.use_pool:
+            raise ValueError("vLLM workers serve through the KV pool: keep use_pool")
         if self.prefill and not self.use_pool:
             raise ValueError(
                 "prefill/decode moves KV through the pool: keep use_pool, or run mixed workers only"

@@ -17,7 +17,7 @@ from kvserve.cluster.spec import ClusterSpec, new_cluster_config
 from kvserve.settings import add_config_args, config_from_args
 from proto.registry import ClusterConfig
 from router.config import RouterConfig
-from workers.config import EngineConfig
+from workers.config import EngineConfig, VllmOptions, WorkerConfig
 
 UP_POOL_SEGMENT_MIB = 256  # per worker: 2 workers + KV caches fit a 2-core, 24 GiB machine
 ROUTER_SETTINGS = ("policy", "disagg_threshold_tokens", "api_key")
@@ -92,6 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_args(parser, RouterConfig, only=ROUTER_SETTINGS)
     add_config_args(parser, ClusterConfig, only=TRANSPORT_SETTINGS)
     add_config_args(parser, EngineConfig)
+    add_config_args(parser, WorkerConfig, only=("engine",))
+    add_config_args(parser, VllmOptions)
     add_config_args(parser, PoolConfig, defaults={"pool_segment_mib": UP_POOL_SEGMENT_MIB})
     add_config_args(parser, MasterConfig)
 
@@ -115,6 +117,8 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
         master=config_from_args(MasterConfig, args),
         use_pool=up.use_pool,
         engine=config_from_args(EngineConfig, args),
+        worker_engine=args.engine,
+        vllm=config_from_args(VllmOptions, args),
         pool=config_from_args(PoolConfig, args),
         cluster=new_cluster_config(**transport),
         api_key=args.api_key,

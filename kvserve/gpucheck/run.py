@@ -27,9 +27,14 @@ import torch
 
 from kvserve.gpucheck.exactness import CheckFailedError, first_token_logits, greedy_exact
 from kvserve.gpucheck.roundtrip import pool_roundtrip
+from kvserve.gpucheck.vllm_path import vllm_missing, vllm_path
 from kvserve.report import base_conditions
 
 OPTIONAL = ("pool_in_place",)
+QUICK_VLLM = (
+    "quick mode: the vLLM backend's check runs on the CPU in the test suite "
+    "(tests/integration/test_vllm_backend.py, on its shared cluster)"
+)
 """Checks whose failure is reported but does not fail the run."""
 
 
@@ -132,6 +137,10 @@ def checks(args: argparse.Namespace, save: Save) -> dict[str, dict[str, Any]]:
         step("smollm2_logits", lambda: first_token_logits(smollm2, device, low, 64, 8))
     step("pool_staged", lambda: pool_roundtrip(device, "always"))
     step("pool_in_place", lambda: pool_roundtrip(device, "never"))
+    if missing := vllm_missing() or (QUICK_VLLM if quick else ""):
+        out["vllm_backend"] = {"status": "skip", "reason": missing}
+    else:
+        step("vllm_backend", lambda: vllm_path(tiny, device, low, 4 if quick else 16))
     model, dtype = (smollm2, low) if smollm2 is not None and not quick else (tiny, "float32")
     left = max(30.0, deadline - time.time())
     step("bench_engine", lambda: _bench_engine(model, device, dtype, quick, left))

@@ -1,7 +1,9 @@
 """``python -m kvserve.gpucheck`` (what ``scripts/gpu_check.sh`` runs on a GPU machine) in its
 CPU quick mode: every check runs for real (the engine against transformers, the pool round
-trip across two processes through host staging and in place, ``bench engine``) and the one
-JSON file says each passed; a check that disagrees or breaks is recorded as such, alone."""
+trip across two processes through host staging and in place, ``bench engine``; the vLLM
+backend's is skipped in quick mode, saying where it runs: on the cluster of
+``tests/integration/test_vllm_backend.py``) and the one JSON file says each passed; a check
+that disagrees or breaks is recorded as such, alone."""
 
 from __future__ import annotations
 
@@ -27,12 +29,13 @@ def test_every_check_passes_on_the_cpu(tmp_path: Path, tiny_model_dir: Path) -> 
     report = json.loads(out.read_text())
     assert report["passed"] and report["finished"] and report["conditions"]["device"] == "cpu"
     statuses = {name: check["status"] for name, check in report["checks"].items()}
-    assert statuses == dict.fromkeys(CHECKS, "pass"), report["checks"]
+    assert statuses == {**dict.fromkeys(CHECKS, "pass"), "vllm_backend": "skip"}, statuses
     checks = report["checks"]
     assert checks["pool_staged"]["staged"] and not checks["pool_in_place"]["staged"]
     assert checks["pool_staged"]["pages_equal"] == checks["pool_staged"]["pages"] > 0
     assert checks["tiny_exact"]["sequences_equal"] == checks["tiny_exact"]["sequences"]
     assert checks["bench_engine"]["report"]["bench"] == "engine"
+    assert "test_vllm_backend" in checks["vllm_backend"]["reason"]
 
 
 def test_a_failed_or_broken_check_is_recorded_alone() -> None:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from kvpool.hashing import Namespace, PrefixHasher
+from kvpool.stream import Transfer
 from workers.config import EngineConfig
 from workers.engine import Engine
 from workers.handoff import HandoffState, Reservations
-from workers.kv_transfer import Transfer
 from workers.scheduler import Scheduler, SchedulerConfig
 from workers.sequence import FinishReason, SamplingParams, Sequence
 

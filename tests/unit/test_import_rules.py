@@ -3,6 +3,9 @@ lazy import inside a function counts the same as one at the top).
 
 - ``kvpool`` imports no project package; ``proto`` only ``kvpool.keyring``;
 - ``workers`` and ``router`` import ``proto`` and ``kvpool``, never each other or ``kvserve``;
+- ``vllm_backend`` imports ``workers``, ``proto`` and ``kvpool``; only its modules import
+  vLLM (and vLLM's ZeroMQ and msgspec), and only those of :data:`IN_VLLM`, which run inside
+  vLLM's environment (no other module imports them);
 - nothing outside ``kvserve`` imports ``kvserve``;
 - within ``kvserve``, the simulator and the load generator import no benchmark
   (``kvserve.bench``): what they share lives with them, apart from the live run
@@ -21,12 +24,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("kvpool", "proto", "workers", "router", "kvserve")
+PACKAGES = ("kvpool", "proto", "workers", "router", "vllm_backend", "kvserve")
 ALLOWED: dict[str, tuple[str, ...]] = {
     "kvpool": ("kvpool",),
     "proto": ("proto", "kvpool.keyring"),
     "workers": ("workers", "proto", "kvpool"),
     "router": ("router", "proto", "kvpool"),
+    "vllm_backend": ("vllm_backend", "workers", "proto", "kvpool"),
     "kvserve": PACKAGES,
 }
 """Package -> the project modules (and their submodules) it may import."""
@@ -44,8 +48,24 @@ PURE = (
     "router/ratio.py",
     "router/ratio_config.py",
     "router/latency_window.py",
+    "vllm_backend/plans.py",
+    "vllm_backend/cache_names.py",
+    "vllm_backend/reservations.py",
 )
 IMPURE = ("torch", "numpy", "grpc", "redis", "socket", "subprocess", "urllib", "mooncake")
+VLLM_LIBRARIES = ("vllm", "zmq", "msgspec")
+IN_VLLM = (
+    "vllm_backend/connector.py",
+    "vllm_backend/conn_scheduler.py",
+    "vllm_backend/conn_worker.py",
+    "vllm_backend/reports.py",
+    "vllm_backend/engine.py",
+    "vllm_backend/event_feed.py",
+    "vllm_backend/servicer.py",
+    "vllm_backend/server.py",
+)
+"""The modules that run inside vLLM's environment: those that import its libraries and
+those that import them (the rest of ``vllm_backend`` is tested in the project's own)."""
 NO_BENCH = ("kvserve/sim", "kvserve/loadgen")
 """Folders whose modules may not import ``kvserve.bench``."""
 BENCH = "kvserve.bench"
@@ -53,7 +73,7 @@ BENCH_ALLOWED = {("kvserve/sim/validate.py", "kvserve.bench.compare", "run_deplo
 """``(file, module, name)``: the one benchmark piece the simulator takes, the live run that
 ``sim validate`` compares the simulation with."""
 
-ONE_TOKENIZER = ("router", "workers", "proto")
+ONE_TOKENIZER = ("router", "workers", "proto", "vllm_backend")
 """Packages whose modules load and run the tokenizer only through ``proto.tokenization``."""
 TOKENIZER_HOMES = ("proto/tokenization.py", "workers/model/prepare.py")
 """The shared wrapper, and the conversion that reads the GGUF's vocabulary to write the
@@ -199,3 +219,22 @@ def test_the_walk_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     module.parent.mkdir(parents=True)
     module.write_text("def f():\n    import router.app\nfrom .. import engine\nfrom . import x\n")
     assert imports(module, tmp_path) == {"router.app", "workers", "workers.model"}
+
+
+def test_only_the_modules_run_inside_vllm_import_its_libraries() -> None:
+    """vLLM, ZeroMQ and msgspec live in vLLM's environment only: a module that imports
+    them, or imports a module that does, is one of :data:`IN_VLLM`; the one way in from
+    the rest is ``kvserve worker --engine vllm``, after it entered that environment."""
+    in_vllm = {p.removesuffix(".py").replace("/", ".") for p in IN_VLLM}
+    broken = set()
+    for package in PACKAGES:
+        for path in sources(package):
+            relative = path.relative_to(ROOT).as_posix()
+            mine = imports(path)
+            if relative in IN_VLLM:
+                continue
+            if any(within(m, VLLM_LIBRARIES) for m in mine):
+                broken.add(f"{relative} imports vLLM's libraries")
+            if any(m in in_vllm for m in mine) and relative != "kvserve/verbs/worker.py":
+                broken.add(f"{relative} imports a module that runs inside vLLM")
+    assert not broken, sorted(broken)

@@ -23,7 +23,7 @@ from kvpool.meta import digest_bytes, layer_digest
 from kvpool.span_io import CacheSpan, DirectIO, SlotPool, StagedIO
 from kvpool.store import MooncakeStore
 from tests.unit.test_landing import MISSING, FakeClient
-from workers.kv_staging import MIN_SLOTS, TorchCopier, slots_for
+from workers.kv_staging import MIN_SLOTS, SlabViews, TorchCopier, slots_for
 
 LAYOUT = KVLayout(
     num_layers=2, num_blocks=8, block_tokens=4, kv_heads=2, head_dim=4, dtype="float32"
@@ -69,7 +69,7 @@ def slab(seed: int | None) -> np.ndarray:
 
 
 def staged(data: np.ndarray, client: PutClient, slots: int, in_place: bool = False) -> StagedIO:
-    copier = TorchCopier(torch.from_numpy(data), slots, in_place=in_place)
+    copier = TorchCopier(SlabViews(torch.from_numpy(data)), slots, in_place=in_place)
     return StagedIO(MooncakeStore(client), LAYOUT, copier, DIGEST)
 
 
