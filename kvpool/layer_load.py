@@ -9,7 +9,7 @@ what its engine holds already), maybe ending with a request-scoped partial last 
 1. ``LayerLoad(pool, runs)``; :meth:`LayerLoad.read_metas` fetches every block's meta in one
    call and keeps, per run, the leading blocks whose meta is there and fits (namespace,
    layout, MAC: :meth:`kvpool.pool.KVPool.parse_meta`, which counts and removes forged
-   ones);
+   ones; a tail's also holds the tokens the run expects, under a live lease);
 2. :meth:`LayerLoad.read_layer` for each layer in order: layer ``i`` of every block still
    wanted, in one batch; a span reaches its page only if it was read in full and its digest
    is the meta's (a staged cache: :meth:`kvpool.span_io.StagedIO.receive` with
@@ -39,13 +39,14 @@ from kvpool.span_io import CacheSpan
 class LoadRun(NamedTuple):
     """One chain of blocks to read: ``meta_keys[i]`` into ``pages[i]``. ``names`` are the
     full blocks' names with the chain before them (``prefix``: held elsewhere), for the
-    chain index; ``tail``: the last key is a request-scoped partial block (no name)."""
+    chain index; ``tail`` > 0: the last key is a request-scoped partial block (no name)
+    that must hold exactly ``tail`` tokens under a lease not yet run out."""
 
     meta_keys: list[str]
     pages: list[int]
     names: list[int]
     prefix: list[int]
-    tail: bool = False
+    tail: int = 0
 
 
 class LayerLoad:
@@ -68,13 +69,18 @@ class LayerLoad:
         t0 = time.perf_counter()
         keys = [k for run in self.runs for k in run.meta_keys]
         raws = iter(self.pool.store.get_bytes(keys) if keys else [])
+        now = time.time()
         for r, run in enumerate(self.runs):
-            for key in run.meta_keys:
+            last = len(run.meta_keys) - 1
+            for b, key in enumerate(run.meta_keys):
                 raw = next(raws)
                 meta = self.pool.parse_meta(raw, key) if raw else None
-                if isinstance(meta, BlockMeta) and len(self.metas[r]) == self.good[r]:
-                    self.metas[r].append(meta)
-                    self.good[r] += 1
+                if not isinstance(meta, BlockMeta) or len(self.metas[r]) != self.good[r]:
+                    continue
+                if run.tail and b == last and (meta.tokens != run.tail or meta.expires <= now):
+                    continue
+                self.metas[r].append(meta)
+                self.good[r] += 1
         self.seconds += time.perf_counter() - t0
 
     def read_layer(self, layer: int, tails: bool = False) -> None:
@@ -88,7 +94,7 @@ class LayerLoad:
         for r, run in enumerate(self.runs):
             last = len(run.meta_keys) - 1
             for b in range(self.good[r]):
-                if tails != (run.tail and b == last):
+                if tails != (bool(run.tail) and b == last):
                     continue
                 keys.append(f"{run.meta_keys[b]}/{layer}")
                 spans.append(CacheSpan(layer, run.pages[b]))

@@ -82,6 +82,11 @@ class MooncakeStore:
         self._retry_at = time.monotonic() + OUTAGE_BACKOFF_S
         return False
 
+    @property
+    def breaker_open(self) -> bool:
+        """Whether an outage was seen and the pool not found back yet (no probe, no RPC)."""
+        return bool(self._retry_at)
+
     def _master_answers(self) -> bool:
         """Whether the master's port accepts a connection (the client's own health flag
         can say "healthy" while the master is still down)."""

@@ -16,7 +16,9 @@ Lifecycle:
    the step's blocks on the writer thread (:class:`kvpool.stream.StreamWriter`, planned at
    the step's first layer); :meth:`WorkerSide.end_step` waits for both, turns the blocks
    that did not arrive whole into vLLM's load errors (it recomputes them: nothing
-   unverified is ever used) and reports what moved (:mod:`vllm_backend.reports`);
+   unverified is ever used), drops the step's writes when any block did not arrive (the
+   step computed over those pages: its KV is not published) and reports what moved
+   (:mod:`vllm_backend.reports`);
 3. :meth:`WorkerSide.close` when vLLM shuts the connector down.
 
 Without a pool (it could not be joined) every load is empty and nothing is written: vLLM
@@ -64,6 +66,8 @@ class WorkerSide:
         self._arrived: list[threading.Event] = []
         self._step: StepWrite | None = None
         self._errors: set[int] = set()
+        self._failed = False
+        """The step's loads failed before they started (every page is an error)."""
         self._next_sweep = 0.0
         self._closing = threading.Event()
         self._pool_lock = threading.Lock()
@@ -91,6 +95,7 @@ class WorkerSide:
             self.spec.pool, self.spec.namespace, layout, copier, self.spec.writer,
             keys.pool_block, index,
         )  # fmt: skip
+        self.reporter.send("joined", ok=self.pool is not None)
         if self.pool is not None:
             self.writer = StreamWriter(self.pool)
             threading.Thread(target=self._report_pool, name="kv-pool-report", daemon=True).start()
@@ -98,21 +103,31 @@ class WorkerSide:
 
     def begin(self, plan: StepPlan) -> None:
         """Step 2: the step's plan (vLLM binds it before the forward)."""
-        self._plan, self._step = plan, None
+        self._plan, self._step, self._failed = plan, None, False
 
     def start_loads(self) -> None:
         """Read the metas and the partial blocks now, the full blocks layer by layer on the
-        loader thread. Without a pool here (the scheduler side may have one) every planned
-        page is a load error: vLLM recomputes it."""
-        if not self._plan.loads or self._load is not None:
+        loader thread. Without a pool here (the scheduler side may have one), or when the
+        first reads fail, every planned page is a load error: vLLM recomputes it."""
+        if not self._plan.loads or self._load is not None or self._failed:
             return
-        if self.pool is None:
+        try:
+            if self.pool is None:
+                raise RuntimeError("no pool on the worker side")
+            load = self._first_reads(self.pool)
+        except Exception as exc:
+            log.warning("kvserve connector: a pool load failed: %s", exc)
+            self._failed = True
             for item in self._plan.loads:
                 self._errors.update(item.pages)
                 self.reporter.send("load", rid=item.rid, tokens=0, bytes=0, seconds=0.0,
                                    exposed=0.0)  # fmt: skip
             return
-        pool = self.pool
+        self._load = load
+        self._arrived = [threading.Event() for _ in range(load.pool.layout.num_layers)]
+        self._loading = self._loader.submit(self._read_layers, load)
+
+    def _first_reads(self, pool: KVPool) -> LayerLoad:
         runs = [
             LoadRun(
                 [pool.keys.meta_key(n) for n in item.names]
@@ -120,7 +135,7 @@ class WorkerSide:
                 item.pages,
                 item.names,
                 item.prefix,
-                bool(item.partial),
+                item.partial,
             )
             for item in self._plan.loads
         ]
@@ -128,9 +143,7 @@ class WorkerSide:
         load.read_metas()
         for layer in range(pool.layout.num_layers):
             load.read_layer(layer, tails=True)
-        self._load = load
-        self._arrived = [threading.Event() for _ in range(pool.layout.num_layers)]
-        self._loading = self._loader.submit(self._read_layers, load)
+        return load
 
     def _read_layers(self, load: LayerLoad) -> None:
         try:
@@ -156,8 +169,10 @@ class WorkerSide:
     def end_step(self) -> None:
         """Wait for the step's loads and writes; report them (module docstring)."""
         t0 = time.perf_counter()
-        if self._load is not None:
-            self._finish_loads(self._load, t0)
+        whole = not self._failed and (self._load is None or self._finish_loads(self._load, t0))
+        if self._step is not None and not whole:
+            self._step.abandon()  # computed over pages that never arrived: never published
+            self._step = None
         if self._step is not None:
             transfer = self._step.finish(self._plan.wait_commit)
             total = sum(self._step.owners.values()) or 1
@@ -169,16 +184,21 @@ class WorkerSide:
             self._step = None
         self._housekeeping()
 
-    def _finish_loads(self, load: LayerLoad, t0: float) -> None:
+    def _finish_loads(self, load: LayerLoad, t0: float) -> bool:
+        """Whether every planned page arrived. What did not is a load error; after a
+        failed read nothing of the load is trusted (a layer may have been cut mid-way)."""
         assert self._loading is not None and self.pool is not None
         try:
             self._loading.result()
+            good = load.finish()
         except Exception as exc:  # what did not arrive is recomputed
             log.warning("kvserve connector: a pool load failed: %s", exc)
-        good = load.finish()
+            good = [0] * len(self._plan.loads)
         exposed = time.perf_counter() - t0
         layout = self.pool.layout
+        whole = True
         for item, arrived in zip(self._plan.loads, good, strict=True):
+            whole = whole and arrived == len(item.pages)
             self._errors.update(item.pages[arrived:])
             if item.partial:
                 self.pool.drop_partial(item.rid)
@@ -187,8 +207,9 @@ class WorkerSide:
                 bytes=arrived * layout.num_layers * layout.span_bytes, seconds=load.seconds,
                 exposed=exposed,
             )  # fmt: skip
-        self._send_pool()  # its counters reach the worker before the step's output
+        self._send_pool(probe=False)  # its counters reach the worker before the output
         self._load = self._loading = None
+        return whole
 
     def load_errors(self) -> set[int]:
         """vLLM block ids whose load failed since the last call (vLLM recomputes them)."""
@@ -210,19 +231,24 @@ class WorkerSide:
             except Exception as exc:  # a report is never worth the connector
                 log.warning("kvserve connector: no pool report: %s", exc)
 
-    def _send_pool(self) -> None:
+    def _send_pool(self, probe: bool = True) -> None:
         """One ``pool`` report, taken and sent under a lock: reports arrive in the order
-        their counters were read (a late one never overwrites a newer one)."""
+        their counters were read (a late one never overwrites a newer one). ``probe=False``
+        in a step: the breaker's state only, never a wait on the master."""
         with self._pool_lock:
             if self.pool is not None:
-                self.reporter.send("pool", **pool_report(self.pool))
+                self.reporter.send("pool", **pool_report(self.pool, probe))
 
     def close(self) -> None:
+        """Stop the reports, the loader and the writer, then leave the pool (under the
+        report lock: no report reads a pool being closed)."""
         self._closing.set()
         self._loader.shutdown(wait=True)
         if self.writer is not None:
             self.writer.close()
-        if self.pool is not None:
-            self.pool.close()
-            self.pool.store.close()
+        with self._pool_lock:
+            if self.pool is not None:
+                self.pool.close()
+                self.pool.store.close()
+            self.pool = None
         self.reporter.close()

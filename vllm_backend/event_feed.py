@@ -27,7 +27,7 @@ from vllm.distributed.kv_events import (
 )
 
 from vllm_backend.cache_names import CacheNames
-from vllm_backend.reports import LoopReader
+from vllm_backend.inbox import LoopReader
 from workers.kv_publisher import EventPublisher
 
 log = logging.getLogger(__name__)

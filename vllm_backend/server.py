@@ -9,7 +9,7 @@ Lifecycle:
    contracts are equal);
 2. a private directory (mode 0700) for the connector's spec (:mod:`vllm_backend.spec`,
    with the cluster's keys) and two ``ipc://`` sockets: the connector's reports
-   (:class:`vllm_backend.reports.ReportInbox` into :class:`vllm_backend.state.WorkerState`)
+   (:class:`vllm_backend.inbox.ReportInbox` into :class:`vllm_backend.state.WorkerState`)
    and vLLM's KV events (:class:`vllm_backend.event_feed.EventFeed` into the worker's
    event publisher, under our block names);
 3. vLLM's engine (:class:`vllm_backend.engine.VllmEngine`; the connector joins the pool in
@@ -43,7 +43,7 @@ from vllm_backend.args import cpu_binding, engine_kwargs, sampling_kwargs
 from vllm_backend.cache_names import CacheNames
 from vllm_backend.engine import VllmEngine
 from vllm_backend.event_feed import EventFeed
-from vllm_backend.reports import ReportInbox
+from vllm_backend.inbox import ReportInbox
 from vllm_backend.servicer import VllmServicer
 from vllm_backend.spec import ConnectorSpec
 from vllm_backend.state import WorkerState
@@ -59,6 +59,9 @@ from workers.wire import load_report
 
 log = logging.getLogger(__name__)
 WARMUP_TOKENS = 8
+JOIN_WAIT_S = 10.0
+"""Longest wait, once vLLM is up, for its worker side's ``joined`` report (it was sent
+while vLLM started, so it is normally in already)."""
 
 
 def serve(
@@ -134,6 +137,16 @@ async def _serve(
     kwargs = engine_kwargs(engine_config, options, model_dir, spec_file, events_at)
     engine = VllmEngine.start(kwargs, state)
     spec_file.unlink()
+
+    async def stop() -> None:
+        await feed.stop()
+        engine.shutdown()
+        await inbox.stop()
+
+    if not await state.joined(JOIN_WAIT_S) and worker.role != "mixed":
+        log.error("the %s role needs the KV pool, which vLLM could not join", worker.role)
+        await stop()
+        return 1
     max_model_len = int(engine.llm.vllm_config.model_config.max_model_len)
     await _warm_up(engine)
     record = WorkerRecord(
@@ -167,11 +180,6 @@ async def _serve(
             if asyncio.get_running_loop() is aio:
                 return snapshot()
         return asyncio.run_coroutine_threadsafe(on_loop(), aio).result(timeout)
-
-    async def stop() -> None:
-        await feed.stop()
-        engine.shutdown()
-        await inbox.stop()
 
     parts = ServingParts(record, servicer, sample, events, stop)
     return await run_worker(worker, cluster, parts)

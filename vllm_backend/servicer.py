@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
@@ -44,7 +46,7 @@ from vllm_backend.reservations import ReservationBook
 from vllm_backend.state import WorkerState
 from workers.engine_info import EngineLoad
 from workers.outputs import RequestOutput
-from workers.rpc_edge import lease_seconds
+from workers.rpc_edge import delivered, lease_seconds
 from workers.sequence import SamplingParams
 from workers.servicer_base import Context, ServicerBase
 from workers.wire import load_report, prefill_reply, token_chunk, transfer, usage
@@ -87,7 +89,7 @@ class VllmServicer(ServicerBase):
         max_model_len: int,
         block_tokens: int,
     ) -> None:
-        super().__init__(role, lambda: None, max_model_len, pool_attached=True)
+        super().__init__(role, lambda: None, max_model_len, bool(state.pool_attached))
         self.engine, self.state, self.names = engine, state, names
         self.hasher, self.tokenizer, self.block_tokens = hasher, tokenizer, block_tokens
         self.book = ReservationBook(state.total_pages, block_tokens)
@@ -95,12 +97,27 @@ class VllmServicer(ServicerBase):
         """Router request id -> vLLM request ids running for it."""
 
     # -- the engine ------------------------------------------------------------------------
-    async def _run(self, call: Call, context: Context) -> AsyncGenerator[RequestOutput, None]:
-        """Our outputs of ``call`` (the first carries usage facts), vLLM's request aborted
-        unless it finished by itself."""
-        internal = call.internal_id
-        if internal in self._live.get(call.request_id, set()):
+    async def _claim(self, call: Call, context: Context) -> None:
+        """Mark ``call`` running (until :meth:`_release`), or refuse it when a call of the
+        same request and kind is open (before anything of the open one can be touched)."""
+        live = self._live.setdefault(call.request_id, set())
+        if call.internal_id in live:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request id in use")
+        live.add(call.internal_id)
+
+    def _release(self, call: Call) -> None:
+        live = self._live.get(call.request_id, set())
+        live.discard(call.internal_id)
+        if not live:
+            self._live.pop(call.request_id, None)
+
+    async def _run(self, call: Call, context: Context) -> AsyncGenerator[RequestOutput, None]:
+        """Our outputs of ``call`` (claimed: :meth:`_claim`; the first carries usage facts),
+        vLLM's request aborted unless it finished by itself. The call ends INTERNAL when
+        vLLM failed on the request, ABORTED when an ``Abort`` ended it before a token, and
+        UNAVAILABLE when vLLM's engine died (this worker then stops: its supervisor, or the
+        controller, replaces it)."""
+        internal = call.internal_id
         remaining = call.params.max_tokens - len(call.earlier)
         tokens = [*call.prompt, *call.earlier]
         outputs = CallOutputs(
@@ -110,7 +127,6 @@ class VllmServicer(ServicerBase):
         cap = 1 if call.handoff else remaining
         min_tokens = max(0, call.params.min_tokens - len(call.earlier))
         sampling = sampling_kwargs(call.params, cap, min_tokens, call.transfer)
-        self._live.setdefault(call.request_id, set()).add(internal)
         self.state.open(call.request_id)
         self.state.queued_prefill_tokens += len(tokens)
         done, first = False, True
@@ -119,7 +135,10 @@ class VllmServicer(ServicerBase):
                 completion = out.outputs[0]
                 reason = completion.finish_reason if out.finished else None
                 step = outputs.step(completion.token_ids, completion.logprobs, reason)
+                if reason == "error":
+                    step.error = "vLLM failed on it"
                 done = out.finished
+                step = await delivered(step, context)
                 if first:
                     first = False
                     self.state.queued_prefill_tokens -= len(tokens)
@@ -129,18 +148,16 @@ class VllmServicer(ServicerBase):
                     return
         except EngineDeadError:
             log.error("vLLM's engine died: this worker stops")
+            os.kill(os.getpid(), signal.SIGTERM)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine died")
         except ValueError as exc:  # vLLM refused the request (a token id, a length, ...)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:
             if first:
                 self.state.queued_prefill_tokens -= len(tokens)
-            live = self._live.get(call.request_id, set())
-            live.discard(internal)
-            if not live:
-                self._live.pop(call.request_id, None)
             if not done:
-                await self.engine.abort([internal])
+                with contextlib.suppress(Exception):  # a dead engine has nothing to free
+                    await self.engine.abort([internal])
         await context.abort(grpc.StatusCode.INTERNAL, "vLLM ended the request without a finish")
 
     async def _facts(self, call: Call, out: object, step: RequestOutput) -> None:
@@ -188,10 +205,12 @@ class VllmServicer(ServicerBase):
         rid = request.request_id
         call = Call(rid, "p", list(request.prompt_token_ids), [], request.cache_salt, params,
                     {RID: rid, HANDOFF: True}, handoff=True)  # fmt: skip
+        await self._claim(call, context)
         try:
             async with contextlib.aclosing(self._run(call, context)) as outputs:
                 out = await anext(outputs)
         finally:
+            self._release(call)
             facts = self.state.forget(rid)
         out.transfer = facts.written
         reply = prefill_reply(out)
@@ -219,6 +238,7 @@ class VllmServicer(ServicerBase):
         call = Call(rid, "g", list(request.prompt_token_ids), earlier, request.cache_salt,
                     params, transfer_params)  # fmt: skip
         first = True
+        await self._claim(call, context)
         try:
             async with contextlib.aclosing(self._run(call, context)) as outputs:
                 async for out in outputs:
@@ -231,6 +251,7 @@ class VllmServicer(ServicerBase):
                     if out.finished:
                         return
         finally:
+            self._release(call)
             self.state.forget(rid)
 
     async def Abort(self, request: pb.AbortRequest, context: Context) -> pb.AbortReply:

@@ -2,9 +2,10 @@
 
 Two feeds, both on the worker's event loop:
 
-- the connector's reports (:mod:`vllm_backend.reports`, :meth:`WorkerState.handle`): per
-  request the prompt tokens planned from the pool (``admit``), the KV read (``load``) and
-  written (``write``); the pool's counters and health (``pool``);
+- the connector's reports (:mod:`vllm_backend.reports`, :meth:`WorkerState.handle`):
+  whether vLLM's worker side joined the pool (``joined``); per request the prompt tokens
+  planned from the pool (``admit``), the KV read (``load``) and written (``write``); the
+  pool's counters and health (``pool``);
 - vLLM's per-step stats (:meth:`WorkerState.record_step`, from the stat logger vLLM calls
   after each step: :mod:`vllm_backend.engine`): running and waiting requests, the share of
   KV pages in use, prompt and generated tokens, preemptions, queue times.
@@ -64,7 +65,18 @@ class WorkerState:
         self.queued_prefill_tokens = 0
         self.pool = PoolHealth()
         self.facts: dict[str, RequestFacts] = {}
+        self.pool_attached: bool | None = None
+        """Whether vLLM's worker side joined the pool (``None``: not reported yet)."""
+        self._joined = asyncio.Event()
         self._last_record: float | None = None
+
+    async def joined(self, wait_s: float) -> bool:
+        """Whether vLLM's worker side joined the pool: its ``joined`` report (sent when
+        vLLM registered its caches, before the engine is up), waited for at most
+        ``wait_s`` (none: not joined)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._joined.wait(), wait_s)
+        return bool(self.pool_attached)
 
     def open(self, request_id: str) -> RequestFacts:
         """Start keeping the facts of ``request_id`` (until :meth:`forget`): reports of a
@@ -76,6 +88,10 @@ class WorkerState:
         kind = report["k"]
         if kind == "pool":
             self.pool = pool_health(report)
+            return
+        if kind == "joined":
+            self.pool_attached = self.pool_attached is not False and bool(report["ok"])
+            self._joined.set()
             return
         facts = self.facts.get(str(report["rid"]))
         if kind == "admit":

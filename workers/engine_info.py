@@ -52,12 +52,17 @@ class PoolHealth:
     tiers: TierStats = field(default_factory=TierStats)
 
     @classmethod
-    def of(cls, pool: KVPool | None) -> PoolHealth:
-        """Read ``pool``'s health (on the thread that owns it; asks the client)."""
+    def of(cls, pool: KVPool | None, probe: bool = True) -> PoolHealth:
+        """Read ``pool``'s health (on the thread that owns it; asks the client, and probes
+        the master when its breaker's backoff has passed; ``probe=False``: neither, the
+        breaker's state only, for a caller that must not wait)."""
         if pool is None:
             return cls()
+        connected = (
+            pool.store.available and pool.store.healthy() if probe else not pool.store.breaker_open
+        )
         return cls(
-            connected=pool.store.available and pool.store.healthy(),
+            connected=connected,
             outages=pool.store.outages,
             forged_blocks=pool.stats.forged_blocks,
             checksum_failures=pool.stats.checksum_failures,

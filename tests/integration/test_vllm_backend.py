@@ -18,12 +18,14 @@ router, gRPC straight to a worker where a test needs one.
   recomputed, the output unchanged; a missing block is a miss, recomputed, unchanged;
 - a vLLM worker's prefix cache reaches the KV event stream under our block names;
 - an unauthenticated call to a vLLM-backed worker is refused;
+- a prefill worker whose vLLM cannot join the pool exits at start, never registered;
 - the GPU check's vLLM check (``kvserve.gpucheck.vllm_path``) passes on this cluster;
 - once every request is done, no worker holds a page.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +34,10 @@ import grpc
 import openai
 import pytest
 
+from kvpool.net import free_local_ports
 from kvserve.cluster import faults
+from kvserve.cluster.plan import worker_plan
+from kvserve.cluster.processes import ManagedProcess
 from kvserve.gpucheck.vllm_path import check_cluster
 from proto import worker_pb2 as pb
 from proto.channels import sync_channel
@@ -40,6 +45,7 @@ from proto.grpc_auth import ROUTER
 from proto.registry import ClusterConfig
 from proto.worker_pb2_grpc import WorkerStub
 from tests.integration.reference import hf_greedy
+from tests.integration.test_faults import registered
 from tests.integration.vllm_cluster import (
     OURS,
     Setup,
@@ -210,6 +216,25 @@ def test_the_gpu_checks_vllm_check_passes_here(setup: Setup) -> None:
     through the pool, nothing recomputed on the decode worker), on this CPU cluster."""
     figures = check_cluster(setup.cluster, MODEL_NAME, "decode-0", 4)
     assert figures["decode_computed_tokens"] == 0 and figures["answered"] == 3
+
+
+def test_a_prefill_worker_whose_vllm_cannot_join_the_pool_does_not_serve(
+    setup: Setup, tmp_path: Path
+) -> None:
+    port, closed = free_local_ports(2)
+    spec = setup.cluster.spec
+    spec = dataclasses.replace(
+        spec, worker_args=(*spec.worker_args, "--pool-master", f"127.0.0.1:{closed}")
+    )
+    plan = worker_plan(spec, "no-pool-0", "prefill", port, (), 1)
+    worker = ManagedProcess("no-pool-0", plan.argv, tmp_path / "no-pool.log", dict(plan.env))
+    worker.start()
+    try:
+        assert worker.wait(300) == 1
+    finally:
+        worker.stop(10.0)
+    assert "the prefill role needs the KV pool, which vLLM could not join" in worker.log_tail()
+    assert "no-pool-0" not in registered(setup.cluster)
 
 
 def test_no_page_is_held_once_every_request_is_done(setup: Setup) -> None:

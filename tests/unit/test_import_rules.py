@@ -59,6 +59,7 @@ IN_VLLM = (
     "vllm_backend/conn_scheduler.py",
     "vllm_backend/conn_worker.py",
     "vllm_backend/reports.py",
+    "vllm_backend/inbox.py",
     "vllm_backend/engine.py",
     "vllm_backend/event_feed.py",
     "vllm_backend/servicer.py",

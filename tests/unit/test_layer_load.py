@@ -4,6 +4,9 @@ that fails cuts the rest of its run; tails are read apart; counts and healing.""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import torch
 
 from kvpool.layer_load import LayerLoad, LoadRun
@@ -23,9 +26,17 @@ def staged_harness() -> Harness:
     return harness
 
 
-def run_of(h: Harness, keys: list[str], pages: list[int], tail: bool = False) -> LoadRun:
-    names = list(range(1, len(keys) + 1 - tail))
+def run_of(h: Harness, keys: list[str], pages: list[int], tail: int = 0) -> LoadRun:
+    names = list(range(1, len(keys) + 1 - bool(tail)))
     return LoadRun(keys, pages, names, [], tail)
+
+
+def partial(h: Harness, key: str, tokens: int, expires_in: float) -> None:
+    """A partial block under ``key``: its layers, then its meta with tokens and lease."""
+    for layer in range(LAYOUT.num_layers):
+        h.layer(key, layer)
+    extra = {"tokens": tokens, "expires": time.time() + expires_in}
+    h.client.objects[key] = h.pool.codec.encode(key, h.sums[key], extra)
 
 
 def read_all(load: LayerLoad) -> list[int]:
@@ -79,9 +90,9 @@ def test_a_missing_meta_or_short_layer_ends_the_run_there() -> None:
 def test_tails_are_read_apart_and_only_count_after_whole_blocks() -> None:
     h = staged_harness()
     keys = [h.pool.keys.meta_key(1), h.pool.keys.request_key("r")]
-    for key in keys:
-        h.block(key)
-    load = LayerLoad(h.pool, [run_of(h, keys, [4, 6], tail=True)])
+    h.block(keys[0])
+    partial(h, keys[1], 5, 60.0)
+    load = LayerLoad(h.pool, [run_of(h, keys, [4, 6], tail=5)])
     load.read_metas()
     for layer in range(LAYOUT.num_layers):
         load.read_layer(layer, tails=True)
@@ -90,3 +101,17 @@ def test_tails_are_read_apart_and_only_count_after_whole_blocks() -> None:
         load.read_layer(layer)
     assert load.finish() == [2]
     assert h.pool.stats.hit_blocks == 1  # the tail is no prefix block
+
+
+@pytest.mark.parametrize(
+    ("tokens", "expires_in"), [(4, 60.0), (6, 60.0), (5, -1.0)], ids=["fewer", "more", "expired"]
+)
+def test_a_tail_of_other_tokens_or_past_its_lease_is_not_taken(
+    tokens: int, expires_in: float
+) -> None:
+    h = staged_harness()
+    keys = [h.pool.keys.meta_key(1), h.pool.keys.request_key("r")]
+    h.block(keys[0])
+    partial(h, keys[1], tokens, expires_in)
+    assert read_all(LayerLoad(h.pool, [run_of(h, keys, [4, 6], tail=5)])) == [1]
+    assert h.page(6, 0) == bytes(SPAN)  # nothing of it reached its page

@@ -94,8 +94,9 @@ def test_no_space_is_a_failed_put_not_an_outage() -> None:
     assert store.put_from(["a", "b"], [0, 0], [1, 1]) == [NO_SPACE, NO_SPACE]
     assert store.outages == 0 and store.available
     broken = MooncakeStore(UnhealthyClient(-1))
+    assert not broken.breaker_open
     broken.put_from(["a"], [0], [1])
-    assert broken.outages == 1 and not broken.available
+    assert broken.outages == 1 and not broken.available and broken.breaker_open
 
 
 class Got(NamedTuple):

@@ -259,3 +259,15 @@ def test_the_state_counts_reports_and_steps() -> None:
     }
     state.handle({"k": "pool", "health": pool})
     assert state.pool.outages == 2 and state.pool.forged_blocks == 1
+
+
+def test_the_pool_counts_as_joined_only_when_every_worker_side_joined() -> None:
+    async def run(*oks: bool) -> bool:
+        state = WorkerState(total_pages=1)
+        for ok in oks:
+            state.handle({"k": "joined", "ok": ok})
+        return await state.joined(0.01)
+
+    assert asyncio.run(run(True)) is True
+    assert asyncio.run(run(True, False, True)) is False
+    assert asyncio.run(run()) is False  # never reported: not joined
