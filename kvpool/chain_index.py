@@ -12,8 +12,11 @@ several workers evicting at once agree. Each operation is one Lua script, atomic
   extends): a block is never evicted while a block that extends it stays. An evicted block
   is *doomed* until its objects are removed (:meth:`ChainIndex.bury`) or ``doom_ttl_s``
   passes: meanwhile no writer may write it or a block that extends it (refused in the
-  answer), so a writer racing the eviction cannot leave a block whose parent is gone.
-  Blocks of the same call are never evicted by it;
+  answer), so a writer racing the eviction cannot leave a block whose parent is gone; after
+  the burial, until the doom would have ended, the block may be written again but a block
+  that extends it only once it is (a writer that read it before the eviction would
+  otherwise index a block whose parent is gone). Blocks of the same call are never evicted
+  by it;
 - :meth:`ChainIndex.settle`: after the write, forget the blocks that did not land (when no
   block extends them) and name the written blocks that another writer evicted meanwhile,
   whose objects the caller removes (nothing indexes them any more).
@@ -130,7 +133,8 @@ class ChainIndex:
     def bury(self, victims: Sequence[str]) -> None:
         """Say the objects of evicted ``victims`` are gone (writers may write them again)."""
         if victims:
-            self._bury(keys=[self.keys[KEY_NAMES.index("doomed")]], args=list(victims))
+            doomed, gone = (self.keys[KEY_NAMES.index(name)] for name in ("doomed", "gone"))
+            self._bury(keys=[doomed, gone], args=list(victims))
 
     def settle(self, written: Sequence[str], failed: Sequence[str]) -> list[str]:
         """After a write: forget each of ``failed`` (give them tail first) that no indexed
@@ -152,7 +156,7 @@ class ChainIndex:
 
     def stats(self) -> IndexStats:
         pipe = self.client.pipeline(transaction=False)
-        recency, leaves, _, _, _, used, _, doomed, counts = self.keys
+        recency, leaves, _, _, _, used, _, doomed, counts, _ = self.keys
         pipe.zcard(recency)
         pipe.zcard(leaves)
         pipe.get(used)

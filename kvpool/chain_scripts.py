@@ -11,16 +11,32 @@ Keys (``KEYS``, in this order, all under the index's prefix):
 7. ``clock``: the logical clock; every touched block gets its own tick, in chain order;
 8. ``doomed``: sorted set, blocks evicted whose objects are being removed -> until when
    (Unix seconds, the Redis server's clock) no writer may write them or extend them;
-9. ``counts``: hash of counters (``evicted``, ``refused``, ``forgotten``).
+9. ``counts``: hash of counters (``evicted``, ``refused``, ``forgotten``);
+10. ``gone``: sorted set, evicted blocks whose objects were removed and that nobody wrote
+    since -> until when (the doom's end) no writer may extend them: a writer that read such a
+    block before its eviction would otherwise index a block whose parent is gone. Writing
+    the block itself again is allowed, and indexing it takes it off this set.
 """
 
 from __future__ import annotations
 
-KEY_NAMES = ("recency", "leaves", "parent", "kids", "size", "used", "clock", "doomed", "counts")
+KEY_NAMES = (
+    "recency",
+    "leaves",
+    "parent",
+    "kids",
+    "size",
+    "used",
+    "clock",
+    "doomed",
+    "counts",
+    "gone",
+)
 
 _COMMON = """
 local recency, leaves, parent, kids = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local size, used, clock, doomed, counts = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local gone = KEYS[10]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local function drop(v)
@@ -48,15 +64,20 @@ CLAIM = (
 -- ARGV: budget (bytes; negative: no eviction), doom ttl (s), n, then n x (block, parent, size)
 local budget, ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', doomed, '-inf', now)
+redis.call('ZREMRANGEBYSCORE', gone, '-inf', now)
 local base = redis.call('INCRBY', clock, n) - n
 local refused, flags, nrefused = {}, {}, 0
 for i = 1, n do
   local m, p, s = ARGV[1 + 3 * i], ARGV[2 + 3 * i], tonumber(ARGV[3 + 3 * i])
   local tick = base + i
   local ok = not refused[m] and not redis.call('ZSCORE', doomed, m)
-  if ok and p ~= '' then ok = not refused[p] and not redis.call('ZSCORE', doomed, p) end
+  if ok and p ~= '' then
+    ok = not refused[p] and not redis.call('ZSCORE', doomed, p)
+    ok = ok and not (redis.call('ZSCORE', gone, p) and not redis.call('ZSCORE', recency, p))
+  end
   if ok then
     if not redis.call('ZSCORE', recency, m) then
+      redis.call('ZREM', gone, m)
       redis.call('HSET', parent, m, p)
       redis.call('HSET', size, m, s)
       redis.call('INCRBY', used, s)
@@ -93,11 +114,18 @@ return {table.concat(flags), victims}
 per-block admission flags (``"1"``/``"0"``) and the evicted blocks."""
 
 BURY = """
--- KEYS[1]: doomed; ARGV: blocks whose objects are gone
-if #ARGV > 0 then redis.call('ZREM', KEYS[1], unpack(ARGV)) end
+-- KEYS[1]: doomed, KEYS[2]: gone; ARGV: blocks whose objects are gone
+for i = 1, #ARGV do
+  local until_ = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if until_ then
+    redis.call('ZREM', KEYS[1], ARGV[i])
+    redis.call('ZADD', KEYS[2], until_, ARGV[i])
+  end
+end
 return #ARGV
 """
-"""The evicted blocks' objects are removed: writers may write them again."""
+"""The evicted blocks' objects are removed: writers may write them again, and until their
+doom would have ended no block that extends one of them is indexed while it is not."""
 
 SETTLE = (
     _COMMON

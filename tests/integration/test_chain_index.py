@@ -105,6 +105,21 @@ def test_blocks_being_evicted_and_their_children_are_refused_until_buried(
     no_holes(index)
 
 
+def test_a_buried_block_is_not_extended_until_it_is_written_again(index: ChainIndex) -> None:
+    """A writer that read ``b`` before another writer evicted and buried it must not index
+    ``c`` extending it: that would leave a block whose parent is gone."""
+    index.claim(run("a", "b"))  # the reader's refresh of what it loaded
+    victims = index.claim(run("z"), budget=2 * SIZE).victims
+    assert victims == ["b"]
+    index.bury(victims)
+    assert index.claim(run("c", parent="b")).admitted == [False]
+    assert index.parent_of("c") is None
+    no_holes(index)
+    assert index.claim(run("b", parent="a")).admitted == [True]  # written again
+    assert index.claim(run("c", parent="b")).admitted == [True]
+    no_holes(index)
+
+
 def test_an_unburied_eviction_expires(client: redis.Redis) -> None:
     index = ChainIndex(client, "test:ttl", doom_ttl_s=0.001)
     index.clear()
