@@ -45,6 +45,7 @@ from proto.record_store import (
 )
 from proto.records import ROLES, RecordError, WorkerRecord
 from proto.refusals import Rejection, RejectLog
+from proto.sentinel import SentinelURL, sentinel_client
 from proto.trust import POOL_BLOCK, PREFIX_ROOT, REGISTRY_RECORD
 
 UNSHARED_KEY = secrets.token_bytes(32)
@@ -86,7 +87,9 @@ class ClusterConfig:
 
     Registry (Redis):
 
-    - ``redis_url``: the registry (``redis://host:port/db``; ``rediss://`` for TLS);
+    - ``redis_url``: the registry (``redis://host:port/db``; ``rediss://`` for TLS;
+      ``redis+sentinel://host:port[,host:port...]/service[/db]`` for a primary its
+      Sentinels name, found again after a failover: :mod:`proto.sentinel`);
     - ``redis_username`` / ``redis_password``: credentials (an ACL user, or just the
       password of Redis's ``requirepass``); empty means none. Give the password as the
       environment variable ``KVSERVE_REDIS_PASSWORD`` rather than the flag, so it stays out
@@ -137,8 +140,12 @@ class ClusterConfig:
     hash_algorithm: str = field(default="sha256", metadata={"choices": HASH_ALGORITHMS})
 
     def __post_init__(self) -> None:
-        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
+        if SentinelURL.matches(self.redis_url):
+            SentinelURL.parse(self.redis_url)  # raises, naming what is wrong
+        elif not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"redis_url must be a redis:// (or redis+sentinel://) URL, got {self.redis_url!r}"
+            )
         if (self.redis_username or self.redis_password) and _url_has_credentials(self.redis_url):
             raise ValueError(
                 "redis_url carries credentials and redis_username/redis_password are set too: "
@@ -245,6 +252,9 @@ def connect(
         credentials["username"] = cluster.redis_username
     if cluster.redis_password:
         credentials["password"] = cluster.redis_password
+    if SentinelURL.matches(cluster.redis_url):
+        target = SentinelURL.parse(cluster.redis_url)
+        return sentinel_client(target, credentials, socket_timeout, socket_connect_timeout, options)
     return redis.Redis.from_url(
         cluster.redis_url,
         socket_timeout=socket_timeout,

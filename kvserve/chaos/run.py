@@ -39,6 +39,7 @@ from kvserve.chaos.report import MUST_BE_ZERO, FaultRecord, mismatches, print_ta
 from kvserve.chaos.settings import CHAOS_POOL, SMALLEST_BLOCK
 from kvserve.cluster import faults
 from kvserve.cluster.launch import Cluster, ClusterSpec
+from kvserve.cluster.redis_ha import RedisHA
 from kvserve.settings import config_from_args
 from workers.config import EngineConfig, VllmOptions
 
@@ -58,6 +59,7 @@ def _spec(args: argparse.Namespace, engine: EngineConfig) -> ClusterSpec:
     return ClusterSpec(
         prefill=args.prefill,
         decode=args.decode,
+        redis_ha_ports=(1, 2, 3, 4) if args.redis_ha else (),  # free ports below
         host="127.0.0.1",
         engine=engine,
         worker_engine=args.engine,
@@ -125,6 +127,8 @@ class FaultInjector:
         target = target or self.rng.choice(self._workers(what))
         record = FaultRecord(kind, target, round(time.monotonic() - self.t0, 2))
         live = faults.routable(cluster)
+        ha = cluster.redis if isinstance(cluster.redis, RedisHA) else None
+        primary = ha.named_primary() if ha is not None else None
         started = time.monotonic()
         if action == "freeze":
             faults.freeze(cluster, target)
@@ -134,6 +138,8 @@ class FaultInjector:
             seen = _until(lambda: faults.routable(cluster) < live)
         elif what == "master":
             seen = _until(lambda: not all(_pool_connected(cluster)))
+        elif ha is not None:  # the Sentinels name another primary
+            seen = _until(lambda: ha.named_primary() not in (None, primary))
         else:
             seen = None  # a Redis outage is served through, by asking workers directly
         record.detected_s = None if seen is None else round(seen, 2)
@@ -174,9 +180,10 @@ def _restore(cluster: Cluster) -> None:
     for name in cluster.worker_names:
         faults.thaw(cluster, name)
     dead = cluster.dead()
-    for service in ("mooncake_master", "redis"):
-        if service in dead:
-            cluster.restart(service)
+    if "mooncake_master" in dead:
+        cluster.restart("mooncake_master")
+    if any(name.startswith(("redis", "sentinel")) for name in dead):
+        cluster.restart("redis")
     cluster.restart_workers([n for n in dead if n in cluster.worker_names])
     faults.wait_routable(cluster, WAIT_S)
 

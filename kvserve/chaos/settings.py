@@ -31,6 +31,9 @@ class ChaosConfig:
       order given, again and again (every kind in a short run: a vLLM worker takes a minute
       to come back, so a run has few faults);
     - ``prefill`` / ``decode``: prefill and decode workers;
+    - ``redis_ha``: the registry as a primary, a replica and three Sentinels: ``kill-redis``
+      then kills the primary, its detection is the Sentinels naming another one, and the
+      killed node comes back as a replica;
     - ``model``: model directory (default: the tiny model);
     - ``block_tokens``: tokens per KV block of the workers (0: the engine's smallest, 16
       for kvserve's, 32 for vLLM's CPU kernels);
@@ -52,6 +55,7 @@ class ChaosConfig:
     fault_order: str = setting("random", choices=("random", "cycle"))
     prefill: int = 1
     decode: int = 2
+    redis_ha: bool = False
     model: str = ""
     block_tokens: int = 0
     seed: int = 0

@@ -39,6 +39,7 @@ from kvserve.cluster.plan import ClusterPlan, ProcessPlan
 from kvserve.cluster.pool import MASTER, METADATA, PoolProcesses
 from kvserve.cluster.processes import ManagedProcess
 from kvserve.cluster.redis import RedisProcess
+from kvserve.cluster.redis_ha import RedisHA
 from kvserve.cluster.spec import ClusterSpec
 from proto.registry import ClusterConfig
 
@@ -85,6 +86,15 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
+def redis_service(spec: ClusterSpec, log_dir: Path) -> RedisProcess | RedisHA:
+    """The cluster's Redis: one ``redis-server``, or a primary, a replica and Sentinels."""
+    prefix = spec.prefix_of("redis")
+    if spec.redis_ha_ports:
+        replica, *sentinels = spec.redis_ha_ports
+        return RedisHA(spec.redis_config, replica, sentinels, log_dir, prefix)
+    return RedisProcess(spec.redis_config, log_dir / "redis.log", prefix)
+
+
 class Cluster:
     """Runs a :class:`ClusterSpec` (see the module docstring for the lifecycle)."""
 
@@ -93,7 +103,7 @@ class Cluster:
         self.plan = spec.plan(available_cores)
         self.log_dir = spec.log_dir or Path(tempfile.mkdtemp(prefix="kvserve-cluster-"))
         self._pool: PoolProcesses | None = None
-        self._redis: RedisProcess | None = None
+        self._redis: RedisProcess | RedisHA | None = None
         self._workers = {p.name: self._managed(p) for p in self.plan.workers}
         self._router = self._managed(self.plan.router)
         self._started = False
@@ -111,7 +121,12 @@ class Cluster:
     @property
     def redis_url(self) -> str:
         """The registry's URL (without credentials: see :attr:`cluster_config`)."""
-        return self.spec.redis_config.url
+        return self.spec.cluster_config.redis_url
+
+    @property
+    def redis(self) -> RedisProcess | RedisHA | None:
+        """The registry's processes (None before :meth:`start`)."""
+        return self._redis
 
     @property
     def cluster_config(self) -> ClusterConfig:
@@ -176,8 +191,7 @@ class Cluster:
                 prefix = self.spec.prefix_of("mooncake_master")
                 self._pool = PoolProcesses(self.spec.pool_master, self.log_dir, prefix)
                 self._pool.start()
-            redis_log, redis_prefix = self.log_dir / "redis.log", self.spec.prefix_of("redis")
-            self._redis = RedisProcess(self.spec.redis_config, redis_log, redis_prefix)
+            self._redis = redis_service(self.spec, self.log_dir)
             self._redis.start()
             for proc in self._workers.values():
                 proc.start()
@@ -248,8 +262,7 @@ class Cluster:
         if self._pool is not None and name in self._pool.processes:
             self._pool.restart(name, self.spec.stop_grace_s, limit)
         elif name == "redis" and self._redis is not None:
-            self._redis.stop(self.spec.stop_grace_s)
-            self._redis.start(limit)
+            self._redis.restart(self.spec.stop_grace_s, limit)
         else:
             self.restart_workers([name], timeout)
 
@@ -257,7 +270,8 @@ class Cluster:
         """Names of started processes that have exited."""
         procs: list[ManagedProcess | None] = []
         procs += self._pool.processes.values() if self._pool is not None else ()
-        procs += [self._redis.process if self._redis else None, self._router]
+        procs += self._redis.processes if self._redis else []
+        procs.append(self._router)
         procs += list(self._workers.values())
         return [p.name for p in procs if p is not None and p.pid is not None and not p.running]
 

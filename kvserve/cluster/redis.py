@@ -104,7 +104,7 @@ def redis_command(cfg: RedisConfig, binary: str = "redis-server") -> list[str]:
     return [*argv, "-"] if cfg.password else argv
 
 
-def _quoted(text: str) -> str:
+def conf_quoted(text: str) -> str:
     """A redis.conf argument that keeps every character (double quotes, escapes)."""
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -114,9 +114,9 @@ def redis_auth_conf(cfg: RedisConfig) -> str:
     if not cfg.password:
         return ""
     if not cfg.username:
-        return f"requirepass {_quoted(cfg.password)}\n"
+        return f"requirepass {conf_quoted(cfg.password)}\n"
     lines = [] if cfg.username == "default" else ["user default off"]
-    lines.append(f"user {cfg.username} on {_quoted('>' + cfg.password)} ~* &* +@all")
+    lines.append(f"user {cfg.username} on {conf_quoted('>' + cfg.password)} ~* &* +@all")
     return "\n".join(lines) + "\n"
 
 
@@ -161,6 +161,15 @@ class RedisProcess:
     @property
     def running(self) -> bool:
         return self.process.running
+
+    @property
+    def processes(self) -> list[ManagedProcess]:
+        return [self.process]
+
+    def restart(self, grace: float | None, timeout: float) -> None:
+        """Stop it (if it runs) and start it again: it comes back empty."""
+        self.process.stop(grace)
+        self.process.start(timeout)
 
     def stop(self, grace: float | None = None) -> None:
         self.process.stop(grace)

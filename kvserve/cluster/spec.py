@@ -31,6 +31,7 @@ from kvpool.master import MasterConfig
 from kvpool.net import free_local_ports
 from kvserve.cluster.plan import ClusterPlan, Host, plan_cluster
 from kvserve.cluster.redis import RedisConfig, is_loopback, new_password
+from kvserve.cluster.redis_ha import HA_PORTS, sentinel_url
 from proto.registry import ClusterConfig
 from proto.trust import new_secret
 from router.auth import parse_api_keys
@@ -74,6 +75,8 @@ class ClusterSpec:
     - ``api_key``: the router's API keys (``""``: none; router only).
     - ``router_port``, ``worker_base_port`` (or explicit ``worker_ports``), ``redis_port``,
       ``master`` (mooncake_master's ports and policy): see :meth:`with_free_ports`.
+    - ``redis_ha_ports``: empty, or the ports of Redis's replica and its three Sentinels
+      (:class:`kvserve.cluster.redis_ha.RedisHA`; the primary on ``redis_port``).
     - ``worker_metrics_base_port`` (or explicit ``worker_metrics_ports``): each worker's
       Prometheus ``/metrics`` on this port and up, in worker order (0 and none listed: off).
     - ``engine``: forwarded to every worker (the router reads the tokenizer from the same
@@ -104,6 +107,7 @@ class ClusterSpec:
     worker_metrics_base_port: int = 0
     worker_metrics_ports: tuple[int, ...] = ()
     redis_port: int = 6379
+    redis_ha_ports: tuple[int, ...] = ()
     cluster: ClusterConfig = field(default_factory=new_cluster_config)
     api_key: str = field(default="", repr=False)
     master: MasterConfig = field(default_factory=MasterConfig)
@@ -140,6 +144,8 @@ class ClusterSpec:
             raise ValueError(
                 "prefill/decode moves KV through the pool: keep use_pool, or run mixed workers only"
             )
+        if self.redis_ha_ports and len(set(self.redis_ha_ports)) != HA_PORTS:
+            raise ValueError(f"redis_ha_ports: {HA_PORTS} distinct ports (a replica, 3 Sentinels)")
         if self.worker_ports and len(self.worker_ports) != self.num_workers:
             raise ValueError(
                 f"worker_ports lists {len(self.worker_ports)} ports for {self.num_workers} workers"
@@ -225,6 +231,7 @@ class ClusterSpec:
         """Every port this cluster listens on, by process (for the in-use check; the
         process is the name's first word)."""
         named = {"router": self.router_port, "redis": self.redis_port}
+        named.update({f"redis ha {i}": port for i, port in enumerate(self.redis_ha_ports)})
         names = [n for n, _ in self.worker_roles()]
         named.update(zip(names, self._worker_ports(), strict=True))
         metrics = {f"{n} metrics": self.worker_metrics_port(i) for i, n in enumerate(names)}
@@ -256,8 +263,12 @@ class ClusterSpec:
 
     @property
     def cluster_config(self) -> ClusterConfig:
-        """:attr:`cluster` reaching this cluster's Redis."""
-        return dataclasses.replace(self.cluster, redis_url=self.redis_config.url)
+        """:attr:`cluster` reaching this cluster's Redis (through its Sentinels, with
+        :attr:`redis_ha_ports`)."""
+        url = self.redis_config.url
+        if self.redis_ha_ports:
+            url = sentinel_url(self.redis_config, self.redis_ha_ports[1:])
+        return dataclasses.replace(self.cluster, redis_url=url)
 
     @property
     def pool_master(self) -> MasterConfig:
@@ -286,7 +297,9 @@ class ClusterSpec:
         """This spec with every port replaced by one free on loopback right now."""
         n = self.num_workers
         scraped = n if self.worker_metrics_port(0) else 0
-        router, redis_port, rpc, meta, metrics, *workers = free_local_ports(5 + n + scraped)
+        ha = len(self.redis_ha_ports)
+        router, redis_port, rpc, meta, metrics, *rest = free_local_ports(5 + ha + n + scraped)
+        redis_ha_ports, workers = tuple(rest[:ha]), rest[ha:]
         master = dataclasses.replace(
             self.master, master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics
         )
@@ -294,6 +307,7 @@ class ClusterSpec:
             self,
             router_port=router,
             redis_port=redis_port,
+            redis_ha_ports=redis_ha_ports,
             master=master,
             worker_ports=tuple(workers[:n]),
             worker_metrics_ports=tuple(workers[n:]),

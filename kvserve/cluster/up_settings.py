@@ -45,6 +45,9 @@ class UpConfig:
     - ``worker_metrics_base_port``: the first worker's Prometheus ``/metrics`` port (the
       others count up from it; 0: none);
     - ``redis_port``: the registry's port;
+    - ``redis_ha``: run the registry as a primary, a replica and three Sentinels (on
+      ``redis_port`` and the four ports after it); every client finds the primary through
+      the Sentinels and follows a failover (kvserve/cluster/redis_ha.py);
     - ``free_ports``: use free loopback ports for every process;
     - ``log_dir``: one log file per process (default: a temp dir);
     - ``pin_cores``: give each worker its own CPU cores when there are enough;
@@ -71,6 +74,7 @@ class UpConfig:
     worker_base_port: int = 50061
     worker_metrics_base_port: int = 9100
     redis_port: int = 6379
+    redis_ha: bool = False
     free_ports: bool = False
     log_dir: str = ""
     pin_cores: bool = True
@@ -114,6 +118,7 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
         worker_base_port=up.worker_base_port,
         worker_metrics_base_port=up.worker_metrics_base_port,
         redis_port=up.redis_port,
+        redis_ha_ports=tuple(up.redis_port + i for i in range(1, 5)) if up.redis_ha else (),
         master=config_from_args(MasterConfig, args),
         use_pool=up.use_pool,
         engine=config_from_args(EngineConfig, args),
