@@ -12,10 +12,13 @@ import ipaddress
 import re
 import secrets
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
+
+import redis
 
 from kvserve.cluster.processes import ManagedProcess, Readiness
 from proto.registry import ClusterConfig, connect
@@ -120,17 +123,27 @@ def redis_auth_conf(cfg: RedisConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def answers_ping(cfg: RedisConfig) -> bool:
-    """Whether the Redis of ``cfg`` answers PING now, with ``cfg``'s credentials."""
-    import redis
-
+def ask(
+    cfg: RedisConfig,
+    command: Callable[[redis.Redis], Any],
+    tolerated: tuple[type[Exception], ...] = (),
+) -> Any:
+    """One command (``command(client)``) to the Redis of ``cfg`` over a short-lived client
+    with ``cfg``'s credentials and 0.5 s timeouts; ``None`` if it cannot be reached now (or
+    answers with one of ``tolerated``)."""
+    caught: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError, *tolerated)
     client = connect(cfg.cluster_config, socket_timeout=0.5, socket_connect_timeout=0.5)
     try:
-        return bool(client.ping())
-    except (redis.ConnectionError, redis.TimeoutError):
-        return False
+        return command(client)
+    except caught:
+        return None
     finally:
         client.close()
+
+
+def answers_ping(cfg: RedisConfig) -> bool:
+    """Whether the Redis of ``cfg`` answers PING now, with ``cfg``'s credentials."""
+    return bool(ask(cfg, lambda client: client.ping()))
 
 
 class RedisProcess:

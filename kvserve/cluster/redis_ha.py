@@ -20,7 +20,6 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import redis
 
@@ -28,12 +27,13 @@ from kvserve.cluster.processes import ManagedProcess, Readiness
 from kvserve.cluster.redis import (
     RedisConfig,
     answers_ping,
+    ask,
     conf_quoted,
     redis_auth_conf,
     redis_binary,
     redis_command,
 )
-from proto.registry import ClusterConfig, connect
+from proto.registry import ClusterConfig
 from proto.sentinel import SentinelURL
 
 SERVICE = "kvserve"
@@ -95,13 +95,7 @@ def sentinel_conf(cfg: RedisConfig, port: int) -> str:
 
 def in_sync(cfg: RedisConfig) -> bool:
     """Whether the replica of ``cfg`` answers and its link to its primary is up."""
-    client = connect(cfg.cluster_config, socket_timeout=0.5, socket_connect_timeout=0.5)
-    try:
-        state: Any = client.info("replication")
-    except (redis.ConnectionError, redis.TimeoutError):
-        return False
-    finally:
-        client.close()
+    state = ask(cfg, lambda client: client.info("replication"))
     return isinstance(state, dict) and state.get("master_link_status") == "up"
 
 
@@ -170,13 +164,9 @@ class RedisHA:
 
     def _sees_everyone(self, port: int) -> bool:
         """Whether the Sentinel on ``port`` knows a replica and every other Sentinel."""
-        client = connect(self._at(port).cluster_config, socket_timeout=0.5)
-        try:
-            state: Any = client.sentinel_master(SERVICE)
-        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
-            return False
-        finally:
-            client.close()
+        state = ask(
+            self._at(port), lambda client: client.sentinel_master(SERVICE), (redis.ResponseError,)
+        )
         if not isinstance(state, dict):
             return False
         others = len(self.sentinel_ports) - 1
@@ -205,13 +195,9 @@ class RedisHA:
     def primary_port(self) -> int:
         """The port of the node the Sentinels name primary now."""
         for port in self.sentinel_ports:
-            client = connect(self._at(port).cluster_config, socket_timeout=0.5)
-            try:
-                address: Any = client.sentinel_get_master_addr_by_name(SERVICE)
-            except (redis.ConnectionError, redis.TimeoutError):
-                continue
-            finally:
-                client.close()
+            address = ask(
+                self._at(port), lambda client: client.sentinel_get_master_addr_by_name(SERVICE)
+            )
             if isinstance(address, (tuple, list)) and len(address) == 2:
                 return int(address[1])
         raise RuntimeError("no Sentinel named a primary")
