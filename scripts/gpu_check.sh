@@ -16,9 +16,28 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if compgen -G ".whl/*.whl" >/dev/null; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl
   export PYTHONPATH="$site:$PYTHONPATH" PATH="$site/bin:$PATH"  # mooncake_master is in bin/
+  if [ -d "$site/nvidia/cuda_runtime/lib" ]; then  # libcudart.so.12 for Mooncake's CUDA build
+    export LD_LIBRARY_PATH="$site/nvidia/cuda_runtime/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+fi
+if compgen -G ".whl/sys/*.deb" >/dev/null; then  # only the system libraries this machine lacks
+  unpacked=/tmp/kvserve-gpu-debs libs=/tmp/kvserve-gpu-libs
+  mkdir -p "$unpacked" "$libs"
+  for deb in .whl/sys/*.deb; do dpkg-deb -x "$deb" "$unpacked"; done
+  known="$(ldconfig -p)"
+  for lib in $(find "$unpacked" -name 'lib*.so.*' \( -type f -o -type l \)); do
+    name="$(basename "$lib")"
+    grep -q "[[:space:]]$name " <<<"$known" || ln -sf "$lib" "$libs/$name"
+  done
+  echo "system libraries taken from .whl/sys: $(ls "$libs" | tr '\n' ' ')" >&2
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$libs"
+fi
+if store=$("$py" -c 'import importlib.util as u; print(u.find_spec("mooncake").submodule_search_locations[0])' 2>/dev/null); then
+  ldd "$store/store.so" | grep "not found" >&2 || true
 fi
 export KVSERVE_CACHE_DIR="${KVSERVE_CACHE_DIR:-/tmp/kvserve-gpu-cache}"
-args=(--out "$out")
+budget="${KVSERVE_GPU_BUDGET_S:-540}"  # the whole run; bench engine gets what is left
+args=(--out "$out" --budget-s "$budget")
 if [ -d .whl/tokenizer ]; then args+=(--tokenizer-dir .whl/tokenizer); fi
 if "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   args+=(--device cuda)
@@ -26,4 +45,4 @@ else
   echo "no CUDA device here: running the CPU quick mode" >&2
   args+=(--device cpu --quick)
 fi
-exec timeout 580 "$py" -m kvserve.gpucheck "${args[@]}"
+exec timeout "$((budget + 40))" "$py" -m kvserve.gpucheck "${args[@]}"
