@@ -281,7 +281,7 @@ def explain(cluster: ClusterConfig, exc: BaseException) -> str:
     if isinstance(exc, redis.exceptions.NoPermissionError):
         return (
             f"{where}: user {user!r} lacks a permission the registry needs ({exc}): grant it "
-            f"+@read +@write +@keyspace +@connection on keys '{cluster.cluster}:*'"
+            f"+@read +@write +@keyspace +@connection +@scripting on keys '{cluster.cluster}:*'"
         )
     return f"{where}: {exc}"
 

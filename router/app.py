@@ -17,6 +17,11 @@ Lifecycle of an app from :func:`create_app`:
    the first event, cancels the flow, which aborts the request on every worker;
 4. lifespan end: the registry watch stops, channels close, the pool is left.
 
+Every response the app sends carries ``X-Kvserve-Router: <router id>``
+(:data:`ROUTER_HEADER`, :class:`RouterHeaderMiddleware`; a 500 too): which of several
+routers behind a balancer answered. (uvicorn's own answers, such as its 503 past
+``max_connections``, never reach the app and carry no header.)
+
 Every error body is OpenAI's ``{"error": {"message", "type", "param", "code"}}``; a 500 says
 nothing of its cause (logged instead). ``/openapi.json`` describes the real request bodies
 and error responses (:mod:`router.openapi`).
@@ -29,9 +34,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvpool.config import PoolConfig
 from proto.registry import ClusterConfig
@@ -48,6 +55,37 @@ from router.routes.tokens import token_routes
 from router.service import RouterService
 
 log = logging.getLogger(__name__)
+
+ROUTER_HEADER = "X-Kvserve-Router"
+"""The response header naming the router that answered (its resolved ``--router-id``)."""
+
+
+class RouterHeaderMiddleware:
+    """Adds :data:`ROUTER_HEADER` to every HTTP response (pure ASGI: streams pass through
+    as they are)."""
+
+    def __init__(self, app: ASGIApp, router_id: str) -> None:
+        self.app = app
+        self.router_id = router_id
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_router(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                name_router(MutableHeaders(scope=message), self.router_id)
+            await send(message)
+
+        await self.app(scope, receive, send_with_router)
+
+
+def name_router(headers: MutableHeaders, router_id: str) -> None:
+    """Set :data:`ROUTER_HEADER` in ``headers`` to ``router_id``, the name spelled as
+    :data:`ROUTER_HEADER` is (Starlette would lowercase it; h11 sends it as given)."""
+    del headers[ROUTER_HEADER]
+    headers.raw.append((ROUTER_HEADER.encode("latin-1"), router_id.encode("latin-1")))
 
 
 def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -> FastAPI:
@@ -70,6 +108,7 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
     if keys.enabled:
         app.add_middleware(ApiKeyMiddleware, keys=keys, on_reject=service.metrics.auth_failures.inc)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(RouterHeaderMiddleware, router_id=service.router_id)  # the outermost
     openapi.install(app, secured=keys.enabled)
     for routes in (generation_routes, info_routes, ops_routes, token_routes):
         app.include_router(routes(service, keys.enabled))
@@ -99,7 +138,10 @@ def _add_error_handlers(app: FastAPI) -> None:
         # The cause stays in the log: exception texts can hold paths, addresses, secrets.
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
         err = APIError(500, "internal server error (the router's log has the cause)")
-        return JSONResponse(err.body(), status_code=500)
+        response = JSONResponse(err.body(), status_code=500)
+        # (sent by Starlette's outermost middleware, past RouterHeaderMiddleware)
+        name_router(response.headers, service.router_id)
+        return response
 
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(HTTPException, http_error)

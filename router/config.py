@@ -8,6 +8,8 @@ joins the pool as a pure client, with no segment of its own, for prefix lookups)
 
 from __future__ import annotations
 
+import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +22,10 @@ KV_HANDOFFS = ("push", "pool")
 CONTROLLER_PREFIX = "controller_"
 """The flags and variables of :attr:`RouterConfig.ratio` start with this
 (``--controller-target``, ``KVSERVE_CONTROLLER_TARGET``; see :mod:`kvserve.settings`)."""
+ROUTER_ID_MAX = 64
+ROUTER_ID = re.compile(rf"[A-Za-z0-9_.:-]{{1,{ROUTER_ID_MAX}}}")
+"""A valid router id (:attr:`RouterConfig.router_id`)."""
+_NOT_IN_ID = re.compile(r"[^A-Za-z0-9_.:-]")
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,11 @@ class RouterConfig:
     """How the router serves and places requests.
 
     - ``router_host`` / ``router_port``: where the OpenAI-compatible HTTP API listens.
+    - ``router_id``: this router's name among the cluster's routers: 1-64 letters, digits
+      and ``_.:-``; empty = ``<hostname>:<router_port>``
+      (:meth:`RouterConfig.resolved_router_id`). Every response carries it (header
+      ``X-Kvserve-Router``), as do ``/metrics`` (``kvserve:router_info``) and
+      ``/v1/cache/stats``; it holds the P:D controller's lease. Give each router its own.
     - ``policy``: placement policy of the conductor.
     - ``disagg_threshold_tokens``: when the part of a prompt that is not in the pool is at
       most this many tokens, the decode worker may prefill it itself (conditional
@@ -67,9 +78,12 @@ class RouterConfig:
       must not hold up requests. The lookup is one batched RPC that answers in milliseconds;
       0.5 s bounds what a frozen master adds to a first token.
     - ``controller``: run the P:D ratio controller (:mod:`router.controller`), which moves
-      workers between the prefill and decode pools.
+      workers between the prefill and decode pools. Of several routers run with it, one
+      decides at a time: the holder of the controller's lease in Redis
+      (:mod:`router.controller_lease`); another takes over when it stops or dies.
     - ``controller_interval_s``: how often the controller evaluates (5 s evaluations x
-      patience 2 act within about 10 s of a sustained miss).
+      patience 2 act within about 10 s of a sustained miss) and renews its lease (whose
+      TTL is 3 intervals, at least 3 s: :func:`router.controller_lease.lease_ttl_s`).
     - ``ratio``: the controller's policy, :class:`router.ratio.RatioConfig` (SLOs, target,
       window, hysteresis, bounds), whose fields are the flags ``--controller-<field>``.
     - ``api_key``: empty = no authentication; else comma-separated keys, each optionally
@@ -92,6 +106,7 @@ class RouterConfig:
 
     router_host: str = "127.0.0.1"
     router_port: int = 8000
+    router_id: str = ""
     policy: str = field(default="cache_aware", metadata={"choices": POLICIES})
     disagg_threshold_tokens: int = 256
     reserve_lease_s: float = 30.0
@@ -119,6 +134,11 @@ class RouterConfig:
             raise ValueError("router_host must be an address to bind, e.g. 127.0.0.1")
         if not 1 <= self.router_port <= 65535:
             raise ValueError(f"router_port must be in 1..65535, got {self.router_port}")
+        if self.router_id and not ROUTER_ID.fullmatch(self.router_id):
+            raise ValueError(
+                f"router_id must be 1-{ROUTER_ID_MAX} letters, digits and _.:- "
+                f"(empty: <hostname>:<router_port>), got {self.router_id!r}"
+            )
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.disagg_threshold_tokens < 0:
@@ -154,6 +174,17 @@ class RouterConfig:
     def api_keys(self) -> ApiKeys:
         """The parsed ``api_key`` (empty: no authentication)."""
         return parse_api_keys(self.api_key)
+
+    def resolved_router_id(self) -> str:
+        """The router's id: ``router_id``, or for none ``<hostname>:<router_port>``, the
+        host name's characters outside ``[A-Za-z0-9_.-]`` made ``_`` and the name cut to
+        fit :data:`ROUTER_ID_MAX` (``router`` for an empty one). Resolved once, by the
+        router service when it is built: the host name is read then."""
+        if self.router_id:
+            return self.router_id
+        port = f":{self.router_port}"
+        host = _NOT_IN_ID.sub("_", socket.gethostname().replace(":", "_")) or "router"
+        return host[: ROUTER_ID_MAX - len(port)] + port
 
     @property
     def reserve_lease_ms(self) -> int:

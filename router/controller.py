@@ -7,8 +7,15 @@ Lifecycle of :class:`RoleController`:
    the flow telemetry) whether or not the controller runs, so ``GET /v1/controller``
    always shows the SLO window; a cancelled request (the client left) is not a sample, a
    failed one is a TTFT miss;
-2. ``start()`` (only with ``--controller``) starts a task that calls :meth:`tick` every
-   ``controller_interval_s``;
+2. ``start()`` (only with ``--controller``) starts a task that, at once and then every
+   ``controller_interval_s``, takes or renews the controller's lease in Redis
+   (:mod:`router.controller_lease`, in a thread) and calls :meth:`tick` only while this
+   router holds it: of several routers, one decides at a time. A router that has just
+   taken the lease (a new term) first waits one cool-down
+   (:meth:`router.ratio.RatioController.hold_off`): the previous holder may have just
+   moved a worker. One that fails to renew it (taken over, expired, Redis unreachable:
+   logged, never raised) stops deciding at once; its moves in flight go on to their end.
+   ``kvserve:controller_leader`` is 1 while held here;
 3. :meth:`tick` asks the policy, with the live workers' loads; a decided change is
    logged, the worker is held as draining in the router's view at once (no new request is
    placed on it; :meth:`router.workers.WorkerView.hold`) and a move task starts;
@@ -19,7 +26,8 @@ Lifecycle of :class:`RoleController`:
    new role) and any error fails it (the hold ends at once); either is logged and counted
    in ``kvserve:role_changes_total``;
 5. ``stop()`` cancels the loop and any move in flight (the worker's cancelled ``SetRole``
-   leaves its role as it was).
+   leaves its role as it was), then releases the lease (another router's controller
+   takes over at its next interval, not a TTL later).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import grpc
 
 from proto import worker_pb2 as pb
 from router.config import RouterConfig
+from router.controller_lease import ControllerLease
 from router.flow_types import FlowResult
 from router.live_worker import LiveWorker
 from router.metrics import RouterMetrics
@@ -49,14 +58,19 @@ SET_ROLE_MARGIN_S = 60.0
 
 
 class RoleController:
+    """The lifecycle of the module docstring; ``lease``: this router's handle on the
+    controller's lease (:class:`router.controller_lease.ControllerLease`)."""
+
     def __init__(
         self,
         config: RouterConfig,
         view: WorkerView,
         metrics: RouterMetrics,
+        lease: ControllerLease,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        self.lease = lease
         self.policy = RatioController(config.ratio)
         self.view = view
         self.metrics = metrics
@@ -74,6 +88,7 @@ class RoleController:
         self._loop = asyncio.create_task(self._run(), name="pd-controller")
 
     async def stop(self) -> None:
+        started = self._loop is not None
         tasks = [*self._moves, *([self._loop] if self._loop else [])]
         for task in tasks:
             task.cancel()
@@ -81,6 +96,11 @@ class RoleController:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._loop = None
+        if started:  # even when not known held: a renewal's lost reply may have kept it
+            if await asyncio.to_thread(self.lease.release):
+                log.info("P:D controller: lease released by %s", self.lease.holder_id)
+            self.metrics.controller_leader.set(0)
+        await asyncio.to_thread(self.lease.close)
 
     def record(self, result: FlowResult) -> None:
         """One finished flow into the SLO window (see step 1)."""
@@ -105,15 +125,37 @@ class RoleController:
             "config": asdict(self.config.ratio),
             "snapshot": self.policy.snapshot(now),
             "history": [dict(entry) for entry in self._history],
+            "lease": {"holder": self.lease.holder, "held_here": self.lease.held},
         }
 
+    async def observe_lease(self) -> None:
+        """Read the lease's holder now (for :meth:`report`; a Redis failure reads as no
+        holder), on any router, whether its controller runs or not."""
+        await asyncio.to_thread(self.lease.look)
+
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.controller_interval_s)
+        while True:  # the lease at once (a restarted router knows its holder), then ticks
             try:
-                self.tick()
+                if await self.lead():
+                    self.tick()
             except Exception:  # keep controlling whatever one evaluation hit
                 log.exception("P:D controller evaluation failed")
+            await asyncio.sleep(self.config.controller_interval_s)
+
+    async def lead(self) -> bool:
+        """Take or renew the lease (step 2); whether this router decides now. A new term
+        starts with a cool-down; a change of state is logged."""
+        was, term = self.lease.held, self.lease.term
+        held = await asyncio.to_thread(self.lease.take)
+        self.metrics.controller_leader.set(int(held))
+        if held and self.lease.term != term:
+            self.policy.hold_off(self.clock())
+            log.info("P:D controller: %s holds the lease; first decision after the cool-down "
+                     "(%.0f s)", self.lease.holder_id, self.config.ratio.cooldown_s)  # fmt: skip
+        elif was and not held:
+            log.warning("P:D controller: %s lost the lease (holder now %s): not deciding",
+                        self.lease.holder_id, self.lease.holder)  # fmt: skip
+        return held
 
     def tick(self) -> RoleChange | None:
         """One evaluation (step 3); returns the change it started, if any."""

@@ -21,6 +21,9 @@ counts it again): ``reason="mac"`` for no MAC or a wrong one (not written with t
 cluster secret), ``reason="invalid"`` for a record out of the schema. The P:D
 controller's figures: ``kvserve:role_changes_total`` by outcome, ``kvserve:workers`` live
 by role, ``kvserve:slo_attainment`` of its window (NaN: too few samples);
+``kvserve:controller_leader`` is 1 on the router whose controller holds the lease and
+decides (:mod:`router.controller_lease`), 0 on every other. ``kvserve:router_info`` is 1,
+labelled with the router's id (``router``): which router of several answered a scrape.
 ``kvserve:migrations_total``: requests moved to another decode worker after output began.
 ``kvserve:kv_handoffs_total{path}``: disaggregated prompts by how their KV reached the decode
 worker: ``push`` (a direct push that succeeded), ``push_failed`` (a push was made and
@@ -42,13 +45,20 @@ from router.request_metrics import LATENCY_BUCKETS, RequestMetrics
 
 
 class RouterMetrics:
-    """Lifecycle: one per app -> :meth:`set_model` and :meth:`update_roles` from each
-    registry poll, ``requests.observe_*`` / ``count_*`` from request flows -> :meth:`render`
-    for ``/metrics``."""
+    """Lifecycle: one per app, with the router's id (``""``: no ``kvserve:router_info``
+    sample) -> :meth:`set_model` and :meth:`update_roles` from each registry poll,
+    ``requests.observe_*`` / ``count_*`` from request flows -> :meth:`render` for
+    ``/metrics``."""
 
-    def __init__(self) -> None:
+    def __init__(self, router_id: str = "") -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.router_info = Gauge(
+            f"{OURS}router_info", "Always 1, labelled with this router's id (--router-id)",
+            ("router",), registry=r,
+        )  # fmt: skip
+        if router_id:
+            self.router_info.labels(router_id).set(1)
         self.requests = RequestMetrics(r)
         """The request figures under vLLM's names."""
         self.statuses = Counter(
@@ -87,6 +97,10 @@ class RouterMetrics:
         self.role_changes = Counter(
             f"{OURS}role_changes", "Worker role changes by the P:D controller",
             ("from_role", "to_role", "result"), registry=r,
+        )  # fmt: skip
+        self.controller_leader = Gauge(
+            f"{OURS}controller_leader", "1 while this router's P:D controller holds the lease "
+            "and decides, else 0", registry=r,
         )  # fmt: skip
         self.workers = Gauge(f"{OURS}workers", "Live workers by role", ("role",), registry=r)
         self.slo_attainment = Gauge(

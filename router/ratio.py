@@ -13,6 +13,8 @@ Lifecycle of :class:`RatioController`:
 3. the caller drains and switches that worker, then calls exactly one of
    :meth:`~RatioController.completed` (the cool-down starts) or
    :meth:`~RatioController.failed` (a short retry delay instead);
+   :meth:`~RatioController.hold_off` starts a cool-down too (a router taking over the
+   decisions from another);
 4. :meth:`~RatioController.snapshot` shows the state (metrics, ``GET /v1/controller``).
 
 Decision rules of :meth:`RatioController.decide`, in order:
@@ -233,6 +235,15 @@ class RatioController:
         """``change`` did not happen; the next one may come after :data:`RETRY_DELAY_S`."""
         self._end(change)
         self._quiet_until = now_s + min(self.config.cooldown_s, RETRY_DELAY_S)
+
+    def hold_off(self, now_s: float) -> None:
+        """Nothing moves until ``cooldown_s`` after ``now_s``, and the window forgets the
+        samples before it, as after a completed change: this router's controller has just
+        taken over from another (:mod:`router.controller_lease`), which may have just
+        moved a worker (its history is not shared)."""
+        self._quiet_until = max(self._quiet_until, now_s + self.config.cooldown_s)
+        self.window.clear_before(now_s)
+        self._reset()
 
     def _end(self, change: RoleChange) -> None:
         if change != self._in_flight:

@@ -2,7 +2,9 @@
 
 Lifecycle of :class:`RouterService`:
 
-1. built by the app with the three configs; ``start()`` starts joining the pool as a
+1. built by the app with the three configs, resolving the router's id once
+   (:meth:`router.config.RouterConfig.resolved_router_id`: responses, metrics, cache
+   statistics and the controller's lease carry it); ``start()`` starts joining the pool as a
    lookup client (optional, in the background), the KV event reader that keeps the
    per-worker prefix index (:mod:`router.kv_index`; each registry poll syncs it with the
    live workers), the worker view (first registry poll included) and, with
@@ -40,6 +42,7 @@ from router.admitted import AdmittedRequest
 from router.cache_stats import CacheStats
 from router.config import RouterConfig
 from router.controller import RoleController
+from router.controller_lease import ControllerLease, lease_ttl_s
 from router.errors import unavailable
 from router.flow import RequestFlow
 from router.flow_plan import Planner
@@ -69,10 +72,12 @@ class RouterService:
     def __init__(self, router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -> None:
         self.config = router
         self.cluster = cluster
-        self.metrics = RouterMetrics()
+        self.router_id = router.resolved_router_id()
+        self.metrics = RouterMetrics(self.router_id)
         self.cache_stats = CacheStats()
         self.view = WorkerView(cluster, on_poll=self._on_poll, on_reject=self._on_reject)
-        self.controller = RoleController(router, self.view, self.metrics)
+        lease = ControllerLease(cluster, self.router_id, lease_ttl_s(router.controller_interval_s))
+        self.controller = RoleController(router, self.view, self.metrics, lease)
         self.latency = LiveLatency()
         self.telemetry = Telemetry(
             self.metrics, self.cache_stats, self.controller.record, self.latency

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from kvpool.net import free_local_ports
-from kvserve.cluster.launch import http_ok
+from kvserve.cluster.health import http_ok
 from kvserve.cluster.processes import ManagedProcess
 from kvserve.report import log
 from kvserve.vllm_env import QUIET_ENV, VllmEnv

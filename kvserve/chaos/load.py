@@ -6,8 +6,11 @@ and running it against a router while recording how each request ended.
 2. :func:`reference_texts` runs the same prompts on an in-process engine, fault-free;
 3. :func:`run_load` sends them with ``concurrency`` clients (the official ``openai``
    client) and returns one :class:`Outcome` per request: ``ok`` (with its text),
-   ``error`` (the server answered with a clear error: an HTTP status or an error event),
-   or ``hung`` (no answer within ``hang_s``).
+   ``error`` (the server answered with a clear error: an HTTP status or an error event,
+   or the connection broke), or ``hung`` (no answer within ``hang_s``), with the router
+   that served it where a balancer says so (its ``X-Kvserve-Upstream``: the last address
+   tried), so a request cut by a router's death can be told apart
+   (:func:`kvserve.chaos.report.summarize`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -37,7 +40,8 @@ class ChaosRequest:
 @dataclass(frozen=True)
 class Outcome:
     """``status``: ``ok``, ``error`` or ``hung``; ``detail``: the error's text;
-    ``ended``: when it ended (``time.monotonic()``)."""
+    ``ended``: when it ended (``time.monotonic()``); ``upstream``: the router's
+    ``host:port`` behind a balancer ('' without one, or when none answered)."""
 
     status: str
     text: str = ""
@@ -45,6 +49,7 @@ class Outcome:
     seconds: float = 0.0
     response_id: str = ""
     ended: float = field(default_factory=time.monotonic)
+    upstream: str = ""
 
 
 def workload(count: int, seed: int, vocab: int, prefixes: int = 8) -> list[ChaosRequest]:
@@ -72,8 +77,20 @@ def reference_texts(config: EngineConfig, requests: list[ChaosRequest]) -> list[
     return [o.text or "" for o in outs]
 
 
-def _send(client: openai.OpenAI, model: str, req: ChaosRequest) -> tuple[str, str]:
-    """The text and the response id (``cmpl-<the router's request id>``)."""
+UPSTREAM = "x-kvserve-upstream"
+"""The balancer's header naming the routers it tried (:mod:`kvserve.cluster.balancer`)."""
+
+
+def upstream_of(headers: Mapping[str, str]) -> str:
+    """The last router the balancer tried (the one that answered), or ''."""
+    return headers.get(UPSTREAM, "").rsplit(",", 1)[-1].strip()
+
+
+def _send(
+    client: openai.OpenAI, model: str, req: ChaosRequest, upstream: list[str]
+) -> tuple[str, str]:
+    """The text and the response id (``cmpl-<the router's request id>``); the router that
+    answered is appended to ``upstream`` as soon as its headers came."""
     kwargs = {
         "model": model,
         "prompt": list(req.prompt),
@@ -81,12 +98,17 @@ def _send(client: openai.OpenAI, model: str, req: ChaosRequest) -> tuple[str, st
         "temperature": 0,
         "extra_body": {"ignore_eos": True},
     }
+    raw = client.completions.with_raw_response
     if not req.stream:
-        out = client.completions.create(**kwargs)  # type: ignore[call-overload]
+        reply = raw.create(**kwargs)  # type: ignore[call-overload]
+        upstream.append(upstream_of(reply.headers))
+        out = reply.parse()
         return out.choices[0].text, out.id
     parts: list[str] = []
     rid = ""
-    for chunk in client.completions.create(stream=True, **kwargs):  # type: ignore[call-overload]
+    reply = raw.create(stream=True, **kwargs)  # type: ignore[call-overload]
+    upstream.append(upstream_of(reply.headers))
+    for chunk in reply.parse():
         rid = chunk.id
         parts.extend(c.text for c in chunk.choices)
     return "".join(parts), rid
@@ -95,16 +117,22 @@ def _send(client: openai.OpenAI, model: str, req: ChaosRequest) -> tuple[str, st
 def send_one(client: openai.OpenAI, model: str, req: ChaosRequest) -> Outcome:
     """One request, classified (see the module docstring)."""
     t0 = time.monotonic()
+    upstream: list[str] = []
     try:
-        text, rid = _send(client, model, req)
+        text, rid = _send(client, model, req, upstream)
     except openai.APITimeoutError:
-        return Outcome("hung", seconds=time.monotonic() - t0)
+        return Outcome("hung", seconds=time.monotonic() - t0, upstream="".join(upstream))
     except openai.APIStatusError as exc:
         detail = f"HTTP {exc.status_code}: {exc.message[:160]}"
-        return Outcome("error", detail=detail, seconds=time.monotonic() - t0)
+        took = time.monotonic() - t0
+        return Outcome(
+            "error", detail=detail, seconds=took, upstream=upstream_of(exc.response.headers)
+        )
     except openai.APIError as exc:  # an error event in a stream, or the connection broke
-        return Outcome("error", detail=type(exc).__name__, seconds=time.monotonic() - t0)
-    return Outcome("ok", text=text, seconds=time.monotonic() - t0, response_id=rid)
+        took = time.monotonic() - t0
+        return Outcome("error", detail=type(exc).__name__, seconds=took, upstream="".join(upstream))
+    took = time.monotonic() - t0
+    return Outcome("ok", text=text, seconds=took, response_id=rid, upstream="".join(upstream))
 
 
 def run_load(

@@ -1,4 +1,10 @@
-"""The results of ``kvserve chaos``: the figures (:func:`summarize`) and their table."""
+"""The results of ``kvserve chaos``: the figures (:func:`summarize`) and their table.
+
+A request is *lost with its router* when it failed on a router that a ``kill-router`` fault
+killed (its ``upstream`` is that router's address) and failed as a cut connection does: the
+connection broke, or the balancer answered 502 for it. Only these are counted apart from
+the failed requests: a client of a killed router loses its connection, which no server
+can hand over; any other failure is a failure."""
 
 from __future__ import annotations
 
@@ -8,6 +14,9 @@ from dataclasses import dataclass
 from kvserve.chaos.load import Outcome
 
 MUST_BE_ZERO = ("hung", "wrong_tokens", "pages_leaked")
+CUT = ("APIConnectionError", "RemoteProtocolError", "ReadError", "HTTP 502")
+"""How a request cut by its router's death ends (:class:`~kvserve.chaos.load.Outcome`'s
+``detail``: the start of it)."""
 
 
 @dataclass
@@ -17,6 +26,8 @@ class FaultRecord:
     at_s: float
     detected_s: float | None = None
     recovered_s: float | None = None
+    address: str = ""
+    """A killed router's ``host:port`` ('' for other faults)."""
 
 
 def _times(values: list[float | None]) -> str:
@@ -40,9 +51,13 @@ def summarize(
     sent = [(o, ref) for o, ref in zip(outcomes, references, strict=True) if o is not None]
     mismatched = mismatches(outcomes, references)
     ok = [(o, ref) for o, ref in sent if o.status == "ok"]
+    killed = {r.address for r in records if r.address}
     errors: dict[str, int] = {}
+    lost = 0
     for o, _ in sent:
-        if o.status == "error":
+        if o.status == "error" and o.upstream in killed and o.detail.startswith(CUT):
+            lost += 1
+        elif o.status == "error":
             errors[o.detail] = errors.get(o.detail, 0) + 1
     by_kind: dict[str, list[FaultRecord]] = {}
     for r in records:
@@ -52,6 +67,7 @@ def summarize(
         "succeeded": len(ok),
         "migrated": migrated,
         "failed_with_clear_error": sum(errors.values()),
+        "lost_with_their_router": lost,
         "errors": errors,
         "hung": sum(o.status == "hung" for o, _ in sent),
         "wrong_tokens": len(mismatched) - len(ties & set(mismatched)),
@@ -77,7 +93,8 @@ def print_table(summary: dict[str, object]) -> None:
     table = Table(title="kvserve chaos")
     table.add_column("figure")
     table.add_column("value", justify="right")
-    for key in ("requests", "succeeded", "migrated", "failed_with_clear_error", "hung",
+    for key in ("requests", "succeeded", "migrated", "failed_with_clear_error",
+                "lost_with_their_router", "hung",
                 "wrong_tokens", "exact_after_fp_tie", "pages_leaked"):  # fmt: skip
         table.add_row(key.replace("_", " "), str(summary[key]))
     faults_table = Table(title="faults")

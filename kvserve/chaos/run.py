@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
 import sys
 import threading
 import time
@@ -34,17 +33,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kvpool.config import STAGING_SETTINGS
+from kvserve.chaos.inject import WAIT_S, FaultInjector
 from kvserve.chaos.load import ChaosRequest, Outcome, reference_texts, run_load, workload
-from kvserve.chaos.report import MUST_BE_ZERO, FaultRecord, mismatches, print_table, summarize
-from kvserve.chaos.settings import CHAOS_POOL, SMALLEST_BLOCK
+from kvserve.chaos.report import MUST_BE_ZERO, mismatches, print_table, summarize
+from kvserve.chaos.settings import CHAOS_POOL, SMALLEST_BLOCK, ChaosConfig
 from kvserve.cluster import faults
 from kvserve.cluster.launch import Cluster, ClusterSpec
-from kvserve.cluster.redis_ha import RedisHA
 from kvserve.settings import config_from_args
 from workers.config import EngineConfig, VllmOptions
-
-WAIT_S = 60.0
-"""Longest wait for a detection or a recovery before it is recorded as not seen."""
 
 
 def _model_dir(arg: str) -> Path:
@@ -60,6 +56,7 @@ def _spec(args: argparse.Namespace, engine: EngineConfig) -> ClusterSpec:
         prefill=args.prefill,
         decode=args.decode,
         redis_ha_ports=(1, 2, 3, 4) if args.redis_ha else (),  # free ports below
+        router_ports=tuple(range(1, args.routers + 1)) if args.routers > 1 else (),
         host="127.0.0.1",
         engine=engine,
         worker_engine=args.engine,
@@ -71,87 +68,6 @@ def _spec(args: argparse.Namespace, engine: EngineConfig) -> ClusterSpec:
         log_dir=Path(args.log_dir) if args.log_dir else None,
         startup_timeout_s=300,
     ).with_free_ports()
-
-
-def _until(check: object, timeout: float = WAIT_S) -> float | None:
-    """Seconds until ``check()`` holds, polled; None if it did not within ``timeout``."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if check():  # type: ignore[operator]
-            return time.monotonic() - t0
-        time.sleep(0.05)
-    return None
-
-
-def _pool_connected(cluster: Cluster) -> list[bool]:
-    out = []
-    for name in cluster.worker_names:
-        try:
-            out.append(faults.load_of(cluster, name, 1.0).pool_connected)
-        except Exception:  # a worker down counts as not connected
-            out.append(False)
-    return out
-
-
-def next_fault(faults: list[str], order: str, rng: random.Random, made: int) -> str:
-    """The next fault after ``made`` of them: in turn (``cycle``) or at random."""
-    return faults[made % len(faults)] if order == "cycle" else rng.choice(faults)
-
-
-class FaultInjector:
-    """One fault at a time, at random, until the load is done (see the module docstring).
-
-    It runs on the main thread, because it restarts processes: a child started from a
-    helper thread would get its death signal when that thread ends
-    (:func:`workers.lifetime.die_with_parent`)."""
-
-    def __init__(self, cluster: Cluster, args: argparse.Namespace, t0: float) -> None:
-        self.cluster, self.args, self.t0 = cluster, args, t0
-        self.rng = random.Random(args.seed + 1)
-        self.records: list[FaultRecord] = []
-
-    def run_until(self, done: threading.Event) -> None:
-        while not done.wait(self.rng.expovariate(1 / self.args.fault_every_s)):
-            kind = next_fault(self.args.faults, self.args.fault_order, self.rng, len(self.records))
-            record = self._inject(kind, done)
-            self.records.append(record)
-            print(f"[chaos] {record}", file=sys.stderr, flush=True)
-
-    def _workers(self, role: str) -> list[str]:
-        return [n for n in self.cluster.worker_names if self.cluster.plan_of(n).role == role]
-
-    def _inject(self, kind: str, done: threading.Event) -> FaultRecord:
-        cluster, args = self.cluster, self.args
-        action, _, what = kind.partition("-")
-        target = {"master": "mooncake_master", "redis": "redis"}.get(what)
-        target = target or self.rng.choice(self._workers(what))
-        record = FaultRecord(kind, target, round(time.monotonic() - self.t0, 2))
-        live = faults.routable(cluster)
-        ha = cluster.redis if isinstance(cluster.redis, RedisHA) else None
-        primary = ha.named_primary() if ha is not None else None
-        started = time.monotonic()
-        if action == "freeze":
-            faults.freeze(cluster, target)
-        else:
-            faults.kill(cluster, target)
-        if what in ("decode", "prefill"):
-            seen = _until(lambda: faults.routable(cluster) < live)
-        elif what == "master":
-            seen = _until(lambda: not all(_pool_connected(cluster)))
-        elif ha is not None:  # the Sentinels name another primary
-            seen = _until(lambda: ha.named_primary() not in (None, primary))
-        else:
-            seen = None  # a Redis outage is served through, by asking workers directly
-        record.detected_s = None if seen is None else round(seen, 2)
-        done.wait(args.freeze_s if action == "freeze" else args.down_s)
-        if action == "freeze":
-            faults.thaw(cluster, target)
-        else:
-            cluster.restart(target)
-        whole = _until(lambda: faults.wait_routable(cluster, 0.0) and all(_pool_connected(cluster)))
-        if whole is not None:
-            record.recovered_s = round(time.monotonic() - started, 2)
-        return record
 
 
 def _migrations(cluster: Cluster) -> int:
@@ -184,6 +100,8 @@ def _restore(cluster: Cluster) -> None:
         cluster.restart("mooncake_master")
     if any(name.startswith(("redis", "sentinel")) for name in dead):
         cluster.restart("redis")
+    for name in (n for n in dead if n in cluster.routers.processes):
+        cluster.restart(name)
     cluster.restart_workers([n for n in dead if n in cluster.worker_names])
     faults.wait_routable(cluster, WAIT_S)
 
@@ -219,6 +137,11 @@ def _progress(done: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        config_from_args(ChaosConfig, args)  # what the flags cannot check alone
+    except ValueError as exc:
+        print(f"kvserve chaos: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     model = _model_dir(args.model)
     if not args.block_tokens:
         args.block_tokens = SMALLEST_BLOCK[args.engine]

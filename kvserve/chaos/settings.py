@@ -10,7 +10,9 @@ from kvpool.config import STAGING_SETTINGS, PoolConfig
 from kvserve.settings import add_config_args, setting
 from workers.config import VllmOptions, WorkerConfig
 
-FAULTS = ("kill-decode", "kill-prefill", "freeze-decode", "kill-master", "kill-redis")
+DEFAULT_FAULTS = ("kill-decode", "kill-prefill", "freeze-decode", "kill-master", "kill-redis")
+FAULTS = (*DEFAULT_FAULTS, "kill-router")
+"""Every fault; ``kill-router`` needs ``--routers`` 2 or more, so it is not a default."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class ChaosConfig:
       order given, again and again (every kind in a short run: a vLLM worker takes a minute
       to come back, so a run has few faults);
     - ``prefill`` / ``decode``: prefill and decode workers;
+    - ``routers``: routers behind nginx (2 or more: ``kill-router`` kills one of them at
+      random; the requests it was serving are counted as lost with their router);
     - ``redis_ha``: the registry as a primary, a replica and three Sentinels: ``kill-redis``
       then kills the primary, its detection is the Sentinels naming another one, and the
       killed node comes back as a replica;
@@ -51,16 +55,23 @@ class ChaosConfig:
     down_s: float = 2.0
     freeze_s: float = 8.0
     hang_s: float = 120.0
-    faults: list[str] = setting(list(FAULTS), choices=FAULTS)
+    faults: list[str] = setting(list(DEFAULT_FAULTS), choices=FAULTS)
     fault_order: str = setting("random", choices=("random", "cycle"))
     prefill: int = 1
     decode: int = 2
+    routers: int = 1
     redis_ha: bool = False
     model: str = ""
     block_tokens: int = 0
     seed: int = 0
     log_dir: str = ""
     json: str = ""
+
+    def __post_init__(self) -> None:
+        if self.routers < 1:
+            raise ValueError(f"routers must be >= 1, got {self.routers}")
+        if "kill-router" in self.faults and self.routers < 2:
+            raise ValueError("kill-router needs --routers 2 or more (one router is the door)")
 
 
 SETTINGS = (ChaosConfig,)

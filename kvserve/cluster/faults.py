@@ -24,7 +24,8 @@ from collections.abc import Iterable
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvserve.cluster.launch import Cluster, router_workers
+from kvserve.cluster.health import router_workers
+from kvserve.cluster.launch import Cluster
 from proto import worker_pb2 as pb
 from proto.channels import sync_channel
 from proto.grpc_auth import MONITOR

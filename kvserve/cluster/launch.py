@@ -3,19 +3,20 @@
 Lifecycle of a :class:`Cluster`:
 
 1. ``ClusterSpec`` is validated and turned, purely, into a :class:`ClusterPlan`: every
-   worker's and the router's exact argv, ports and CPU cores;
+   worker's and every router's exact argv, ports and CPU cores;
 2. ``start()`` spawns the pool's services when the pool is used (``mooncake_metadata``, the
    HTTP metadata server, then ``mooncake_master``) and waits for their ports, then
-   redis-server and waits for PING, then every worker, then the router, each with its own
+   redis-server and waits for PING, then every worker, then the router (or the routers and
+   nginx in front of them: :class:`~kvserve.cluster.routers.Routers`), each with its own
    log file in ``log_dir``;
-3. it waits until every worker's gRPC health check says SERVING and the router's
-   ``/health`` answers 200 counting every worker of the cluster (the router is healthy
-   with one decode-capable worker; a cluster is ready only once its router can place on
+3. it waits until every worker's gRPC health check says SERVING and each router's
+   ``/health`` answers 200 counting every worker of the cluster (a router is healthy
+   with one decode-capable worker; a cluster is ready only once its routers can place on
    all of them), or raises an error naming the process that failed, with the tail of its
    log; any failure during start stops whatever was started;
 4. the cluster serves; tests may kill or restart single workers (:meth:`Cluster.worker`,
    :meth:`Cluster.restart_worker`);
-5. ``stop()`` terminates in reverse order (router, workers, redis, master, metadata
+5. ``stop()`` terminates in reverse order (balancer, routers, workers, redis, master, metadata
    server), SIGTERM then SIGKILL after a grace period; it is idempotent and also runs at
    interpreter exit.
 """
@@ -23,23 +24,22 @@ Lifecycle of a :class:`Cluster`:
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
 from kvpool.master import MasterConfig
 from kvpool.net import port_open
+from kvserve.cluster.health import grpc_serving
 from kvserve.cluster.plan import ClusterPlan, ProcessPlan
 from kvserve.cluster.pool import MASTER, METADATA, PoolProcesses
 from kvserve.cluster.processes import ManagedProcess
 from kvserve.cluster.redis import RedisProcess
 from kvserve.cluster.redis_ha import RedisHA
+from kvserve.cluster.routers import Routers
 from kvserve.cluster.spec import ClusterSpec
 from proto.registry import ClusterConfig
 
@@ -47,43 +47,6 @@ __all__ = ["Cluster", "ClusterPlan", "ClusterSpec", "ProcessPlan"]
 log = logging.getLogger("kvserve.cluster.launch")
 POOL = (METADATA, MASTER)
 """Names of the pool's processes (see :func:`kvserve.cluster.pool.pool_services`)."""
-
-
-def grpc_serving(address: str, cluster: ClusterConfig, timeout: float = 1.0) -> bool:
-    """Whether the worker at ``address`` reports SERVING on the standard health service
-    (dialled with the cluster's TLS and keepalive settings, as the ``monitor`` identity:
-    a worker with a cluster secret refuses health checks without its token)."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from proto.channels import sync_channel
-    from proto.grpc_auth import MONITOR
-
-    with sync_channel(address, cluster, identity=MONITOR) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
-        except grpc.RpcError:
-            return False
-    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-
-
-def router_workers(router_url: str, timeout: float = 2.0) -> int:
-    """How many workers the router's ``/health`` counts as live (0 when it is not healthy
-    or does not answer)."""
-    try:
-        with urllib.request.urlopen(router_url + "/health", timeout=timeout) as reply:
-            return int(json.load(reply).get("workers", 0))
-    except (OSError, ValueError, urllib.error.URLError):
-        return 0
-
-
-def http_ok(url: str, timeout: float = 1.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return int(resp.status) == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def redis_service(spec: ClusterSpec, log_dir: Path) -> RedisProcess | RedisHA:
@@ -105,7 +68,7 @@ class Cluster:
         self._pool: PoolProcesses | None = None
         self._redis: RedisProcess | RedisHA | None = None
         self._workers = {p.name: self._managed(p) for p in self.plan.workers}
-        self._router = self._managed(self.plan.router)
+        self.routers = Routers(self.plan.routers, spec.router_url, self.log_dir, self._managed)
         self._started = False
 
     def _managed(self, p: ProcessPlan) -> ManagedProcess:
@@ -157,17 +120,18 @@ class Cluster:
         return self._workers[name]
 
     def plan_of(self, name: str) -> ProcessPlan:
-        """The plan (argv, address, cores) of a worker or of the router."""
-        plans = {p.name: p for p in (*self.plan.workers, self.plan.router)}
+        """The plan (argv, address, cores) of a worker or of a router."""
+        plans = {p.name: p for p in (*self.plan.workers, *self.plan.routers)}
         if name not in plans:
             raise KeyError(f"no planned process {name!r}; there are {sorted(plans)}")
         return plans[name]
 
     def process(self, name: str) -> ManagedProcess:
-        """Any process by name: a worker, ``router``, ``redis``, ``mooncake_master`` or
+        """Any process by name: a worker, a router (``router``, or ``router-<i>`` and
+        ``balancer`` with several), ``redis``, ``mooncake_master`` or
         ``mooncake_metadata`` (the pool's HTTP metadata server)."""
         redis = self._redis.process if self._redis is not None else None
-        extra: dict[str, ManagedProcess | None] = {"router": self._router, "redis": redis}
+        extra: dict[str, ManagedProcess | None] = {**self.routers.processes, "redis": redis}
         extra |= self._pool.processes if self._pool is not None else dict.fromkeys(POOL)
         found = extra.get(name) if name in extra else self.worker(name)
         if found is None:
@@ -195,7 +159,7 @@ class Cluster:
             self._redis.start()
             for proc in self._workers.values():
                 proc.start()
-            self._router.start()
+            self.routers.start()
             self.wait_healthy(timeout=timeout)
         except BaseException:
             self.stop()
@@ -217,20 +181,20 @@ class Cluster:
     def wait_healthy(
         self, names: Sequence[str] | None = None, timeout: float | None = None
     ) -> None:
-        """Wait until the named workers (default: all) and the router are healthy."""
+        """Wait until the named workers (default: all) and the routers are healthy."""
         todo = {n: self.worker(n) for n in (self.worker_names if names is None else names)}
-        todo[self._router.name] = self._router
+        todo |= self.routers.processes
         limit = timeout or self.spec.startup_timeout_s
         deadline = time.monotonic() + limit
         while todo:
             for name, proc in list(todo.items()):
                 if not proc.running:
                     raise proc.failure("exited before it was healthy")
-                plan = self.plan_of(name)
-                if plan.role == "router":
-                    healthy = router_workers(self.router_url) >= len(self._workers)
+                if name in self.routers.processes:
+                    healthy = self.routers.healthy(name, len(self._workers))
                 else:
-                    healthy = grpc_serving(plan.address, self.spec.cluster_config)
+                    address = self.plan_of(name).address
+                    healthy = grpc_serving(address, self.spec.cluster_config)
                 if healthy:
                     del todo[name]
             if todo and time.monotonic() > deadline:
@@ -263,6 +227,8 @@ class Cluster:
             self._pool.restart(name, self.spec.stop_grace_s, limit)
         elif name == "redis" and self._redis is not None:
             self._redis.restart(self.spec.stop_grace_s, limit)
+        elif name in self.routers.processes:
+            self.routers.restart(name, self.spec.stop_grace_s, len(self._workers), limit)
         else:
             self.restart_workers([name], timeout)
 
@@ -271,14 +237,14 @@ class Cluster:
         procs: list[ManagedProcess | None] = []
         procs += self._pool.processes.values() if self._pool is not None else ()
         procs += self._redis.processes if self._redis else []
-        procs.append(self._router)
+        procs += self.routers.processes.values()
         procs += list(self._workers.values())
         return [p.name for p in procs if p is not None and p.pid is not None and not p.running]
 
     def stop(self) -> None:
         """Terminate in reverse order of start; idempotent (step 5)."""
         grace = self.spec.stop_grace_s
-        self._router.stop(grace)
+        self.routers.stop(grace)
         for proc in self._workers.values():
             proc.terminate()  # all at once, then wait for each under the same grace
         deadline = time.monotonic() + grace

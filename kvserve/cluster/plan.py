@@ -93,10 +93,17 @@ class ProcessPlan:
 
 @dataclass(frozen=True)
 class ClusterPlan:
+    """Every worker's and every router's plan (:func:`plan_cluster`)."""
+
     workers: tuple[ProcessPlan, ...]
-    router: ProcessPlan
+    routers: tuple[ProcessPlan, ...]
     shared_cores: bool
     notes: tuple[str, ...]
+
+    @property
+    def router(self) -> ProcessPlan:
+        """The first router's plan (the only one's, with one router)."""
+        return self.routers[0]
 
 
 def plan_cluster(spec: ClusterSpec, cores: Sequence[int]) -> ClusterPlan:
@@ -128,7 +135,7 @@ def plan_cluster(spec: ClusterSpec, cores: Sequence[int]) -> ClusterPlan:
             argv = (*plan.argv, "--worker-metrics-port", str(metrics))
             plan = dataclasses.replace(plan, argv=argv, metrics_port=metrics)
         workers.append(plan)
-    return ClusterPlan(tuple(workers), _router_plan(spec), shared, tuple(notes))
+    return ClusterPlan(tuple(workers), _router_plans(spec), shared, tuple(notes))
 
 
 def _own_env(spec: ClusterSpec, holder: str, *own: tuple[str, str]) -> tuple[tuple[str, str], ...]:
@@ -157,12 +164,20 @@ def worker_plan(
     return ProcessPlan(name, role, tuple(argv), host, port, cores, env, spec.prefix_of(name))
 
 
-def _router_plan(spec: ClusterSpec) -> ProcessPlan:
-    host = spec.host_of("router")
+def _router_plans(spec: ClusterSpec) -> tuple[ProcessPlan, ...]:
+    """Every router's plan, each with its own port and ``--router-id`` (its name)."""
+    ports = spec.router_ports or (spec.router_port,)
+    names = spec.router_names()
+    return tuple(_router_plan(spec, n, p) for n, p in zip(names, ports, strict=True))
+
+
+def _router_plan(spec: ClusterSpec, name: str, port: int) -> ProcessPlan:
+    host = spec.host_of(name)
     argv = [spec.python, "-m", "kvserve", "router", "--router-host", host]
-    argv += ["--router-port", str(spec.router_port), *config_argv(spec.cluster_config)]
+    argv += ["--router-port", str(port), "--router-id", name]
+    argv += config_argv(spec.cluster_config)
     if spec.use_pool:
-        argv += config_argv(spec.pool_config("router"))
+        argv += config_argv(spec.pool_config(name))
     else:
         argv += ["--no-pool-lookup"]
     if spec.policy:
@@ -172,5 +187,4 @@ def _router_plan(spec: ClusterSpec) -> ProcessPlan:
     argv += ["--tokenizer-dir", spec.model_dir]  # its own setting, never the registry's
     env = _own_env(spec, "router", (env_name("api_key"), spec.api_key))
     argv += spec.router_args
-    prefix = spec.prefix_of("router")
-    return ProcessPlan("router", "router", tuple(argv), host, spec.router_port, (), env, prefix)
+    return ProcessPlan(name, "router", tuple(argv), host, port, (), env, spec.prefix_of(name))

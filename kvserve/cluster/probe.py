@@ -76,7 +76,7 @@ def targets(service: str) -> tuple[str, ...]:
 
 def check(service: str, timeout: float) -> str:
     """'' when ``service`` is healthy, else why not."""
-    from kvserve.cluster.launch import grpc_serving, http_ok
+    from kvserve.cluster.health import grpc_serving, http_ok
 
     if service == "worker":
         (address,) = targets(service)

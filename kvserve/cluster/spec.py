@@ -32,6 +32,7 @@ from kvpool.net import free_local_ports
 from kvserve.cluster.plan import ClusterPlan, Host, plan_cluster
 from kvserve.cluster.redis import RedisConfig, is_loopback, new_password
 from kvserve.cluster.redis_ha import HA_PORTS, sentinel_url
+from kvserve.cluster.router_names import BALANCER, ROUTER, host_group, is_router, router_names
 from proto.registry import ClusterConfig
 from proto.trust import new_secret
 from router.auth import parse_api_keys
@@ -75,6 +76,8 @@ class ClusterSpec:
     - ``api_key``: the router's API keys (``""``: none; router only).
     - ``router_port``, ``worker_base_port`` (or explicit ``worker_ports``), ``redis_port``,
       ``master`` (mooncake_master's ports and policy): see :meth:`with_free_ports`.
+    - ``router_ports``: empty (one router, on ``router_port``), or the ports of several
+      routers (at least 2) behind nginx on ``router_port`` (:mod:`.router_names`).
     - ``redis_ha_ports``: empty, or the ports of Redis's replica and its three Sentinels
       (:class:`kvserve.cluster.redis_ha.RedisHA`; the primary on ``redis_port``).
     - ``worker_metrics_base_port`` (or explicit ``worker_metrics_ports``): each worker's
@@ -102,6 +105,7 @@ class ClusterSpec:
     host: str = "127.0.0.1"
     hosts: Mapping[str, Host] = field(default_factory=dict)
     router_port: int = 8000
+    router_ports: tuple[int, ...] = ()
     worker_base_port: int = 50061
     worker_ports: tuple[int, ...] = ()
     worker_metrics_base_port: int = 0
@@ -144,6 +148,8 @@ class ClusterSpec:
             raise ValueError(
                 "prefill/decode moves KV through the pool: keep use_pool, or run mixed workers only"
             )
+        if len(self.router_ports) == 1:
+            raise ValueError("router_ports: none (one router on router_port) or at least 2")
         if self.redis_ha_ports and len(set(self.redis_ha_ports)) != HA_PORTS:
             raise ValueError(f"redis_ha_ports: {HA_PORTS} distinct ports (a replica, 3 Sentinels)")
         if self.worker_ports and len(self.worker_ports) != self.num_workers:
@@ -171,7 +177,7 @@ class ClusterSpec:
         parse_api_keys(self.api_key)  # raises, without the key, when malformed
 
     def _check_hosts(self) -> None:
-        unknown = set(self.hosts) - set(self.process_names())
+        unknown = set(self.hosts) - {*self.process_names(), ROUTER}  # router: all of them
         if unknown:
             raise ValueError(f"hosts names {sorted(unknown)}: not in {self.process_names()}")
         for name in ("", *self.hosts):
@@ -190,22 +196,39 @@ class ClusterSpec:
 
     def process_names(self) -> list[str]:
         """Every process that :attr:`hosts` may place: the pool's services (as
-        ``mooncake_master``, when used), ``redis``, the workers, ``router``."""
+        ``mooncake_master``, when used), ``redis``, the workers, the routers (and the
+        balancer in front of several)."""
         pool = ["mooncake_master"] if self.use_pool else []
-        return [*pool, "redis", *(n for n, _ in self.worker_roles()), "router"]
+        front = [BALANCER] if self.router_ports else []
+        workers = [n for n, _ in self.worker_roles()]
+        return [*pool, "redis", *workers, *self.router_names(), *front]
+
+    def router_names(self) -> list[str]:
+        """The routers' names (:func:`.router_names.router_names`)."""
+        return router_names(self.router_ports)
+
+    def router_urls(self) -> dict[str, str]:
+        """Each router's own URL, by name (the same as :attr:`router_url` for one)."""
+        ports = self.router_ports or (self.router_port,)
+        names = self.router_names()
+        return {n: f"http://{self.host_of(n)}:{p}" for n, p in zip(names, ports, strict=True)}
 
     def host_of(self, name: str) -> str:
         """The address process ``name`` binds to and advertises: its host's, else
         loopback for :data:`PRIVATE` ones, else :attr:`host`."""
-        host = self.hosts.get(name)
+        host = self._placed(name)
         if host is not None:
             return host.address
         return LOOPBACK if name in PRIVATE else self.host
 
     def prefix_of(self, name: str) -> tuple[str, ...]:
         """The argv prefix that starts process ``name`` on its host."""
-        host = self.hosts.get(name)
+        host = self._placed(name)
         return host.prefix if host is not None else ()
+
+    def _placed(self, name: str) -> Host | None:
+        """The host ``name`` is placed on (:func:`.router_names.host_group`), if any."""
+        return self.hosts.get(name) or self.hosts.get(host_group(name))
 
     @property
     def num_workers(self) -> int:
@@ -230,7 +253,9 @@ class ClusterSpec:
     def named_ports(self) -> dict[str, int]:
         """Every port this cluster listens on, by process (for the in-use check; the
         process is the name's first word)."""
-        named = {"router": self.router_port, "redis": self.redis_port}
+        named = {BALANCER if self.router_ports else ROUTER: self.router_port}
+        named.update(zip(self.router_names(), self.router_ports, strict=False))
+        named["redis"] = self.redis_port
         named.update({f"redis ha {i}": port for i, port in enumerate(self.redis_ha_ports)})
         names = [n for n, _ in self.worker_roles()]
         named.update(zip(names, self._worker_ports(), strict=True))
@@ -289,23 +314,26 @@ class ClusterSpec:
             pool_master=self.pool_master.rpc_address,
             pool_metadata_server=self.pool_master.metadata_url,
             master_metrics_url=self.pool_master.metrics_url,
-            pool_local_hostname=self.host_of(name) if name in self.hosts else LOOPBACK,
-            pool_ssd_dir=str(Path(ssd) / name) if ssd and name != "router" else "",
+            pool_local_hostname=self.host_of(name) if self._placed(name) else LOOPBACK,
+            pool_ssd_dir=str(Path(ssd) / name) if ssd and not is_router(name) else "",
         )
 
     def with_free_ports(self) -> ClusterSpec:
         """This spec with every port replaced by one free on loopback right now."""
         n = self.num_workers
         scraped = n if self.worker_metrics_port(0) else 0
-        ha = len(self.redis_ha_ports)
-        router, redis_port, rpc, meta, metrics, *rest = free_local_ports(5 + ha + n + scraped)
-        redis_ha_ports, workers = tuple(rest[:ha]), rest[ha:]
+        ha, routers = len(self.redis_ha_ports), len(self.router_ports)
+        wanted = 5 + ha + routers + n + scraped
+        router, redis_port, rpc, meta, metrics, *rest = free_local_ports(wanted)
+        redis_ha_ports, router_ports = tuple(rest[:ha]), tuple(rest[ha : ha + routers])
+        workers = rest[ha + routers :]
         master = dataclasses.replace(
             self.master, master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics
         )
         return dataclasses.replace(
             self,
             router_port=router,
+            router_ports=router_ports,
             redis_port=redis_port,
             redis_ha_ports=redis_ha_ports,
             master=master,

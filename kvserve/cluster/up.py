@@ -60,6 +60,8 @@ def _announce(cluster: Cluster, seconds: float) -> None:
     counts = ", ".join(f"{len(a)} {role}" for role, a in cluster.worker_addresses.items())
     lines = [f"kvserve up: cluster {spec.cluster.cluster!r} ready in {seconds:.1f}s ({counts})"]
     lines += [f"  {what:<12} {cluster.router_url}{path}" for what, path in ROUTER_PATHS.items()]
+    if len(cluster.routers.names) > 1:  # behind nginx on router_url
+        lines += [f"  {name:<12} {url}" for name, url in cluster.routers.urls.items()]
     for name in cluster.worker_names:
         scheme = "grpcs" if spec.cluster_config.grpc_tls else "grpc"
         plan = cluster.plan_of(name)
@@ -126,17 +128,31 @@ def _model_name(cluster: Cluster) -> str:
 
 
 def _serve(cluster: Cluster) -> int:
+    """Serve until a process the cluster cannot do without exits (1). A dead worker is
+    reported once (the routers route around it); one of several routers is reported and
+    started again (the balancer leaves it out meanwhile)."""
     reported: set[str] = set()
-    essential = {"router", "redis", "mooncake_master", "mooncake_metadata"}
+    essential = {"router", "balancer", "redis", "mooncake_master", "mooncake_metadata"}
     while True:
         time.sleep(1.0)
         for name in sorted(set(cluster.dead()) - reported):
-            reported.add(name)
             proc = cluster.process(name)
             print(f"kvserve up: {name} exited ({proc.log_path})", file=sys.stderr, flush=True)
             if name in essential:
                 print(proc.log_tail(), file=sys.stderr, flush=True)
                 return 1
+            if name in cluster.routers.names:
+                _restart_router(cluster, name)
+            else:
+                reported.add(name)
+
+
+def _restart_router(cluster: Cluster, name: str) -> None:
+    try:
+        cluster.restart(name)
+        print(f"kvserve up: {name} started again", file=sys.stderr, flush=True)
+    except RuntimeError as exc:  # tried again on the next round
+        print(f"kvserve up: {name} did not start again: {exc}", file=sys.stderr, flush=True)
 
 
 def net_hosts(spec: ClusterSpec, args: argparse.Namespace) -> NetHosts:

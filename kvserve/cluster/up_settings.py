@@ -40,7 +40,11 @@ class UpConfig:
     - ``decode``: decode workers;
     - ``mixed``: colocated prefill+decode workers;
     - ``host``: address every process binds to;
-    - ``router_port``: the router's HTTP port;
+    - ``router_port``: the router's HTTP port (the clients' port: with several routers,
+      nginx's in front of them);
+    - ``routers``: how many routers; more than one run on the ports after ``router_port``
+      behind nginx on ``router_port`` (round-robin; a router that dies is left out, and
+      restarted by ``kvserve up``); the P:D controller acts from one of them at a time;
     - ``worker_base_port``: the first worker's gRPC port (the others count up from it);
     - ``worker_metrics_base_port``: the first worker's Prometheus ``/metrics`` port (the
       others count up from it; 0: none);
@@ -71,6 +75,7 @@ class UpConfig:
     mixed: int = 0
     host: str = "127.0.0.1"
     router_port: int = 8000
+    routers: int = 1
     worker_base_port: int = 50061
     worker_metrics_base_port: int = 9100
     redis_port: int = 6379
@@ -86,6 +91,10 @@ class UpConfig:
     startup_timeout_s: float = 300.0
     ask: str = ""
     exit_after_ask: bool = False
+
+    def __post_init__(self) -> None:
+        if self.routers < 1:
+            raise ValueError(f"routers must be >= 1, got {self.routers}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +124,9 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
         mixed=up.mixed,
         host=up.host,
         router_port=up.router_port,
+        router_ports=tuple(up.router_port + i for i in range(1, up.routers + 1))
+        if up.routers > 1
+        else (),
         worker_base_port=up.worker_base_port,
         worker_metrics_base_port=up.worker_metrics_base_port,
         redis_port=up.redis_port,

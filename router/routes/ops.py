@@ -1,6 +1,8 @@
 """Operations: ``GET /metrics`` (Prometheus), ``GET /v1/controller`` (the P:D
-controller), ``GET /v1/cache/stats`` (prefix cache and pool statistics) and
-``GET /v1/status`` (what the status page shows, :mod:`router.status`)."""
+controller, with its lease: ``{"holder", "held_here"}``), ``GET /v1/cache/stats`` (prefix
+cache and pool statistics, and ``"router"``: the id of the router that answered, whose
+own traffic they count) and ``GET /v1/status`` (what the status page shows,
+:mod:`router.status`)."""
 
 from __future__ import annotations
 
@@ -34,12 +36,15 @@ def ops_routes(service: RouterService, secured: bool) -> APIRouter:
 
     @routes.get("/v1/controller", responses=reads)
     async def controller() -> dict[str, Any]:
-        """The P:D controller: settings, SLO window, streaks, every change and its result."""
+        """The P:D controller: settings, SLO window, streaks, every change and its result,
+        and its lease: who holds it now (null: nobody, or Redis unreachable) and whether
+        this router does (it decides)."""
+        await service.controller.observe_lease()
         return service.controller.report()
 
     @routes.get("/v1/cache/stats", responses=reads)
     async def cache_stats() -> dict[str, Any]:
-        out = service.cache_stats.report()
+        out = {"router": service.router_id, **service.cache_stats.report()}
         out["pool_lookup"] = {"enabled": config.pool_lookup, "connected": service.pool.connected}
         if service.pool_config.master_metrics_url:
             out["pool"] = await pool_stats(service.pool_config.master_metrics_url)

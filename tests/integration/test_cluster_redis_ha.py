@@ -1,5 +1,6 @@
 """A cluster whose registry is a primary, a replica and three Sentinels (``kvserve up
---redis-ha``): the primary killed while a stream runs, the stream and the requests after it
+--redis-ha``) and two routers behind nginx (``--routers 2``): the primary killed while a
+stream runs through one router, the stream and the requests after it through the balancer
 answer exactly, every worker is registered again on the new primary, and the old primary
 comes back as a replica."""
 
@@ -29,8 +30,11 @@ FAILOVER_WAIT_S = 60.0
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     spec = tiny_cluster_spec(
-        tiny_model_dir, tmp_path_factory.mktemp("cluster"), redis_ha_ports=(1, 2, 3, 4)
-    )  # with_free_ports replaces the four
+        tiny_model_dir,
+        tmp_path_factory.mktemp("cluster"),
+        redis_ha_ports=(1, 2, 3, 4),
+        router_ports=(1, 2),
+    )  # with_free_ports replaces them
     with Cluster(spec).start() as running:
         yield running
 
@@ -51,7 +55,10 @@ def test_a_failover_of_the_primary_while_a_stream_runs(cluster: Cluster) -> None
     ready = threading.Event()
     killer = inject_when(ready, lambda: faults.kill(cluster, "redis"))
     try:
-        assert stream_with_fault(client, prompt, LONG, after=5, fault=ready) == reference
+        through = openai.OpenAI(
+            base_url=cluster.routers.urls["router-1"] + "/v1", api_key="-", max_retries=0
+        )
+        assert stream_with_fault(through, prompt, LONG, after=5, fault=ready) == reference
     finally:
         killer.join(30)
     assert not ha.nodes[first].running

@@ -118,11 +118,14 @@ def test_chunked_body_over_the_limit_is_refused(harness: Harness) -> None:
 def test_every_route_but_health_needs_a_key(harness: Harness) -> None:
     assert harness.get("/health", headers={})[0] == 200
     failures = _auth_failures(harness)
+    default_id = harness.config.resolved_router_id()  # no --router-id: <hostname>:<port>
+    assert default_id.endswith(f":{harness.port}")
     for path in GUARDED:
         for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "sk-bob"}):
             status, got, body = harness.request(path, headers=headers)
             assert status == 401, (path, headers)
             assert got["www-authenticate"] == "Bearer"
+            assert got["x-kvserve-router"] == default_id  # refusals name the router too
             assert json.loads(body) == unauthorized().body()
             assert b"sk-" not in body
     for path in GUARDED[:-1]:

@@ -141,7 +141,7 @@ def test_acl_users(tmp_path: Path) -> None:
         try:  # a user confined to one cluster's keys, with the registry's commands only
             admin.acl_setuser(
                 "narrow", enabled=True, passwords=["+narrow-pw"], keys=[f"{owner.cluster}:*"],
-                categories=["+@read", "+@write", "+@keyspace", "+@connection"],
+                categories=["+@read", "+@write", "+@keyspace", "+@connection", "+@scripting"],
             )  # fmt: skip
             narrow = dataclasses.replace(owner, redis_username="narrow", redis_password="narrow-pw")
             beat = Heartbeat(narrow, record("w2"), dict)

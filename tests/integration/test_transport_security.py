@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvpool.master import MasterConfig
 from kvpool.net import free_local_ports
-from kvserve.cluster.launch import grpc_serving
+from kvserve.cluster.health import grpc_serving
 from kvserve.cluster.pool import MASTER, METADATA, MasterProcess, PoolProcesses
 from kvserve.cluster.processes import ManagedProcess
 from kvserve.cluster.redis import RedisConfig, RedisProcess

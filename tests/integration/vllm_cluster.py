@@ -94,6 +94,10 @@ def running(model: Path, log_dir: Path) -> Iterator[Setup]:
 
 
 def _stub(setup: Setup, worker: str, identity: str) -> grpc.Channel:
+    """A new channel to ``worker``. Its calls wait for it to be ready (``wait_for_ready``):
+    a channel made right after another to the same address was closed may find their shared
+    connection shutting down ("tcp handshaker shutdown", seen once in CI between a GetLoad
+    and a Generate): such a connect failure is transient and the call must wait it out."""
     return sync_channel(setup.addresses[worker], setup.cluster.cluster_config, identity=identity)
 
 
@@ -111,7 +115,9 @@ def generate(
     tokens: list[int] = []
     usage = pb.PromptUsage()
     with _stub(setup, worker, ROUTER) as channel:
-        for i, chunk in enumerate(WorkerStub(channel).Generate(request, timeout=120)):
+        for i, chunk in enumerate(
+            WorkerStub(channel).Generate(request, timeout=120, wait_for_ready=True)
+        ):
             if i == 0:
                 usage = chunk.usage
             tokens += chunk.token_ids
@@ -126,13 +132,17 @@ def prefill(setup: Setup, worker: str, prompt: list[int]) -> pb.PrefillReply:
         params=pb.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
     )
     with _stub(setup, worker, ROUTER) as channel:
-        reply: pb.PrefillReply = WorkerStub(channel).Prefill(request, timeout=120)
+        reply: pb.PrefillReply = WorkerStub(channel).Prefill(
+            request, timeout=120, wait_for_ready=True
+        )
         return reply
 
 
 def load(setup: Setup, worker: str) -> pb.LoadReport:
     with _stub(setup, worker, MONITOR) as channel:
-        report: pb.LoadReport = WorkerStub(channel).GetLoad(pb.LoadRequest(), timeout=10)
+        report: pb.LoadReport = WorkerStub(channel).GetLoad(
+            pb.LoadRequest(), timeout=30, wait_for_ready=True
+        )
         return report
 
 

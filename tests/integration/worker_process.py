@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kvpool.master import MasterConfig
 from kvpool.net import free_local_ports
-from kvserve.cluster.launch import grpc_serving
+from kvserve.cluster.health import grpc_serving
 from kvserve.cluster.processes import ManagedProcess
 from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto.registry import ClusterConfig

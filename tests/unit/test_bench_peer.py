@@ -116,10 +116,10 @@ def test_a_multiturn_run_is_a_row_like_the_others() -> None:
 
 
 def test_nginx_round_robins_over_the_servers(tmp_path: Path) -> None:
-    from kvserve.bench.peer_lb import nginx_conf
+    from kvserve.cluster.balancer import nginx_conf
 
-    conf = nginx_conf(tmp_path, 8123, ["127.0.0.1:1", "127.0.0.1:2"])
-    assert "server 127.0.0.1:1;\n    server 127.0.0.1:2;" in conf
+    conf = nginx_conf(tmp_path, "127.0.0.1", 8123, ["127.0.0.1:1", "127.0.0.1:2"])
+    assert "server 127.0.0.1:1 max_fails=1 fail_timeout=2s;\n    server 127.0.0.1:2 " in conf
     assert "listen 127.0.0.1:8123;" in conf and "proxy_buffering off;" in conf
     assert "daemon off;" in conf and f"pid {tmp_path}/nginx.pid;" in conf
 

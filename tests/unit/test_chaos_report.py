@@ -61,10 +61,37 @@ def test_summarize_counts_every_outcome_against_the_reference() -> None:
 def test_faults_come_in_turn_or_at_random() -> None:
     import random
 
-    from kvserve.chaos.run import next_fault
+    from kvserve.chaos.inject import next_fault
 
     faults = ["kill-master", "kill-prefill", "kill-decode"]
     rng = random.Random(0)
     assert [next_fault(faults, "cycle", rng, i) for i in range(4)] == [*faults, "kill-master"]
     picked = {next_fault(faults, "random", random.Random(s), 0) for s in range(20)}
     assert picked == set(faults)
+
+
+def test_requests_cut_with_a_killed_router_are_counted_apart() -> None:
+    """Lost: failed as a cut connection does, on a router a kill-router fault killed. A cut
+    on a router nobody killed, or a clear error from a killed one, is a failure."""
+    killed, other = "127.0.0.1:8001", "127.0.0.1:8002"
+    outcomes: list[Outcome | None] = [
+        Outcome("error", detail="APIConnectionError", upstream=killed),
+        Outcome("error", detail="HTTP 502: Bad Gateway", upstream=killed),
+        Outcome("error", detail="APIConnectionError", upstream=other),
+        Outcome("error", detail="HTTP 503: no worker", upstream=killed),
+        Outcome("ok", "a", upstream=killed),
+    ]
+    records = [FaultRecord("kill-router", "router-0", 1.0, 0.1, 2.0, address=killed)]
+    s = summarize(outcomes, ["", "", "", "", "a"], 0, {}, records)
+    assert s["lost_with_their_router"] == 2
+    assert s["failed_with_clear_error"] == 2
+    assert s["errors"] == {"APIConnectionError": 1, "HTTP 503: no worker": 1}
+    assert s["succeeded"] == 1
+
+
+def test_the_upstream_is_the_last_router_the_balancer_tried() -> None:
+    from kvserve.chaos.load import upstream_of
+
+    assert upstream_of({"x-kvserve-upstream": "127.0.0.1:1, 127.0.0.1:2"}) == "127.0.0.1:2"
+    assert upstream_of({"x-kvserve-upstream": "127.0.0.1:1"}) == "127.0.0.1:1"
+    assert upstream_of({}) == ""

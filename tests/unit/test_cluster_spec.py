@@ -86,7 +86,8 @@ def test_two_cores_one_prefill_one_decode_pins_one_core_each() -> None:
     assert decode.address == "127.0.0.1:50062"
     assert not plan.shared_cores and plan.notes == ()
     router = ["py", "-m", "kvserve", "router", "--router-host", "127.0.0.1"]
-    router += ["--router-port", "8000", *REGISTRY, *config_argv(spec().pool_config("router"))]
+    router += ["--router-port", "8000", "--router-id", "router", *REGISTRY]
+    router += config_argv(spec().pool_config("router"))
     router += ["--tokenizer-dir", "/m"]
     assert list(plan.router.argv) == router
     for process in (plan.router, decode):  # the pool settings say where the master's metrics are

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,10 @@ from router.ratio import RatioConfig
         ({"admission_ttft_s": -1.0}, "admission_ttft_s"),
         ({"admission_ttft_s": float("nan")}, "admission_ttft_s"),
         ({"api_key": "alice="}, "api_key entry 1"),
+        ({"router_id": "a b"}, "router_id"),
+        ({"router_id": "r/1"}, "router_id"),
+        ({"router_id": "r" * 65}, "router_id"),
+        ({"router_id": "é"}, "router_id"),
     ],
 )
 def test_rejects_bad_values(fields: dict[str, object], match: str) -> None:
@@ -54,6 +59,24 @@ def test_defaults_and_helpers(tmp_path: Path) -> None:
     assert master_metrics_address("http://10.0.0.2:9003/metrics") == ("10.0.0.2", 9003)
     (tmp_path / "tokenizer.json").write_text("{}")
     assert RouterConfig(tokenizer_dir=str(tmp_path)).tokenizer_dir == str(tmp_path)
+
+
+def test_the_router_id_is_given_or_the_host_and_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    for given in ("router-0", "r" * 64, "10.0.0.5:8001", "a_b.c"):
+        assert RouterConfig(router_id=given).resolved_router_id() == given
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-7.example")
+    assert RouterConfig(router_port=8001).resolved_router_id() == "node-7.example:8001"
+    monkeypatch.setattr(socket, "gethostname", lambda: "odd host/" + "h" * 80)
+    odd = RouterConfig(router_port=8001).resolved_router_id()
+    assert odd == ("odd_host_" + "h" * 80)[:59] + ":8001"
+    assert RouterConfig(router_id=odd) is not None  # a valid id
+    monkeypatch.setenv("KVSERVE_ROUTER_ID", "from-env")
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, RouterConfig)
+    assert config_from_args(RouterConfig, parser.parse_args([])).router_id == "from-env"
+    flagged = config_from_args(RouterConfig, parser.parse_args(["--router-id", "router-1"]))
+    assert flagged.resolved_router_id() == "router-1"
+    assert "KVSERVE_ROUTER_ID" in parser.format_help()
 
 
 def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:

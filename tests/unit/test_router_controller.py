@@ -7,6 +7,7 @@ import pytest
 from proto.registry import ClusterConfig
 from router.config import RouterConfig
 from router.controller import RoleController
+from router.controller_lease import ControllerLease
 from router.flow_types import FlowResult
 from router.metrics import RouterMetrics
 from router.ratio import RatioConfig
@@ -22,12 +23,14 @@ def test_tpot_is_time_per_token_after_the_first() -> None:
 def test_flow_results_feed_the_window_and_the_report() -> None:
     config = RouterConfig(ratio=RatioConfig(min_samples=1, tpot_slo_s=0.1))
     view = WorkerView(ClusterConfig())  # never started: no Redis needed
-    controller = RoleController(config, view, RouterMetrics(), clock=lambda: 10.0)
+    lease = ControllerLease(ClusterConfig(), "r0", 3.0)  # never taken: no Redis needed
+    controller = RoleController(config, view, RouterMetrics(), lease, clock=lambda: 10.0)
     controller.record(FlowResult("disagg", "d", "ok", 2.5, 0.5, 5))  # TTFT met, TPOT 0.5
     controller.record(FlowResult("local", "d", "error", 1.0, 0.2, 3))  # failed: TTFT miss
     controller.record(FlowResult("local", "d", "cancelled", 1.0, None, 0))  # not a sample
     report = controller.report()
     assert not report["enabled"] and report["now_s"] == 10.0 and report["history"] == []
+    assert report["lease"] == {"holder": None, "held_here": False}
     assert report["config"]["tpot_slo_s"] == 0.1
     snapshot = report["snapshot"]
     assert snapshot["samples"] == {"ttft": 2, "tpot": 1}
@@ -35,3 +38,4 @@ def test_flow_results_feed_the_window_and_the_report() -> None:
     assert controller.tick() is None  # no live worker, nothing to move
     text = controller.metrics.render().decode()
     assert 'kvserve:slo_attainment{metric="ttft"} 0.5' in text
+    assert "kvserve:controller_leader 0.0" in text

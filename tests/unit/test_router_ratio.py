@@ -218,6 +218,18 @@ def test_cooldown_after_completion_and_the_window_forgets_the_old_ratio() -> Non
     assert nxt is not None and nxt.worker_id == "d1" and nxt.to_role == "prefill"
 
 
+def test_a_controller_taking_over_waits_a_cooldown_with_a_fresh_window() -> None:
+    """hold_off: a router that has just taken the controller's lease from another."""
+    ctl = ttft_missing(replace(CFG, window_s=120.0))
+    ctl.hold_off(20.0)
+    assert ctl.snapshot(20.0)["samples"] == {"ttft": 0, "tpot": 0}
+    assert ctl.snapshot(20.0)["cooldown_remaining_s"] == 60.0
+    feed(ctl, 25.0, 5, ttft=5.0, tpot=0.01)
+    assert decide_n(ctl, [25.0, 30.0, 79.9], DECODERS) == [None] * 3
+    assert "cool-down" in ctl.snapshot(79.9)["blocked"]
+    assert ctl.decide(80.0, DECODERS) is not None
+
+
 def test_failure_waits_only_the_retry_delay() -> None:
     ctl = ttft_missing()
     decide_n(ctl, [10.0], DECODERS)

@@ -12,6 +12,7 @@ from proto.registry import ClusterConfig
 from router.cache_stats import CacheStats
 from router.config import RouterConfig
 from router.controller import RoleController
+from router.controller_lease import ControllerLease
 from router.latency_window import LatencySummary, LatencyWindow, LiveLatency, summarize
 from router.metrics import RouterMetrics
 from router.ratio import RoleChange
@@ -60,8 +61,9 @@ def test_telemetry_feeds_what_the_histograms_observe() -> None:
 
 
 def test_controller_part_shows_the_latest_decisions_newest_first() -> None:
+    lease = ControllerLease(ClusterConfig(), "r0", 3.0)  # never used: no Redis needed
     controller = RoleController(RouterConfig(), WorkerView(ClusterConfig()), RouterMetrics(),
-                                clock=lambda: 500.0)  # fmt: skip
+                                lease, clock=lambda: 500.0)  # fmt: skip
     report = controller.report()
     for n in range(DECISIONS + 2):  # as RoleController.tick and _move write them
         change = RoleChange(f"decode-{n}", "decode", "prefill", f"ttft pressure {n}", 100.0 + n)
