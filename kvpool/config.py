@@ -16,6 +16,24 @@ STAGING = ("auto", "always", "never")
 EVICTION = ("chain", "master")
 DEFAULT_METRICS_PORT = 9003
 """``mooncake_master``'s metrics port when nothing says otherwise (its own default)."""
+ETCD_SCHEME = "etcd://"
+"""How ``pool_master`` names masters in Mooncake's HA mode (the etcd they elect through)."""
+P2P_METADATA = "P2PHANDSHAKE"
+"""The transfer engine's metadata mode without a metadata service (HA masters' default)."""
+
+
+def etcd_endpoints(master: str) -> list[tuple[str, int]]:
+    """``(host, port)`` of each endpoint of an ``etcd://HOST:PORT[;HOST:PORT...]`` master
+    address; ValueError when malformed."""
+    endpoints = []
+    for part in master.removeprefix(ETCD_SCHEME).split(";"):
+        host, _, port = part.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"pool_master {master!r}: want etcd://HOST:PORT[;HOST:PORT...]")
+        endpoints.append((host, int(port)))
+    return endpoints
+
+
 STAGING_SETTINGS = ("kv_staging", "kv_staging_mib")
 """The fields of :class:`PoolConfig` a tool that starts its own pool members passes on
 (``kvserve chaos``, ``kvserve bench overlap``)."""
@@ -25,9 +43,13 @@ STAGING_SETTINGS = ("kv_staging", "kv_staging_mib")
 class PoolConfig:
     """How one process joins the pool.
 
-    - ``pool_master``: ``host:port`` of ``mooncake_master``'s RPC service.
+    - ``pool_master``: ``host:port`` of ``mooncake_master``'s RPC service, or, for masters
+      in Mooncake's HA mode, ``etcd://HOST:PORT[;HOST:PORT...]``: the etcd cluster where
+      they elect their leader (the client follows it there after a failover).
     - ``pool_metadata_server``: transfer-engine metadata service; empty means the master's
-      HTTP metadata server (run next to it) at ``http://<master host>:8080/metadata``.
+      HTTP metadata server (run next to it) at ``http://<master host>:8080/metadata``, or,
+      with an ``etcd://`` master, ``P2PHANDSHAKE`` (members exchange their segments'
+      descriptions directly: no metadata service to lose).
     - ``pool_protocol``: ``tcp`` (works everywhere) or ``rdma``.
     - ``pool_rdma_devices``: the RDMA NICs for ``rdma``, e.g. ``mlx5_0,mlx5_1``.
     - ``pool_local_hostname``: the address other pool members reach this process at; it
@@ -46,8 +68,10 @@ class PoolConfig:
       that nobody collected.
     - ``master_metrics_url``: ``http://host:port/metrics`` of ``mooncake_master`` (its
       capacity, use and evictions: the router's ``/v1/cache/stats``, a worker's eviction
-      budget); empty: the router omits the pool figures, a worker reads
-      ``http://<pool_master host>:9003/metrics`` (:attr:`metrics_url`).
+      budget), or several, comma-separated, of masters in HA mode (the leader's is read:
+      :func:`kvpool.master.master_stats_at`); empty: the router omits the pool figures, a
+      worker reads ``http://<pool_master host>:9003/metrics`` (:attr:`metrics_url`; none
+      with an ``etcd://`` master: no eviction budget).
     - ``pool_eviction``: who evicts the pool's prefix blocks. ``chain`` (default): the
       writers, through the chain index in the cluster's Redis (:mod:`kvpool.evictor`):
       least recently used chain tails first, never a block while a block that extends it
@@ -91,14 +115,16 @@ class PoolConfig:
             raise ValueError(f"pool_protocol must be one of {PROTOCOLS}")
         if self.pool_protocol == "rdma" and not self.pool_rdma_devices:
             raise ValueError("pool_protocol=rdma needs pool_rdma_devices (e.g. mlx5_0)")
-        if ":" not in self.pool_master:
+        if self.ha_master:
+            etcd_endpoints(self.pool_master)  # raises when malformed
+        elif ":" not in self.pool_master:
             raise ValueError(f"pool_master must be host:port, got {self.pool_master!r}")
         if self.pool_segment_mib < 0 or self.pool_local_buffer_mib < 1:
             raise ValueError("pool_segment_mib must be >= 0 and pool_local_buffer_mib >= 1")
         if self.pool_request_ttl_s <= 0:
             raise ValueError("pool_request_ttl_s must be positive")
-        if self.master_metrics_url:
-            master_metrics_address(self.master_metrics_url)  # raises when malformed
+        for url in filter(None, self.master_metrics_url.split(",")):
+            master_metrics_address(url.strip())  # raises when malformed
         if self.pool_eviction not in EVICTION:
             raise ValueError(f"pool_eviction must be one of {EVICTION}, got {self.pool_eviction!r}")
         if not 0 < self.pool_evict_at < 1:
@@ -114,9 +140,16 @@ class PoolConfig:
             raise ValueError(f"kv_staging_mib must be positive, got {self.kv_staging_mib}")
 
     @property
+    def ha_master(self) -> bool:
+        """Whether ``pool_master`` names masters in HA mode (``etcd://...``)."""
+        return self.pool_master.startswith(ETCD_SCHEME)
+
+    @property
     def metadata_server(self) -> str:
         if self.pool_metadata_server:
             return self.pool_metadata_server
+        if self.ha_master:
+            return P2P_METADATA
         host = self.pool_master.rsplit(":", 1)[0]
         return f"http://{host}:8080/metadata"
 
@@ -124,7 +157,7 @@ class PoolConfig:
     def metrics_url(self) -> str:
         """The master's metrics page: ``master_metrics_url``, or the default port on the
         master's host."""
-        if self.master_metrics_url:
+        if self.master_metrics_url or self.ha_master:
             return self.master_metrics_url
         host = self.pool_master.rsplit(":", 1)[0]
         return f"http://{host}:{DEFAULT_METRICS_PORT}/metrics"

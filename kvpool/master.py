@@ -105,9 +105,23 @@ class MasterStats:
 
 
 def master_stats_at(url: str, timeout: float = 2.0) -> MasterStats:
-    """:func:`master_stats` of the master whose metrics page is ``url``."""
-    host, port = master_metrics_address(url)
-    return master_stats(MasterConfig(master_host=host, master_metrics_port=port), timeout)
+    """:func:`master_stats` of the master whose metrics page is ``url``; of several
+    (comma-separated: masters in HA mode), the one that reports the most capacity, which is
+    the leader's (a standby's reports none; a master that does not answer is skipped, and
+    when none answers the last error is raised)."""
+    found: list[MasterStats] = []
+    error: Exception | None = None
+    for one in url.split(","):
+        host, port = master_metrics_address(one.strip())
+        try:
+            cfg = MasterConfig(master_host=host, master_metrics_port=port)
+            found.append(master_stats(cfg, timeout))
+        except OSError as exc:
+            error = exc
+    if not found:
+        assert error is not None
+        raise error
+    return max(found, key=lambda stats: stats.capacity_bytes)
 
 
 def master_stats(cfg: MasterConfig, timeout: float = 2.0) -> MasterStats:

@@ -114,7 +114,8 @@ class MooncakeStore:
                 "libibverbs1; scripts/setup.sh installs both"
             ) from exc
         host, _, port = config.pool_master.rpartition(":")
-        master = (host.strip("[]"), int(port)) if port.isdigit() else None
+        single = port.isdigit() and not config.ha_master  # HA masters: found through etcd
+        master = (host.strip("[]"), int(port)) if single else None
         if master is not None and not port_open(*master, MASTER_PROBE_S):
             # mooncake's own setup retries for about 90 s before giving up
             raise PoolUnavailableError(

@@ -9,8 +9,11 @@ cd "$(dirname "$0")/.."
 # iproute2: `ip netns` for up --hosts; g++: the native attention kernels (workers/model/csrc);
 # prometheus: tests/e2e/test_dashboard.py checks the Grafana dashboard's queries through it;
 # chromium: tests/e2e/test_status_page.py loads the router's status page in it;
-# nginx-light: the round-robin in front of several vLLMs in kvserve bench peer
-apt_packages=(libibverbs1 libnuma1 redis-server iproute2 g++ prometheus chromium nginx-light)
+# nginx-light: the round-robin in front of several routers (kvserve up --routers) and of
+# several vLLMs (kvserve bench peer); etcd-server: where HA pool masters elect their leader
+# (kvserve up --pool-masters)
+apt_packages=(libibverbs1 libnuma1 redis-server iproute2 g++ prometheus chromium nginx-light
+  etcd-server)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -52,11 +52,15 @@ def prompt_of(length: int, seed: int) -> list[int]:
 
 
 def cluster_client(cluster: Cluster, timeout: float = 120) -> openai.OpenAI:
-    """The official OpenAI client on ``cluster``'s router, without retries (a test sees
-    every error)."""
-    return openai.OpenAI(
-        base_url=cluster.router_url + "/v1", api_key="unused", max_retries=0, timeout=timeout
-    )
+    """The official OpenAI client on ``cluster``'s router (its balancer, with several),
+    without retries (a test sees every error)."""
+    return client_at(cluster.router_url, timeout)
+
+
+def client_at(url: str, timeout: float = 120) -> openai.OpenAI:
+    """The official OpenAI client on the router at ``url`` (e.g. one of several:
+    ``cluster.routers.urls[name]``), without retries."""
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
 
 
 VLLM_BLOCK = 32

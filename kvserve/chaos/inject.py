@@ -2,7 +2,8 @@
 time, each recorded with its detection and recovery times (:class:`FaultInjector`).
 
 Detection, by fault: a worker killed or frozen, until the router stops counting it; the
-master killed, until a worker reports the pool unreachable; the Redis primary killed
+master killed, until a worker reports the pool unreachable; the leading one of several
+masters killed (``--pool-masters``), until another leads; the Redis primary killed
 (``--redis-ha``), until the Sentinels name another; one router of several killed, until
 every round-robin slot of the balancer answers ``/health`` again (it routes around the dead
 one); a lone Redis, none (its outage is served through). Recovery: from the fault until the
@@ -22,6 +23,7 @@ from kvserve.chaos.report import FaultRecord
 from kvserve.cluster import faults
 from kvserve.cluster.health import http_ok
 from kvserve.cluster.launch import Cluster
+from kvserve.cluster.pool_ha import leader, wait_leader
 from kvserve.cluster.redis_ha import RedisHA
 
 WAIT_S = 60.0
@@ -80,6 +82,10 @@ class FaultInjector:
     def _target(self, what: str) -> str:
         if what in TARGETS:
             return TARGETS[what]
+        if what == "master-leader":
+            ha = self.cluster.spec.pool_ha
+            assert ha is not None, "kill-master-leader needs several pool masters"
+            return wait_leader(ha, WAIT_S)
         if what == "router":
             return self.rng.choice(self.cluster.routers.names)
         return self.rng.choice(self._workers(what))
@@ -103,6 +109,8 @@ class FaultInjector:
             seen = _until(lambda: faults.routable(cluster) < live)
         elif what == "master":
             seen = _until(lambda: not all(_pool_connected(cluster)))
+        elif what == "master-leader" and (pool := cluster.spec.pool_ha) is not None:
+            seen = _until(lambda: leader(pool) not in (None, target))  # a standby leads
         elif what == "router":
             seen = _until(lambda: _balanced(cluster))
         elif ha is not None:  # the Sentinels name another primary

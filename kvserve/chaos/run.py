@@ -39,6 +39,7 @@ from kvserve.chaos.report import MUST_BE_ZERO, mismatches, print_table, summariz
 from kvserve.chaos.settings import CHAOS_POOL, SMALLEST_BLOCK, ChaosConfig
 from kvserve.cluster import faults
 from kvserve.cluster.launch import Cluster, ClusterSpec
+from kvserve.cluster.pool_ha import ha_ports_needed
 from kvserve.settings import config_from_args
 from workers.config import EngineConfig, VllmOptions
 
@@ -56,7 +57,11 @@ def _spec(args: argparse.Namespace, engine: EngineConfig) -> ClusterSpec:
         prefill=args.prefill,
         decode=args.decode,
         redis_ha_ports=(1, 2, 3, 4) if args.redis_ha else (),  # free ports below
-        router_ports=tuple(range(1, args.routers + 1)) if args.routers > 1 else (),
+        router_ports=tuple(range(11, args.routers + 11)) if args.routers > 1 else (),  # free below
+        pool_masters=args.pool_masters,
+        pool_ha_ports=tuple(range(21, 21 + ha_ports_needed(args.pool_masters)))
+        if args.pool_masters > 1
+        else (),
         host="127.0.0.1",
         engine=engine,
         worker_engine=args.engine,
@@ -96,8 +101,8 @@ def _restore(cluster: Cluster) -> None:
     for name in cluster.worker_names:
         faults.thaw(cluster, name)
     dead = cluster.dead()
-    if "mooncake_master" in dead:
-        cluster.restart("mooncake_master")
+    for name in (n for n in dead if n.startswith(("mooncake_", "etcd-"))):
+        cluster.restart(name)
     if any(name.startswith(("redis", "sentinel")) for name in dead):
         cluster.restart("redis")
     for name in (n for n in dead if n in cluster.routers.processes):

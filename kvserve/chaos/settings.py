@@ -11,8 +11,9 @@ from kvserve.settings import add_config_args, setting
 from workers.config import VllmOptions, WorkerConfig
 
 DEFAULT_FAULTS = ("kill-decode", "kill-prefill", "freeze-decode", "kill-master", "kill-redis")
-FAULTS = (*DEFAULT_FAULTS, "kill-router")
-"""Every fault; ``kill-router`` needs ``--routers`` 2 or more, so it is not a default."""
+FAULTS = (*DEFAULT_FAULTS, "kill-router", "kill-master-leader")
+"""Every fault; ``kill-router`` needs ``--routers`` 2 or more and ``kill-master-leader``
+``--pool-masters`` 2 or more, so they are not defaults."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class ChaosConfig:
     - ``prefill`` / ``decode``: prefill and decode workers;
     - ``routers``: routers behind nginx (2 or more: ``kill-router`` kills one of them at
       random; the requests it was serving are counted as lost with their router);
+    - ``pool_masters``: pool masters (2 or more: Mooncake's HA mode over etcd;
+      ``kill-master-leader`` kills the leading one, its detection is another taking the
+      lead);
     - ``redis_ha``: the registry as a primary, a replica and three Sentinels: ``kill-redis``
       then kills the primary, its detection is the Sentinels naming another one, and the
       killed node comes back as a replica;
@@ -60,6 +64,7 @@ class ChaosConfig:
     prefill: int = 1
     decode: int = 2
     routers: int = 1
+    pool_masters: int = 1
     redis_ha: bool = False
     model: str = ""
     block_tokens: int = 0
@@ -72,6 +77,8 @@ class ChaosConfig:
             raise ValueError(f"routers must be >= 1, got {self.routers}")
         if "kill-router" in self.faults and self.routers < 2:
             raise ValueError("kill-router needs --routers 2 or more (one router is the door)")
+        if "kill-master-leader" in self.faults and self.pool_masters < 2:
+            raise ValueError("kill-master-leader needs --pool-masters 2 or more")
 
 
 SETTINGS = (ChaosConfig,)

@@ -64,15 +64,19 @@ def load_of(cluster: Cluster, name: str, timeout: float = 2.0) -> pb.LoadReport:
 
 def router_metric(cluster: Cluster, name: str, **labels: str) -> float:
     """The sum of the router's ``/metrics`` samples called ``name`` whose labels include
-    ``labels`` (0 when there is none)."""
-    with urllib.request.urlopen(cluster.router_url + "/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
+    ``labels`` (0 when there is none); with several routers, summed over all of them (each
+    asked directly; a router started again counts from 0)."""
+    total = 0.0
+    for url in cluster.routers.urls.values():
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        total += sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+        )
+    return total
 
 
 def held_pages(report: pb.LoadReport) -> int:

@@ -36,6 +36,7 @@ from kvpool.net import port_open
 from kvserve.cluster.health import grpc_serving
 from kvserve.cluster.plan import ClusterPlan, ProcessPlan
 from kvserve.cluster.pool import MASTER, METADATA, PoolProcesses
+from kvserve.cluster.pool_ha import ha_services, wait_leader
 from kvserve.cluster.processes import ManagedProcess
 from kvserve.cluster.redis import RedisProcess
 from kvserve.cluster.redis_ha import RedisHA
@@ -47,6 +48,16 @@ __all__ = ["Cluster", "ClusterPlan", "ClusterSpec", "ProcessPlan"]
 log = logging.getLogger("kvserve.cluster.launch")
 POOL = (METADATA, MASTER)
 """Names of the pool's processes (see :func:`kvserve.cluster.pool.pool_services`)."""
+
+
+def pool_processes(spec: ClusterSpec, log_dir: Path) -> PoolProcesses:
+    """The pool's services: a master and its metadata server, or HA masters and their etcd
+    (:mod:`kvserve.cluster.pool_ha`; started once one of them leads)."""
+    prefix, ha = spec.prefix_of("mooncake_master"), spec.pool_ha
+    if ha is None:
+        return PoolProcesses(spec.pool_master, log_dir, prefix)
+    services = ha_services(spec.pool_master, ha, log_dir / "etcd-data")
+    return PoolProcesses(spec.pool_master, log_dir, prefix, services, lambda t: wait_leader(ha, t))
 
 
 def redis_service(spec: ClusterSpec, log_dir: Path) -> RedisProcess | RedisHA:
@@ -152,8 +163,7 @@ class Cluster:
             for note in self.plan.notes:
                 log.info("%s", note)
             if self.spec.use_pool:  # held before starting, so stop() reaches it on any error
-                prefix = self.spec.prefix_of("mooncake_master")
-                self._pool = PoolProcesses(self.spec.pool_master, self.log_dir, prefix)
+                self._pool = pool_processes(self.spec, self.log_dir)
                 self._pool.start()
             self._redis = redis_service(self.spec, self.log_dir)
             self._redis.start()

@@ -33,7 +33,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -164,15 +164,25 @@ class PoolProcesses:
     :class:`ManagedProcess` in its own process group, logging to ``log_dir/<name>.log``
     (``prefix`` runs each inside a network namespace). Lifecycle: module docstring."""
 
-    def __init__(self, cfg: MasterConfig, log_dir: Path, prefix: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        cfg: MasterConfig,
+        log_dir: Path,
+        prefix: Sequence[str] = (),
+        services: Sequence[PoolService] | None = None,
+        ready: Callable[[float], object] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.processes = {
             s.name: ManagedProcess(
                 s.name, s.argv, log_dir / f"{s.name}.log", prefix=prefix, ready=s.readiness
             )
-            for s in pool_services(cfg)
+            for s in (pool_services(cfg) if services is None else services)
         }
-        """Every service's process by name, in start order."""
+        """Every service's process by name, in start order (``services``: others than
+        :func:`pool_services`', e.g. :func:`kvserve.cluster.pool_ha.ha_services`)."""
+        self._ready = ready
+        """Waited on (with the start's timeout) once every service runs (HA: a leader)."""
 
     def start(self, timeout: float = 20.0) -> PoolProcesses:
         """Start every service in order, each given ``timeout`` seconds to be ready;
@@ -181,6 +191,8 @@ class PoolProcesses:
         try:
             for proc in self.processes.values():
                 proc.start(timeout)
+            if self._ready is not None:
+                self._ready(timeout)
         except BaseException:  # also Ctrl-C while starting: nothing is left running
             self.stop()
             raise
@@ -245,6 +257,7 @@ class MasterProcess(PoolProcesses):
     def __init__(self, cfg: MasterConfig, log_path: Path | None = None) -> None:
         self.cfg = cfg
         self.log_path = log_path
+        self._ready = None
         self.processes = {
             s.name: ManagedProcess(
                 s.name, s.argv, log_path, ready=s.readiness, grace=5.0, foreground=True

@@ -30,13 +30,14 @@ from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvpool.net import free_local_ports
 from kvserve.cluster.plan import ClusterPlan, Host, plan_cluster
-from kvserve.cluster.redis import RedisConfig, is_loopback, new_password
-from kvserve.cluster.redis_ha import HA_PORTS, sentinel_url
+from kvserve.cluster.pool_ha import PoolHA
+from kvserve.cluster.redis import RedisConfig, new_password
+from kvserve.cluster.redis_ha import sentinel_url
 from kvserve.cluster.router_names import BALANCER, ROUTER, host_group, is_router, router_names
+from kvserve.cluster.spec_checks import check_spec
 from proto.registry import ClusterConfig
 from proto.trust import new_secret
-from router.auth import parse_api_keys
-from workers.config import ENGINES, EngineConfig, VllmOptions
+from workers.config import EngineConfig, VllmOptions
 from workers.model.prepare import default_model_dir
 
 ROLE_ORDER = ("prefill", "decode", "mixed")
@@ -78,6 +79,10 @@ class ClusterSpec:
       ``master`` (mooncake_master's ports and policy): see :meth:`with_free_ports`.
     - ``router_ports``: empty (one router, on ``router_port``), or the ports of several
       routers (at least 2) behind nginx on ``router_port`` (:mod:`.router_names`).
+    - ``pool_masters`` / ``pool_ha_ports``: with 2 or more masters, Mooncake's HA mode: they
+      elect a leader through three etcd members, listening on ``pool_ha_ports``
+      (:class:`kvserve.cluster.pool_ha.PoolHA`: two per etcd member, two per master beyond
+      the first, which listens on ``master``'s ports); members address them through etcd.
     - ``redis_ha_ports``: empty, or the ports of Redis's replica and its three Sentinels
       (:class:`kvserve.cluster.redis_ha.RedisHA`; the primary on ``redis_port``).
     - ``worker_metrics_base_port`` (or explicit ``worker_metrics_ports``): each worker's
@@ -112,6 +117,8 @@ class ClusterSpec:
     worker_metrics_ports: tuple[int, ...] = ()
     redis_port: int = 6379
     redis_ha_ports: tuple[int, ...] = ()
+    pool_masters: int = 1
+    pool_ha_ports: tuple[int, ...] = ()
     cluster: ClusterConfig = field(default_factory=new_cluster_config)
     api_key: str = field(default="", repr=False)
     master: MasterConfig = field(default_factory=MasterConfig)
@@ -133,66 +140,7 @@ class ClusterSpec:
     stop_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
-        counts = {"prefill": self.prefill, "decode": self.decode, "mixed": self.mixed}
-        if min(counts.values()) < 0:
-            raise ValueError(f"worker counts must be >= 0, got {counts}")
-        if self.decode + self.mixed < 1:
-            raise ValueError("a cluster needs a decode-capable worker: set decode or mixed >= 1")
-        if self.prefill and not self.decode:
-            raise ValueError("prefill workers hand requests to decode workers: set decode >= 1")
-        if self.worker_engine not in ENGINES:
-            raise ValueError(f"worker_engine must be one of {ENGINES}, got {self.worker_engine!r}")
-        if self.worker_engine == "vllm" and not self.use_pool:
-            raise ValueError("vLLM workers serve through the KV pool: keep use_pool")
-        if self.prefill and not self.use_pool:
-            raise ValueError(
-                "prefill/decode moves KV through the pool: keep use_pool, or run mixed workers only"
-            )
-        if len(self.router_ports) == 1:
-            raise ValueError("router_ports: none (one router on router_port) or at least 2")
-        if self.redis_ha_ports and len(set(self.redis_ha_ports)) != HA_PORTS:
-            raise ValueError(f"redis_ha_ports: {HA_PORTS} distinct ports (a replica, 3 Sentinels)")
-        if self.worker_ports and len(self.worker_ports) != self.num_workers:
-            raise ValueError(
-                f"worker_ports lists {len(self.worker_ports)} ports for {self.num_workers} workers"
-            )
-        listed = len(self.worker_metrics_ports)
-        if listed and listed != self.num_workers:
-            raise ValueError(
-                f"worker_metrics_ports lists {listed} ports for {self.num_workers} workers"
-            )
-        ports = list(self.named_ports().values())
-        if any(not 0 < p < 65536 for p in ports) or len(set(ports)) != len(ports):
-            raise ValueError(f"ports must be distinct and in 1..65535, got {sorted(ports)}")
-        if self.threads_per_worker < 0:
-            raise ValueError("threads_per_worker must be >= 0 (0: the worker's core count)")
-        if any(c < 0 for c in self.cores) or len(set(self.cores)) != len(self.cores):
-            raise ValueError(f"cores must be distinct CPU numbers, got {self.cores}")
-        if self.disagg_threshold_tokens is not None and self.disagg_threshold_tokens < 0:
-            raise ValueError("disagg_threshold_tokens must be >= 0 (None: router default)")
-        if self.startup_timeout_s <= 0 or self.stop_grace_s <= 0:
-            raise ValueError("startup_timeout_s and stop_grace_s must be positive")
-        self._check_hosts()
-        _ = self.cluster_config  # validates the credentials against this cluster's Redis
-        parse_api_keys(self.api_key)  # raises, without the key, when malformed
-
-    def _check_hosts(self) -> None:
-        unknown = set(self.hosts) - {*self.process_names(), ROUTER}  # router: all of them
-        if unknown:
-            raise ValueError(f"hosts names {sorted(unknown)}: not in {self.process_names()}")
-        for name in ("", *self.hosts):
-            address = self.host_of(name)
-            if not address or address in ("0.0.0.0", "::"):
-                raise ValueError(
-                    f"{name or 'host'} must be an address others reach it at (it is "
-                    f"advertised), e.g. 127.0.0.1, got {address!r}"
-                )
-        master = self.pool_master.master_host
-        if self.use_pool and "mooncake_master" not in self.hosts and not is_loopback(master):
-            raise ValueError(
-                f"master_host {master!r}: the pool authenticates nobody, so it stays on "
-                f"loopback (or on a private host of its own: kvserve up --hosts)"
-            )
+        check_spec(self)  # kvserve/cluster/spec_checks.py
 
     def process_names(self) -> list[str]:
         """Every process that :attr:`hosts` may place: the pool's services (as
@@ -261,6 +209,7 @@ class ClusterSpec:
         named.update(zip(names, self._worker_ports(), strict=True))
         metrics = {f"{n} metrics": self.worker_metrics_port(i) for i, n in enumerate(names)}
         named.update({name: port for name, port in metrics.items() if port})
+        named.update({f"pool ha {i}": port for i, port in enumerate(self.pool_ha_ports)})
         if self.use_pool:
             m = self.master
             named["mooncake_master rpc"] = m.master_port
@@ -306,14 +255,21 @@ class ClusterSpec:
             return master
         return dataclasses.replace(master, master_host=self.host_of("mooncake_master"))
 
+    @property
+    def pool_ha(self) -> PoolHA | None:
+        """Where the HA masters and their etcd listen (None with one master)."""
+        if self.pool_masters < 2:
+            return None
+        return PoolHA.of(self.pool_master, self.pool_masters, self.pool_ha_ports)
+
     def pool_config(self, name: str) -> PoolConfig:
         """The pool settings of process ``name`` (a worker or the router)."""
-        ssd = self.pool.pool_ssd_dir
+        ssd, ha, master = self.pool.pool_ssd_dir, self.pool_ha, self.pool_master
         return dataclasses.replace(
             self.pool,
-            pool_master=self.pool_master.rpc_address,
-            pool_metadata_server=self.pool_master.metadata_url,
-            master_metrics_url=self.pool_master.metrics_url,
+            pool_master=ha.address if ha else master.rpc_address,
+            pool_metadata_server="" if ha else master.metadata_url,  # HA: P2P handshakes
+            master_metrics_url=ha.metrics_urls if ha else master.metrics_url,
             pool_local_hostname=self.host_of(name) if self._placed(name) else LOOPBACK,
             pool_ssd_dir=str(Path(ssd) / name) if ssd and not is_router(name) else "",
         )
@@ -322,11 +278,16 @@ class ClusterSpec:
         """This spec with every port replaced by one free on loopback right now."""
         n = self.num_workers
         scraped = n if self.worker_metrics_port(0) else 0
-        ha, routers = len(self.redis_ha_ports), len(self.router_ports)
-        wanted = 5 + ha + routers + n + scraped
+        ha, routers, pool = (
+            len(self.redis_ha_ports),
+            len(self.router_ports),
+            len(self.pool_ha_ports),
+        )
+        wanted = 5 + ha + routers + pool + n + scraped
         router, redis_port, rpc, meta, metrics, *rest = free_local_ports(wanted)
         redis_ha_ports, router_ports = tuple(rest[:ha]), tuple(rest[ha : ha + routers])
-        workers = rest[ha + routers :]
+        pool_ha_ports = tuple(rest[ha + routers : ha + routers + pool])
+        workers = rest[ha + routers + pool :]
         master = dataclasses.replace(
             self.master, master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics
         )
@@ -334,6 +295,7 @@ class ClusterSpec:
             self,
             router_port=router,
             router_ports=router_ports,
+            pool_ha_ports=pool_ha_ports,
             redis_port=redis_port,
             redis_ha_ports=redis_ha_ports,
             master=master,

@@ -13,6 +13,7 @@ from typing import ClassVar
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvserve.cluster.netns import DEFAULT_SUBNET, DEFAULT_TAG
+from kvserve.cluster.pool_ha import ha_ports_needed
 from kvserve.cluster.spec import ClusterSpec, new_cluster_config
 from kvserve.settings import add_config_args, config_from_args
 from proto.registry import ClusterConfig
@@ -52,6 +53,9 @@ class UpConfig:
     - ``redis_ha``: run the registry as a primary, a replica and three Sentinels (on
       ``redis_port`` and the four ports after it); every client finds the primary through
       the Sentinels and follows a failover (kvserve/cluster/redis_ha.py);
+    - ``pool_masters``: pool masters; 2 or more run Mooncake's HA mode: they elect a leader
+      through three etcd members, which with the further masters listen on the ports from
+      ``master_port`` + 100 up (kvserve/cluster/pool_ha.py); members follow the leader;
     - ``free_ports``: use free loopback ports for every process;
     - ``log_dir``: one log file per process (default: a temp dir);
     - ``pin_cores``: give each worker its own CPU cores when there are enough;
@@ -80,6 +84,7 @@ class UpConfig:
     worker_metrics_base_port: int = 9100
     redis_port: int = 6379
     redis_ha: bool = False
+    pool_masters: int = 1
     free_ports: bool = False
     log_dir: str = ""
     pin_cores: bool = True
@@ -95,6 +100,8 @@ class UpConfig:
     def __post_init__(self) -> None:
         if self.routers < 1:
             raise ValueError(f"routers must be >= 1, got {self.routers}")
+        if self.pool_masters < 1:
+            raise ValueError(f"pool_masters must be >= 1, got {self.pool_masters}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,6 +123,8 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
     the cluster's own master; the settings of :data:`MADE_UP_WHEN_EMPTY` are made up when
     empty)."""
     up = config_from_args(UpConfig, args)
+    master = config_from_args(MasterConfig, args)
+    ha = ha_ports_needed(up.pool_masters) if up.pool_masters > 1 else 0
     transport = {name: getattr(args, name) for name in TRANSPORT_SETTINGS}
     transport = {k: v for k, v in transport.items() if v or k not in MADE_UP_WHEN_EMPTY}
     spec = ClusterSpec(
@@ -131,7 +140,11 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
         worker_metrics_base_port=up.worker_metrics_base_port,
         redis_port=up.redis_port,
         redis_ha_ports=tuple(up.redis_port + i for i in range(1, 5)) if up.redis_ha else (),
-        master=config_from_args(MasterConfig, args),
+        master=master,
+        pool_masters=up.pool_masters,
+        pool_ha_ports=tuple(range(master.master_port + 100, master.master_port + 100 + ha))
+        if up.pool_masters > 1
+        else (),
         use_pool=up.use_pool,
         engine=config_from_args(EngineConfig, args),
         worker_engine=args.engine,

@@ -20,7 +20,7 @@ from kvserve.cluster.launch import Cluster
 from kvserve.cluster.redis_ha import RedisHA
 from tests.integration.test_faults import registered
 from tests.midstream import LONG, complete, inject_when, stream_with_fault
-from tests.tiny_cluster import cluster_client, prompt_of, tiny_cluster_spec
+from tests.tiny_cluster import client_at, cluster_client, prompt_of, tiny_cluster_spec
 
 pytestmark = pytest.mark.kv_path
 
@@ -33,7 +33,7 @@ def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         tiny_model_dir,
         tmp_path_factory.mktemp("cluster"),
         redis_ha_ports=(1, 2, 3, 4),
-        router_ports=(1, 2),
+        router_ports=(11, 12),
     )  # with_free_ports replaces them
     with Cluster(spec).start() as running:
         yield running
@@ -55,9 +55,7 @@ def test_a_failover_of_the_primary_while_a_stream_runs(cluster: Cluster) -> None
     ready = threading.Event()
     killer = inject_when(ready, lambda: faults.kill(cluster, "redis"))
     try:
-        through = openai.OpenAI(
-            base_url=cluster.routers.urls["router-1"] + "/v1", api_key="-", max_retries=0
-        )
+        through = client_at(cluster.routers.urls["router-1"])
         assert stream_with_fault(through, prompt, LONG, after=5, fault=ready) == reference
     finally:
         killer.join(30)

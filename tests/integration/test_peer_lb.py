@@ -3,37 +3,19 @@ nginx: requests through it alternate between two real HTTP servers, streaming pa
 
 from __future__ import annotations
 
-import threading
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from kvserve.bench.peer_lb import round_robin
-
-
-def server(name: str) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = name.encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd
+from tests.http_stub import text_server
 
 
 @pytest.fixture
 def servers() -> Iterator[list[str]]:
-    started = [server("a"), server("b")]
+    started = [text_server(b"a"), text_server(b"b")]
     yield [f"http://127.0.0.1:{s.server_address[1]}" for s in started]
     for s in started:
         s.shutdown()

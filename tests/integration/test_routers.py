@@ -23,13 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from kvserve.cluster import faults
 from kvserve.cluster.launch import Cluster
 from tests.midstream import LONG, complete, inject_when, stream_with_fault
-from tests.tiny_cluster import prompt_of, tiny_cluster_spec
+from tests.tiny_cluster import client_at, prompt_of, tiny_cluster_spec
 
 pytestmark = pytest.mark.kv_path
 
@@ -49,10 +48,6 @@ def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     )
     with Cluster(spec).start() as running:
         yield running
-
-
-def client_of(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def get(url: str) -> tuple[dict[str, str], bytes]:
@@ -96,8 +91,8 @@ def test_a_burst_through_both_routers_never_oversubscribes_the_decode_worker(
     cluster: Cluster,
 ) -> None:
     prompts = [prompt_of(200, 60 + i) for i in range(8)]  # 15 pages each with the output
-    reference = [complete(client_of(cluster.router_url), p, 40) for p in prompts]
-    clients = [client_of(url) for url in cluster.routers.urls.values()]
+    reference = [complete(client_at(cluster.router_url), p, 40) for p in prompts]
+    clients = [client_at(url) for url in cluster.routers.urls.values()]
     with ThreadPoolExecutor(len(prompts)) as pool:
         answers = list(
             pool.map(lambda i: complete(clients[i % 2], prompts[i], 40), range(len(prompts)))
@@ -130,13 +125,13 @@ def test_the_controller_acts_from_one_router_and_its_lease_moves_when_it_dies(
 def test_a_router_killed_while_a_stream_runs_through_the_other(cluster: Cluster) -> None:
     survivor, doomed = cluster.routers.names
     prompt, short = prompt_of(40, 71), prompt_of(30, 72)
-    balancer = client_of(cluster.router_url)
+    balancer = client_at(cluster.router_url)
     reference, short_reference = complete(balancer, prompt, LONG), complete(balancer, short, 8)
 
     ready = threading.Event()
     killer = inject_when(ready, lambda: faults.kill(cluster, doomed))
     try:
-        through = client_of(cluster.routers.urls[survivor])
+        through = client_at(cluster.routers.urls[survivor])
         assert stream_with_fault(through, prompt, LONG, after=5, fault=ready) == reference
     finally:
         killer.join(30)
@@ -144,5 +139,5 @@ def test_a_router_killed_while_a_stream_runs_through_the_other(cluster: Cluster)
     for _ in range(4):  # every round-robin slot: the balancer passes them to the survivor
         assert complete(balancer, short, 8) == short_reference
     cluster.restart(doomed)
-    assert complete(client_of(cluster.routers.urls[doomed]), short, 8) == short_reference
+    assert complete(client_at(cluster.routers.urls[doomed]), short, 8) == short_reference
     assert faults.wait_idle(cluster) == dict.fromkeys(cluster.worker_names, 0)
