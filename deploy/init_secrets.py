@@ -13,8 +13,10 @@ a named volume that only those services mount, read-only (:data:`FILES`):
 - ``router/``: the same with a router's grant, and ``api_key``: the router's API keys
   (``KVSERVE_API_KEY``): the ones given, plus a key of tenant ``prometheus`` for the scrape
   of ``/metrics``; empty (no keys, the router open) when none are given;
-- ``redis/``: ``redis.conf`` (its ``requirepass``; Redis is started with it) and
-  ``password`` (for its health check);
+- ``redis/``: ``redis.conf`` (its ``requirepass``, and the ``masterauth`` it replicates
+  with: the primary and the replica are started with it), ``sentinel.conf`` (the three
+  Sentinels' template: they watch ``redis``, answer with the same password, and each copies
+  it to a file of its own, which Sentinel rewrites) and ``password`` (for health checks);
 - ``exporter/passwords.json``: redis_exporter's ``REDIS_PASSWORD_FILE``;
 - ``prometheus/router_key``: the bearer token of Prometheus's scrape of the router;
 - ``grafana/admin_password``: Grafana's admin password (``GF_SECURITY_ADMIN_PASSWORD__FILE``).
@@ -32,13 +34,15 @@ no other service starts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from kvserve.cluster.redis import RedisConfig, new_password, redis_auth_conf
+from kvserve.cluster.redis import RedisConfig, new_password
+from kvserve.cluster.redis_ha import node_auth_conf, sentinel_conf
 from proto.grants import grant
 from proto.trust import check_secret, new_secret
 from router.auth import parse_api_keys
@@ -46,6 +50,8 @@ from router.auth import parse_api_keys
 REDIS_ADDR = "redis://redis:6379"
 """Where redis_exporter scrapes (its ``REDIS_ADDR`` in docker-compose.yml)."""
 PROMETHEUS_TENANT = "prometheus"
+SENTINEL_PORT = 26379
+"""Where each Sentinel listens (its container's; KVSERVE_REDIS_URL in docker-compose.yml)."""
 FILES = (
     "cluster/cluster_secret",
     "cluster/redis_password",
@@ -55,6 +61,7 @@ FILES = (
     "router/redis_password",
     "router/api_key",
     "redis/redis.conf",
+    "redis/sentinel.conf",
     "redis/password",
     "exporter/passwords.json",
     "prometheus/router_key",
@@ -94,7 +101,8 @@ def contents(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
         grant(secret, "router"),
         password,
         router_keys,
-        redis_auth_conf(redis),
+        node_auth_conf(redis),
+        sentinel_conf(dataclasses.replace(redis, host="redis"), SENTINEL_PORT, "0.0.0.0", True),
         password,
         json.dumps({REDIS_ADDR: password}),
         prometheus,

@@ -31,6 +31,10 @@ class MasterConfig:
     - ``master_offload_on_evict``: offload an object only when DRAM evicts it (default: as
       soon as it is written, so DRAM and SSD both hold it until DRAM evicts it).
     - ``master_promotion_on_hit``: copy objects read from SSD back into DRAM.
+    - ``master_etcd_endpoints``: Mooncake's HA mode: ``HOST:PORT[;HOST:PORT...]`` of the
+      etcd cluster where several masters elect their leader (each then binds and advertises
+      ``master_host``, and no metadata server runs: members exchange segment descriptions
+      directly); empty (default): one master with its HTTP metadata server.
     """
 
     master_host: str = "127.0.0.1"
@@ -43,6 +47,7 @@ class MasterConfig:
     master_enable_offload: bool = False
     master_offload_on_evict: bool = False
     master_promotion_on_hit: bool = False
+    master_etcd_endpoints: str = ""
 
     def __post_init__(self) -> None:
         if not 0 < self.master_eviction_high_watermark <= 1:

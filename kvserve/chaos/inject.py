@@ -2,8 +2,9 @@
 time, each recorded with its detection and recovery times (:class:`FaultInjector`).
 
 Detection, by fault: a worker killed or frozen, until the router stops counting it; the
-master killed, until a worker reports the pool unreachable; the leading one of several
-masters killed (``--pool-masters``), until another leads; the Redis primary killed
+master killed, until a worker reports the pool unreachable; with several masters
+(``--pool-masters``), the leading one killed, until another leads, and a standby killed,
+none (nothing serving notices); the Redis primary killed
 (``--redis-ha``), until the Sentinels name another; one router of several killed, until
 every round-robin slot of the balancer answers ``/health`` again (it routes around the dead
 one); a lone Redis, none (its outage is served through). Recovery: from the fault until the
@@ -100,6 +101,8 @@ class FaultInjector:
         live = faults.routable(cluster)
         ha = cluster.redis if isinstance(cluster.redis, RedisHA) else None
         primary = ha.named_primary() if ha is not None else None
+        pool = cluster.spec.pool_ha
+        leading = leader(pool) if pool is not None else None
         started = time.monotonic()
         if action == "freeze":
             faults.freeze(cluster, target)
@@ -107,10 +110,11 @@ class FaultInjector:
             faults.kill(cluster, target)
         if what in ("decode", "prefill"):
             seen = _until(lambda: faults.routable(cluster) < live)
+        elif what.startswith("master") and pool is not None:  # a standby: nobody notices
+            led = target == leading
+            seen = _until(lambda: leader(pool) not in (None, target)) if led else None
         elif what == "master":
             seen = _until(lambda: not all(_pool_connected(cluster)))
-        elif what == "master-leader" and (pool := cluster.spec.pool_ha) is not None:
-            seen = _until(lambda: leader(pool) not in (None, target))  # a standby leads
         elif what == "router":
             seen = _until(lambda: _balanced(cluster))
         elif ha is not None:  # the Sentinels name another primary

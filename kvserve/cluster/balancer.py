@@ -48,14 +48,16 @@ def nginx_binary() -> str:
     return nginx
 
 
-def nginx_conf(folder: Path, host: str, port: int, upstreams: Sequence[str]) -> str:
+def nginx_conf(folder: Path, host: str, port: int, upstreams: Sequence[str], user: str = "") -> str:
     """nginx's configuration: listen on ``host:port``, round-robin over ``upstreams``
-    (``host:port`` each), everything under ``folder`` (module docstring)."""
+    (``host:port`` each), everything under ``folder`` (module docstring), its workers run as
+    ``user`` ('' : nginx's default). docker-compose.ha.yml's nginx runs
+    ``deploy/nginx-routers.conf``, this function's text for the compose routers."""
     servers = "".join(
         f"    server {u} max_fails=1 fail_timeout={FAIL_TIMEOUT_S}s;\n" for u in upstreams
     )
-    user = "user root root;\n" if os.geteuid() == 0 else ""
-    return f"""{user}worker_processes 1;
+    user_line = f"user {user};\n" if user else ""
+    return f"""{user_line}worker_processes 1;
 daemon off;
 pid {folder}/nginx.pid;
 error_log {folder}/error.log warn;
@@ -100,7 +102,8 @@ class Balancer:
         name: str = "balancer",
     ) -> None:
         self.folder, self.url = folder, f"http://{host}:{port}"
-        self._conf = nginx_conf(folder, host, port, upstreams)
+        user = "root root" if os.geteuid() == 0 else ""  # else nginx would switch to nobody
+        self._conf = nginx_conf(folder, host, port, upstreams, user)
         argv = [nginx_binary(), "-c", str(folder / "nginx.conf"), "-p", str(folder)]
         self.process = ManagedProcess(name, argv, log_dir / f"{name}.log")
 

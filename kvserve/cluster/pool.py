@@ -93,7 +93,15 @@ def master_command(cfg: MasterConfig) -> list[str]:
         f"--eviction_high_watermark_ratio={cfg.master_eviction_high_watermark}",
         f"--eviction_ratio={cfg.master_eviction_ratio}",
         *offload_flags(cfg),
+        *ha_flags(cfg),
     ]
+
+
+def ha_flags(cfg: MasterConfig) -> list[str]:
+    """The master's HA-mode flags (none without ``master_etcd_endpoints``)."""
+    if not cfg.master_etcd_endpoints:
+        return []
+    return ["--enable_ha=true", f"--etcd_endpoints={cfg.master_etcd_endpoints}"]
 
 
 def offload_flags(cfg: MasterConfig) -> list[str]:
@@ -145,7 +153,12 @@ def pool_services(cfg: MasterConfig) -> tuple[PoolService, ...]:
     """The pool's processes in start order: the metadata server (:data:`METADATA`), then the
     master (:data:`MASTER`). Start each after the previous one is ready; stop in reverse.
     The master alone may be restarted: the metadata server keeps the members' entries and
-    they remount their segments at the new master by themselves."""
+    they remount their segments at the new master by themselves. A master in HA mode
+    (``master_etcd_endpoints``) runs alone, ready once its metrics port answers (a standby
+    serves no RPC)."""
+    if cfg.master_etcd_endpoints:
+        ports = (cfg.master_metrics_port,)
+        return (PoolService(MASTER, tuple(master_command(cfg)), cfg.master_host, ports),)
     return (
         PoolService(
             METADATA, tuple(metadata_command(cfg)), cfg.master_host, (cfg.master_metadata_port,)

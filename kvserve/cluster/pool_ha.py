@@ -109,9 +109,11 @@ class PoolHA:
     def master_command(self, cfg: MasterConfig, index: int) -> list[str]:
         """One master in HA mode: the single master's flags on its own ports."""
         rpc, metrics = self.masters[index]
-        own = dataclasses.replace(cfg, master_port=rpc, master_metrics_port=metrics)
         endpoints = ";".join(f"{self.host}:{c}" for c, _ in self.etcd)
-        return [*master_command(own), "--enable_ha=true", f"--etcd_endpoints={endpoints}"]
+        own = dataclasses.replace(
+            cfg, master_port=rpc, master_metrics_port=metrics, master_etcd_endpoints=endpoints
+        )
+        return master_command(own)
 
 
 def ha_services(cfg: MasterConfig, ha: PoolHA, data_dir: Path) -> tuple[PoolService, ...]:
@@ -124,7 +126,7 @@ def ha_services(cfg: MasterConfig, ha: PoolHA, data_dir: Path) -> tuple[PoolServ
     masters = tuple(
         PoolService(name, tuple(ha.master_command(cfg, i)), ha.host, (ha.masters[i][1],))
         for i, name in enumerate(master_names(len(ha.masters)))
-    )
+    )  # like pool_services' HA master, on its own ports
     return etcd + masters
 
 

@@ -7,7 +7,8 @@ variables (and flags) as the service, so it dials exactly where the service list
 - ``router``: ``GET /health`` answers 200 (a decode-capable worker is registered, the
   tokenizer loaded);
 - ``pool``: mooncake_master's RPC port and the HTTP metadata server's port accept
-  connections.
+  connections (in HA mode, ``--master-etcd-endpoints``: its metrics port, which a standby
+  serves too).
 
 Exit status 0 when healthy, 1 otherwise with the reason on stderr.
 """
@@ -71,6 +72,8 @@ def targets(service: str) -> tuple[str, ...]:
         return (f"http://{dial_host(router.router_host)}:{router.router_port}/health",)
     master = config_from_args(MasterConfig, _settings(MasterConfig))
     host = dial_host(master.master_host)
+    if master.master_etcd_endpoints:  # HA mode: a standby serves its metrics, no RPC
+        return (f"{host}:{master.master_metrics_port}",)
     return tuple(f"{host}:{p}" for p in (master.master_port, master.master_metadata_port))
 
 

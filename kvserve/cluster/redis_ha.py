@@ -75,11 +75,14 @@ def node_auth_conf(cfg: RedisConfig) -> str:
     return "".join(lines)
 
 
-def sentinel_conf(cfg: RedisConfig, port: int) -> str:
-    """A Sentinel's configuration: it listens on ``port`` and watches ``cfg``'s primary."""
+def sentinel_conf(cfg: RedisConfig, port: int, bind: str = "", hostnames: bool = False) -> str:
+    """A Sentinel's configuration: it listens on ``port`` of ``bind`` (default ``cfg.host``)
+    and watches ``cfg``'s primary; ``hostnames``: ``cfg.host`` is a name to resolve (a
+    compose service's), not an address."""
     lines = [
         f"port {port}",
-        f"bind {cfg.host}",
+        f"bind {bind or cfg.host}",
+        *(["sentinel resolve-hostnames yes"] if hostnames else []),
         f"sentinel monitor {SERVICE} {cfg.host} {cfg.port} {QUORUM}",
         f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
         f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}",

@@ -26,9 +26,12 @@ def run(args: argparse.Namespace) -> int:
         master.terminate()
 
     signal.signal(signal.SIGTERM, stop)
+    metadata = f"mooncake_http_metadata_server up: {cfg.metadata_url}"
+    if cfg.master_etcd_endpoints:  # HA mode: no metadata server, the leader found in etcd
+        metadata = f"in HA mode, electing its leader through etcd {cfg.master_etcd_endpoints}"
     print(
         f"kvserve pool: mooncake_master up: rpc {cfg.rpc_address}, metrics {cfg.metrics_url}; "
-        f"mooncake_http_metadata_server up: {cfg.metadata_url} (Ctrl-C stops both)",
+        f"{metadata} (Ctrl-C stops it)",
         file=sys.stderr,
         flush=True,
     )

@@ -1,8 +1,9 @@
-"""Reading docker-compose.yml, its RDMA override and the compose secrets as compose would,
-for tests/unit/test_compose.py and test_compose_secrets.py (no container runs).
+"""Reading docker-compose.yml, its RDMA and HA overrides and the compose secrets as compose
+would, for tests/unit/test_compose.py and test_compose_secrets.py (no container runs).
 
-The override is merged onto the base file the way ``docker compose -f a -f b`` does for the
-keys it uses (mappings merge, other values replace); ``${VAR...}`` is filled as compose
+An override is merged onto the base file the way ``docker compose -f a -f b`` does for the
+keys it uses (mappings merge, other values replace, ``!reset`` removes the base's value;
+``extends`` starts a service from another file's); ``${VAR...}`` is filled as compose
 does, from :data:`RDMA_ENV` for the override and from nothing for the base file. The
 secrets are what deploy/init_secrets.py (the one-shot ``secrets`` service) writes, and what
 deploy/with-secrets.sh then exports in a service that runs through it.
@@ -25,6 +26,7 @@ import kvserve.cli as cli
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 RDMA = ROOT / "docker-compose.rdma.yml"
+HA = ROOT / "docker-compose.ha.yml"
 PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
 INIT = ROOT / "deploy" / "init_secrets.py"
 WRAPPER = ROOT / "deploy" / "with-secrets.sh"
@@ -56,9 +58,20 @@ def interpolate(text: str, env: Mapping[str, str]) -> str:
     return INTERPOLATED.sub(value, text).replace("$$", "$")
 
 
+RESET = object()
+"""What compose's ``!reset`` tag reads as: the key is removed from the merged service."""
+
+
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]
+    """PyYAML's safe loader, knowing compose's ``!reset``."""
+
+
+_Loader.add_constructor("!reset", lambda loader, node: RESET)
+
+
 def compose(path: Path = COMPOSE, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     variables = (RDMA_ENV if path == RDMA else {}) if env is None else env
-    data = yaml.safe_load(interpolate(path.read_text(), variables))
+    data = yaml.load(interpolate(path.read_text(), variables), Loader=_Loader)
     assert isinstance(data, dict)
     return data
 
@@ -68,15 +81,29 @@ def merged(base: Any, override: Any) -> Any:
         return override
     out = dict(base)
     for key, value in override.items():
-        out[key] = merged(base[key], value) if key in base else value
+        if value is RESET:
+            out.pop(key, None)
+        else:
+            out[key] = merged(base[key], value) if key in base else value
+    return out
+
+
+def with_extends(services: dict[str, Any]) -> dict[str, Any]:
+    """Each service that ``extends`` another file's service: that service, merged over."""
+    out = {}
+    for name, service in services.items():
+        parent = service.get("extends")
+        if parent is not None:
+            base = compose(ROOT / parent["file"])["services"][parent["service"]]
+            service = merged(base, {k: v for k, v in service.items() if k != "extends"})
+        out[name] = service
     return out
 
 
 SERVICES: dict[str, dict[str, Any]] = compose()["services"]
 RDMA_SERVICES: dict[str, dict[str, Any]] = merged(SERVICES, compose(RDMA)["services"])
+HA_SERVICES: dict[str, dict[str, Any]] = with_extends(merged(SERVICES, compose(HA)["services"]))
 ONE_SHOT = {name for name, s in SERVICES.items() if s.get("restart") == "no"}
-OURS = sorted(name for name, s in SERVICES.items() if "build" in s and name not in ONE_SHOT)
-"""The services that run ``kvserve <verb>`` (one-shot ones do not)."""
 
 
 def init_secrets() -> Any:
@@ -130,8 +157,20 @@ def parse(
     return cli.build_parser().parse_args([str(a) for a in command])
 
 
+VARIANTS = {"base": SERVICES, "rdma": RDMA_SERVICES, "ha": HA_SERVICES}
+"""Every way the files are run: the base file, and each override merged onto it."""
+
+
 def variant_service(variant: str, name: str) -> dict[str, Any]:
-    return (SERVICES if variant == "base" else RDMA_SERVICES)[name]
+    return VARIANTS[variant][name]
+
+
+def ours(services: dict[str, dict[str, Any]]) -> list[str]:
+    """The services that run ``kvserve <verb>`` (one-shot ones do not)."""
+    return sorted(n for n, s in services.items() if "build" in s and s.get("restart") != "no")
+
+
+OURS = ours(SERVICES)
 
 
 def secret_file(reader: dict[str, Any], path: str, root: Path) -> str:
@@ -152,4 +191,4 @@ def write_secrets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     roots = {"base": tmp_path_factory.mktemp("base"), "rdma": tmp_path_factory.mktemp("rdma")}
     module.write(roots["base"], {"KVSERVE_API_KEY": "alice=k1"})
     module.write(roots["rdma"], RDMA_ENV)
-    return roots
+    return {**roots, "ha": roots["base"]}

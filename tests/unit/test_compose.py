@@ -22,10 +22,13 @@ import kvserve.cli as cli
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvserve.cluster import probe
+from kvserve.cluster.redis_ha import SERVICE
 from kvserve.settings import config_from_args
 from proto.registry import ClusterConfig
+from proto.sentinel import SentinelURL
 from router.config import RouterConfig
 from tests.unit.compose_files import (
+    HA_SERVICES,
     ONE_SHOT,
     OURS,
     PROMETHEUS,
@@ -34,6 +37,8 @@ from tests.unit.compose_files import (
     SERVICES,
     compose,
     environment,
+    init_secrets,
+    ours,
     parse,
     secret_env,
     secret_file,
@@ -76,7 +81,8 @@ def test_compose_has_the_expected_services() -> None:
     assert {"secrets"} == ONE_SHOT
 
 
-BOTH = [("base", n) for n in OURS] + [("rdma", n) for n in OURS]
+BOTH = [(v, n) for v in ("base", "rdma") for n in OURS] + [("ha", n) for n in ours(HA_SERVICES)]
+"""Each of our services as each way of running the files has it."""
 
 
 @pytest.mark.parametrize(("variant", "name"), BOTH)
@@ -129,11 +135,33 @@ def test_workers_reach_the_cluster_services_by_name() -> None:
     for role in ("prefill", "decode"):
         env = environment(SERVICES[role])
         assert SERVICES[role]["command"][:3] == ["worker", "--role", role]
-        assert env["KVSERVE_REDIS_URL"] == "redis://redis:6379/0"
+        assert env["KVSERVE_REDIS_URL"] == SENTINELS
         assert env["KVSERVE_POOL_MASTER"] == "master:50051"
         assert env["KVSERVE_POOL_METADATA_SERVER"] == "http://master:8080/metadata"
         assert env["KVSERVE_WORKER_HOST"] == "0.0.0.0"
         assert "KVSERVE_WORKER_ADVERTISE" not in env  # set per replica by the entrypoint
+
+
+SENTINELS = "redis+sentinel://sentinel-1:26379,sentinel-2:26379,sentinel-3:26379/kvserve"
+
+
+def test_redis_is_a_primary_a_replica_and_three_sentinels(tmp_path: Path) -> None:
+    """Every client finds Redis through three Sentinels (one URL for all), each a service
+    that watches ``redis`` from a copy of the template the secrets service writes; the
+    replica follows ``redis``."""
+    url = SentinelURL.parse(SENTINELS)
+    assert url.service == SERVICE and [port for _, port in url.sentinels] == [26379] * 3
+    for host, _ in url.sentinels:
+        entry = " ".join(SERVICES[host]["entrypoint"])
+        assert "cp /run/kvserve/redis/sentinel.conf /data/sentinel.conf" in entry
+        assert "redis-server /data/sentinel.conf --sentinel" in entry
+    assert SERVICES["redis-replica"]["command"][2:5] == ["--replicaof", "redis", "6379"]
+    init_secrets().write(tmp_path, {})
+    template = (tmp_path / "redis/sentinel.conf").read_text()
+    assert f"sentinel monitor {SERVICE} redis 6379 2" in template
+    assert "port 26379" in template and "sentinel resolve-hostnames yes" in template
+    for name in ("prefill", "decode", "router"):
+        assert environment(SERVICES[name])["KVSERVE_REDIS_URL"] == SENTINELS
 
 
 def test_master_service_runs_both_pool_services_where_workers_look(
@@ -178,7 +206,10 @@ def test_healthchecks_probe_where_the_service_listens(
     else:
         cfg = config_from_args(MasterConfig, ns)
         host = probe.dial_host(cfg.master_host)
-        assert got == (f"{host}:{cfg.master_port}", f"{host}:{cfg.master_metadata_port}")
+        if cfg.master_etcd_endpoints:  # HA mode: a standby serves only its metrics
+            assert got == (f"{host}:{cfg.master_metrics_port}",)
+        else:
+            assert got == (f"{host}:{cfg.master_port}", f"{host}:{cfg.master_metadata_port}")
 
 
 def _scrape_targets() -> dict[str, list[str]]:

@@ -87,7 +87,7 @@ def test_secrets_are_made_up_once_kept_and_given_ones_win(tmp_path: Path) -> Non
             given == grant("g" * 40, holder)
             and (tmp_path / f"{holder}/redis_password").read_text() == "pw"
         )
-    assert (tmp_path / "redis/redis.conf").read_text() == 'requirepass "pw"\n'
+    assert (tmp_path / "redis/redis.conf").read_text() == 'requirepass "pw"\nmasterauth "pw"\n'
     assert (tmp_path / "grafana/admin_password").read_text() == first["grafana/admin_password"]
     module.write(tmp_path, {"KVSERVE_GRAFANA_PASSWORD": "gp"})
     assert (tmp_path / "grafana/admin_password").read_text() == "gp"
@@ -103,7 +103,8 @@ def test_secrets_are_made_up_once_kept_and_given_ones_win(tmp_path: Path) -> Non
 
 
 def test_each_secret_is_mounted_only_where_it_is_read(secrets_roots: dict[str, Path]) -> None:
-    """Redis starts with its requirepass file and checks health with the password;
+    """Redis (primary and replica) starts with its requirepass and masterauth file and
+    checks health with the password, the Sentinels with their template holding it;
     redis_exporter and Prometheus read theirs by their own file settings; workers get a
     worker's grant and the Redis password, the router a router's grant, the password and
     the API keys, through deploy/with-secrets.sh; no service mounts the volume that holds
@@ -112,9 +113,13 @@ def test_each_secret_is_mounted_only_where_it_is_read(secrets_roots: dict[str, P
     redis = SERVICES["redis"]
     conf = secret_file(redis, redis["command"][1], root)
     password = secret_file(redis, f"{SECRETS_DIR}/redis/password", root)
-    assert conf == f'requirepass "{password}"\n' and "/run/kvserve/redis/password" in str(
-        redis["healthcheck"]["test"]
-    )
+    assert conf == f'requirepass "{password}"\nmasterauth "{password}"\n'
+    assert "/run/kvserve/redis/password" in str(redis["healthcheck"]["test"])
+    replica = SERVICES["redis-replica"]
+    assert secret_file(replica, replica["command"][1], root) == conf
+    sentinel = secret_file(SERVICES["sentinel-1"], f"{SECRETS_DIR}/redis/sentinel.conf", root)
+    assert f'sentinel auth-pass kvserve "{password}"' in sentinel
+    assert f'requirepass "{password}"' in sentinel
     exporter = SERVICES["redis-exporter"]
     assert password in secret_file(exporter, environment(exporter)["REDIS_PASSWORD_FILE"], root)
     readers: dict[str, set[str]] = {}
@@ -125,7 +130,7 @@ def test_each_secret_is_mounted_only_where_it_is_read(secrets_roots: dict[str, P
     assert readers == {
         "secrets-worker": {"prefill", "decode"},
         "secrets-router": {"router"},
-        "secrets-redis": {"redis"},
+        "secrets-redis": {"redis", "redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"},
         "secrets-exporter": {"redis-exporter"},
         "secrets-prometheus": {"prometheus"},
         "secrets-grafana": {"grafana"},
