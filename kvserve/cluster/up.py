@@ -67,9 +67,10 @@ def _announce(cluster: Cluster, seconds: float) -> None:
         plan = cluster.plan_of(name)
         metrics = f"  {plan.metrics_url}" if plan.metrics_port else ""
         lines.append(f"  {name:<12} {scheme}://{plan.address}{metrics}")
-    lines.append(f"  {'redis':<12} {spec.redis_config.url}")
+    lines.append(f"  {'redis':<12} {cluster.redis_url}")
     if cluster.master is not None:
-        lines.append(f"  {'pool master':<12} {cluster.master.rpc_address}")
+        ha = spec.pool_ha
+        lines.append(f"  {'pool master':<12} {ha.address if ha else cluster.master.rpc_address}")
     lines.append(f"  {'logs':<12} {cluster.log_dir}")
     lines.append(f"  {'secrets':<12} {SECRETS_NOTE}")
     message = {"role": "user", "content": "Hello!"}
