@@ -25,27 +25,18 @@ temporary folders), nginx is started in the foreground under
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from kvserve.cluster.health import http_ok
-from kvserve.cluster.processes import ManagedProcess
+from kvserve.cluster.processes import ManagedProcess, debian_binary
 
 FAIL_TIMEOUT_S = 2
 """How long an upstream that failed once is left out (nginx's ``fail_timeout``); then it is
 tried again by the next request that reaches it."""
 CONNECT_TIMEOUT_S = 2
 """How long nginx waits to connect to an upstream before trying the next one."""
-
-
-def nginx_binary() -> str:
-    """nginx's path; RuntimeError saying how to install it when there is none."""
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not Path(nginx).is_file():
-        raise RuntimeError("no nginx: install Debian's nginx-light (scripts/setup.sh does)")
-    return nginx
 
 
 def nginx_conf(folder: Path, host: str, port: int, upstreams: Sequence[str], user: str = "") -> str:
@@ -104,7 +95,13 @@ class Balancer:
         self.folder, self.url = folder, f"http://{host}:{port}"
         user = "root root" if os.geteuid() == 0 else ""  # else nginx would switch to nobody
         self._conf = nginx_conf(folder, host, port, upstreams, user)
-        argv = [nginx_binary(), "-c", str(folder / "nginx.conf"), "-p", str(folder)]
+        argv = [
+            debian_binary("nginx", "nginx-light"),
+            "-c",
+            str(folder / "nginx.conf"),
+            "-p",
+            str(folder),
+        ]
         self.process = ManagedProcess(name, argv, log_dir / f"{name}.log")
 
     def start(self) -> None:
@@ -114,8 +111,8 @@ class Balancer:
         self.process.start()
 
     def wait_ready(self, ready: str, timeout_s: float) -> None:
-        """Poll ``ready`` (a function of nothing, e.g. an HTTP check through the balancer)
-        until true; the process's failure (naming its log) when it exits or time runs out."""
+        """Poll the path ``ready`` through nginx until it answers 200; the process's failure
+        (naming its log) when it exits or ``timeout_s`` runs out."""
         deadline = time.monotonic() + timeout_s
         while not http_ok(self.url + ready, timeout=2.0):
             if not self.process.running or time.monotonic() > deadline:

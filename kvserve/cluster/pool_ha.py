@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import shutil
 import time
 import urllib.error
 import urllib.request
@@ -33,20 +32,13 @@ from pathlib import Path
 
 from kvpool.config import ETCD_SCHEME
 from kvpool.master import MasterConfig
-from kvserve.cluster.pool import MASTER, PoolService, master_command
+from kvserve.cluster.pool import MASTER, PoolService, pool_services
+from kvserve.cluster.processes import debian_binary
 
 ETCD_MEMBERS = 3
 """etcd members: a quorum of two survives one member's death."""
 VIEW_KEY = "mooncake-store/mooncake_cluster/master_view"
 """Where the leading master writes its RPC address (Mooncake's default cluster id)."""
-
-
-def etcd_binary() -> str:
-    """etcd's path; FileNotFoundError saying how to install it when there is none."""
-    found = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").is_file() else "")
-    if not found:
-        raise FileNotFoundError("no etcd: install Debian's etcd-server (scripts/setup.sh does)")
-    return found
 
 
 def ha_ports_needed(masters: int) -> int:
@@ -81,9 +73,14 @@ class PoolHA:
         return cls(cfg.master_host, etcd, ((cfg.master_port, cfg.master_metrics_port), *more))
 
     @property
+    def endpoints(self) -> str:
+        """Every etcd member's client address, ``;``-separated (the masters' flag)."""
+        return ";".join(f"{self.host}:{c}" for c, _ in self.etcd)
+
+    @property
     def address(self) -> str:
         """The masters' address for pool members: ``etcd://`` and every etcd member."""
-        return ETCD_SCHEME + ";".join(f"{self.host}:{c}" for c, _ in self.etcd)
+        return ETCD_SCHEME + self.endpoints
 
     @property
     def metrics_urls(self) -> str:
@@ -93,7 +90,7 @@ class PoolHA:
         client, peer = self.etcd[index]
         cluster = ",".join(f"etcd-{i}=http://{self.host}:{p}" for i, (_, p) in enumerate(self.etcd))
         return [
-            etcd_binary(),
+            debian_binary("etcd", "etcd-server"),
             f"--name=etcd-{index}",
             f"--data-dir={data_dir / f'etcd-{index}'}",
             f"--listen-client-urls=http://{self.host}:{client}",
@@ -106,27 +103,25 @@ class PoolHA:
             "--log-level=warn",
         ]
 
-    def master_command(self, cfg: MasterConfig, index: int) -> list[str]:
-        """One master in HA mode: the single master's flags on its own ports."""
+    def master_config(self, cfg: MasterConfig, index: int) -> MasterConfig:
+        """Master ``index``'s settings: ``cfg`` on its own ports, in HA mode over etcd."""
         rpc, metrics = self.masters[index]
-        endpoints = ";".join(f"{self.host}:{c}" for c, _ in self.etcd)
-        own = dataclasses.replace(
-            cfg, master_port=rpc, master_metrics_port=metrics, master_etcd_endpoints=endpoints
+        return dataclasses.replace(
+            cfg, master_port=rpc, master_metrics_port=metrics, master_etcd_endpoints=self.endpoints
         )
-        return master_command(own)
 
 
 def ha_services(cfg: MasterConfig, ha: PoolHA, data_dir: Path) -> tuple[PoolService, ...]:
-    """The etcd members, then the masters, in start order (a master's readiness is its
-    metrics port: a standby does not serve RPC)."""
+    """The etcd members, then the masters, in start order (each master as
+    :func:`~kvserve.cluster.pool.pool_services` runs one in HA mode, under its own name)."""
     etcd = tuple(
         PoolService(f"etcd-{i}", tuple(ha.etcd_command(i, data_dir)), ha.host, ports)
         for i, ports in enumerate(ha.etcd)
     )
     masters = tuple(
-        PoolService(name, tuple(ha.master_command(cfg, i)), ha.host, (ha.masters[i][1],))
+        dataclasses.replace(pool_services(ha.master_config(cfg, i))[0], name=name)
         for i, name in enumerate(master_names(len(ha.masters)))
-    )  # like pool_services' HA master, on its own ports
+    )
     return etcd + masters
 
 

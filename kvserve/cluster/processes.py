@@ -45,6 +45,24 @@ from typing import IO
 from workers.lifetime import die_with_parent
 
 
+class MissingBinaryError(FileNotFoundError, RuntimeError):
+    """A Debian package's program is not installed (both a FileNotFoundError and a
+    RuntimeError: callers of either kind catch it)."""
+
+
+def debian_binary(name: str, package: str) -> str:
+    """The path of program ``name`` (on ``PATH``, else in ``/usr/sbin`` or ``/usr/bin``,
+    where Debian's ``package`` puts it: a user's ``PATH`` may lack ``/usr/sbin``);
+    :class:`MissingBinaryError` saying how to install it otherwise."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin"])
+    found = shutil.which(name, path=search)
+    if not found:
+        raise MissingBinaryError(
+            f"{name} not found: install Debian's {package} (scripts/setup.sh does)"
+        )
+    return found
+
+
 def tail(path: Path, lines: int = 30) -> str:
     """The last ``lines`` lines of a log file ('' if it does not exist)."""
     try:

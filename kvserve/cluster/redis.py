@@ -11,7 +11,6 @@ from __future__ import annotations
 import ipaddress
 import re
 import secrets
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import redis
 
-from kvserve.cluster.processes import ManagedProcess, Readiness
+from kvserve.cluster.processes import ManagedProcess, Readiness, debian_binary
 from proto.registry import ClusterConfig, connect
 
 _REDIS_USER = re.compile(r"[A-Za-z0-9_.@-]+")
@@ -83,14 +82,7 @@ class RedisConfig:
 
 
 def redis_binary() -> str:
-    found = shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").is_file() else None
-    )
-    if not found:
-        raise FileNotFoundError(
-            "redis-server not found: run scripts/setup.sh (it installs Debian's redis-server)"
-        )
-    return found
+    return debian_binary("redis-server", "redis-server")
 
 
 def new_password() -> str:

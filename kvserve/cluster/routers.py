@@ -38,7 +38,7 @@ class Routers:
         managed: Callable[[ProcessPlan], ManagedProcess],
     ) -> None:
         self.url = url
-        self.urls = {p.name: f"http://{p.host}:{p.port}" for p in plans}
+        self.urls = {p.name: f"http://{p.address}" for p in plans}
         self._routers = {p.name: managed(p) for p in plans}
         self._balancer: Balancer | None = None
         if len(plans) > 1:

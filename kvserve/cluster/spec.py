@@ -155,12 +155,6 @@ class ClusterSpec:
         """The routers' names (:func:`.router_names.router_names`)."""
         return router_names(self.router_ports)
 
-    def router_urls(self) -> dict[str, str]:
-        """Each router's own URL, by name (the same as :attr:`router_url` for one)."""
-        ports = self.router_ports or (self.router_port,)
-        names = self.router_names()
-        return {n: f"http://{self.host_of(n)}:{p}" for n, p in zip(names, ports, strict=True)}
-
     def host_of(self, name: str) -> str:
         """The address process ``name`` binds to and advertises: its host's, else
         loopback for :data:`PRIVATE` ones, else :attr:`host`."""

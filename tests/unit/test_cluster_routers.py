@@ -33,7 +33,7 @@ def test_two_routers_each_on_its_port_behind_the_balancer() -> None:
     assert named["balancer"] == 8000 and "router" not in named
     assert (named["router-0"], named["router-1"]) == (8001, 8002)
     assert s.router_url == "http://127.0.0.1:8000"  # clients: the balancer
-    assert s.router_urls() == {
+    assert {r.name: f"http://{r.address}" for r in plan.routers} == {
         "router-0": "http://127.0.0.1:8001",
         "router-1": "http://127.0.0.1:8002",
     }
@@ -48,7 +48,7 @@ def test_one_router_is_router_on_router_port() -> None:
         8000,
         "router",
     )
-    assert s.router_urls() == {"router": "http://127.0.0.1:8000"}
+    assert f"http://{router.address}" == s.router_url == "http://127.0.0.1:8000"
     assert "balancer" not in s.process_names()
 
 

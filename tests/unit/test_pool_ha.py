@@ -11,7 +11,8 @@ import pytest
 
 from kvpool.config import PoolConfig, etcd_endpoints
 from kvpool.master import MasterConfig, master_stats_at
-from kvserve.cluster.pool_ha import PoolHA, ha_ports_needed, master_names
+from kvserve.cluster.pool import master_command, pool_services
+from kvserve.cluster.pool_ha import PoolHA, ha_ports_needed, ha_services, master_names
 from tests.http_stub import text_server
 from tests.unit.test_cluster_spec import flag, spec
 
@@ -34,10 +35,23 @@ def test_each_master_runs_in_ha_mode_on_its_ports() -> None:
     from pathlib import Path
 
     ha = PoolHA.of(MasterConfig(), 2, PORTS)
-    second = ha.master_command(MasterConfig(), 1)
+    second = master_command(ha.master_config(MasterConfig(), 1))
     assert "--enable_ha=true" in second and "--rpc_port=7007" in second
     assert "--metrics_port=7008" in second
     assert "--etcd_endpoints=127.0.0.1:7001;127.0.0.1:7003;127.0.0.1:7005" in second
+    services = ha_services(MasterConfig(), ha, Path("/d"))
+    assert [s.name for s in services] == [
+        "etcd-0", "etcd-1", "etcd-2", "mooncake_master", "mooncake_master-1",
+    ]  # fmt: skip
+    assert [s.ports for s in services] == [
+        (7001, 7002),
+        (7003, 7004),
+        (7005, 7006),
+        (9003,),
+        (7008,),
+    ]
+    (alone,) = pool_services(ha.master_config(MasterConfig(), 1))  # one master, as kvserve pool
+    assert services[-1].argv == alone.argv == tuple(second)
     etcd = ha.etcd_command(2, Path("/d"))
     assert "--name=etcd-2" in etcd and "--data-dir=/d/etcd-2" in etcd
     assert "--listen-client-urls=http://127.0.0.1:7005" in etcd
