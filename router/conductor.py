@@ -6,8 +6,9 @@ live worker, and answers a :class:`Placement`. The shared rules live in
 :meth:`Policy.place`; a policy only ranks candidates.
 
 Worker roles: ``prefill`` workers only prefill (then hand the KV over through the pool);
-``decode`` workers decode, and prefill short prompts themselves unless they are backed up
-with them (rule 4 of :class:`Policy`); ``mixed`` workers do the whole request by themselves
+``decode`` workers decode, prefill short prompts themselves unless they are backed up
+with them, and long ones only when the prefill workers are backed up (rule 4 of
+:class:`Policy`); ``mixed`` workers do the whole request by themselves
 and are used only when no decode worker is live.
 """
 
@@ -28,7 +29,9 @@ from router.placement import (
     WorkerLoad,
     handoff_s,
     predicted_ttft,
+    prefill_locally,
     prefill_remotely,
+    remote_ttft,
 )
 
 __all__ = [
@@ -40,7 +43,9 @@ __all__ = [
     "WorkerLoad",
     "handoff_s",
     "predicted_ttft",
+    "prefill_locally",
     "prefill_remotely",
+    "remote_ttft",
 ]
 
 OVERLAP_WEIGHT = 8.0
@@ -96,11 +101,13 @@ class Policy(ABC):
     4. a prompt whose uncached part on the first decode candidate
        (:meth:`PlacementRequest.uncached_on`: neither the pool nor that worker's local
        cache holds it) exceeds ``disagg_threshold_tokens`` is prefilled by a prefill
-       worker (the decode worker never runs a long prefill: steady inter-token
-       latency); a shorter one is prefilled locally by the first decode candidate unless a
-       prefill worker would give its first token sooner (:func:`prefill_remotely`: the
-       decode worker is backed up with prefills while a prefill worker idles, as in a burst
-       of prompts that share a pooled prefix);
+       worker unless the decode worker would give its first token sooner even counting
+       the stall its prefill causes the running decodes (:func:`prefill_locally`: the
+       prefill workers are backed up, as at saturation; never with a threshold of 0,
+       which always disaggregates); a shorter one is prefilled locally by the first decode
+       candidate unless a prefill worker would give its first token sooner
+       (:func:`prefill_remotely`: the decode worker is backed up with prefills while a
+       prefill worker idles, as in a burst of prompts that share a pooled prefix);
     5. :meth:`rank_decode` orders every decode candidate, best first (before rule 4,
        which needs the first one);
     6. :meth:`pick_prefill` chooses the prefill worker, when one is used.
@@ -122,12 +129,18 @@ class Policy(ABC):
         prefillers = [] if mixed else [w for w in live if w.role == "prefill"]
         ranked = self.rank_decode(request, candidates)
         prefill = None
-        if prefillers and (
-            request.uncached_on(ranked[0].worker_id) > self.disagg_threshold_tokens
-            or prefill_remotely(request, prefillers, ranked[0])
-        ):
+        if prefillers and self._disaggregate(request, prefillers, ranked[0]):
             prefill = self.pick_prefill(request, prefillers).worker_id
         return Placement(prefill, tuple(w.worker_id for w in ranked))
+
+    def _disaggregate(
+        self, request: PlacementRequest, prefillers: list[WorkerLoad], decoder: WorkerLoad
+    ) -> bool:
+        """Rule 4: whether a prefill worker prefills ``request`` rather than ``decoder``."""
+        threshold = self.disagg_threshold_tokens
+        if request.uncached_on(decoder.worker_id) > threshold:
+            return threshold == 0 or not prefill_locally(request, prefillers, decoder)
+        return prefill_remotely(request, prefillers, decoder)
 
     @abstractmethod
     def pick_prefill(self, request: PlacementRequest, candidates: list[WorkerLoad]) -> WorkerLoad:

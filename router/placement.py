@@ -3,8 +3,8 @@
 :class:`WorkerLoad` (a worker's latest load report), :class:`PlacementRequest` (a prompt and
 what the caches hold of it) and :class:`Placement` (the answer), with the seconds a
 placement is predicted to take (:func:`predicted_ttft`, :func:`handoff_s`,
-:func:`prefill_remotely`). The policies that use them are :mod:`router.conductor`, which
-re-exports every name here.
+:func:`remote_ttft`, :func:`prefill_remotely`, :func:`prefill_locally`). The policies that
+use them are :mod:`router.conductor`, which re-exports every name here.
 """
 
 from __future__ import annotations
@@ -122,6 +122,37 @@ def handoff_s(request: PlacementRequest, decoder: WorkerLoad) -> float:
     return HANDOFF_S + missing * decoder.fetch_s_per_token
 
 
+def remote_ttft(
+    request: PlacementRequest, prefillers: Sequence[WorkerLoad], decoder: WorkerLoad
+) -> float:
+    """Seconds until the first token if the soonest of ``prefillers`` prefills ``request``
+    and hands it to ``decoder`` (:func:`predicted_ttft` + :func:`handoff_s`)."""
+    return min(predicted_ttft(request, w) for w in prefillers) + handoff_s(request, decoder)
+
+
+def prefill_locally(
+    request: PlacementRequest, prefillers: Sequence[WorkerLoad], decoder: WorkerLoad
+) -> bool:
+    """Whether a long prompt (past the disaggregation threshold) should still be prefilled
+    by its decode worker: never while a prefill worker has nothing queued, so on an idle
+    cluster the decode worker never runs a long prefill (steady inter-token latency); else
+    true when ``decoder`` would give the first token sooner than the soonest of
+    ``prefillers`` plus the hand-off (:func:`remote_ttft`) even after paying its own
+    compute twice over, once for the request and once more for the decodes its prefill
+    stalls (:meth:`PlacementRequest.uncached_on` at its speed). Pure.
+
+    Once the prefill workers are backed up (a burst, saturation, or just a prompt arriving
+    while another computes) the decode worker takes prompts while its own queue plus the
+    prompt is shorter than theirs, and both kinds of worker prefill instead of the decode
+    workers' cores idling between steps. The pending placements of :mod:`router.pending`
+    are in the loads, so a burst splits between them."""
+    if any(w.queued_prefill_tokens == 0 for w in prefillers):
+        return False
+    own_compute = request.uncached_on(decoder.worker_id) / decoder.prefill_speed
+    local = predicted_ttft(request, decoder) + own_compute
+    return local < remote_ttft(request, prefillers, decoder)
+
+
 def prefill_remotely(
     request: PlacementRequest, prefillers: Sequence[WorkerLoad], decoder: WorkerLoad
 ) -> bool:
@@ -131,5 +162,4 @@ def prefill_remotely(
     the prefills queued on each); ties stay local. Pure; the pending placements of
     :mod:`router.pending` are in the loads, so a burst spreads over both instead of piling
     up on the decode worker."""
-    remote = min(predicted_ttft(request, w) for w in prefillers) + handoff_s(request, decoder)
-    return remote < predicted_ttft(request, decoder)
+    return remote_ttft(request, prefillers, decoder) < predicted_ttft(request, decoder)

@@ -171,7 +171,9 @@ class ModelRunner:
             context_lens=clens.to(to),
             query_starts=starts.to(to),
             num_decode=len(decodes),
-            num_paged=len(decodes) + len(paged),
+            # the native kernel attends a prompt's first chunk over the cache too (its K/V
+            # are written first), about twice as fast as SDPA on CPUs (docs/benchmarks.md 7)
+            num_paged=len(order) if self.native else len(decodes) + len(paged),
             query_lens=query_lens,
             context_lens_host=context_lens,
             block_tokens=bt,

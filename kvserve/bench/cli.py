@@ -43,6 +43,11 @@ BENCH = (
         "kvserve.bench.peer",
     ),
     Verb(
+        "ttft",
+        "where an idle cluster's first token goes: client TTFT against the worker calls",
+        "kvserve.bench.ttft",
+    ),
+    Verb(
         "trace",
         "prefix hit rate of a Mooncake trace: real pool vs LRU, local caches vs shared",
         "kvserve.bench.trace",

@@ -137,7 +137,10 @@ def test_the_threshold_counts_the_decode_workers_local_hits(policy: Policy) -> N
     # 2000 tokens, none pooled: 100 uncached on d, which holds 1900: d prefills them
     held = PlacementRequest(2000, local_tokens={"d": 1900})
     assert policy.place(held, [busy_p, d]) == Placement(None, ("d",))
-    assert policy.place(PlacementRequest(2000), [busy_p, d]) == Placement("p", ("d",))
+    # 2000 uncached on d: a prefill worker does it (an idle one: a backed-up one would
+    # leave it to d, :func:`router.placement.prefill_locally`)
+    idle_p = WorkerLoad("p", "prefill", prefill_tokens_per_s=SPEED)
+    assert policy.place(PlacementRequest(2000), [idle_p, d]) == Placement("p", ("d",))
 
 
 def burst(policy: CacheAwarePolicy, request: PlacementRequest, n: int) -> list[str]:

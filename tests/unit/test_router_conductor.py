@@ -18,7 +18,9 @@ from router.conductor import (
     handoff_s,
     make_policy,
     predicted_ttft,
+    prefill_locally,
     prefill_remotely,
+    remote_ttft,
 )
 
 P1 = WorkerLoad("p1", "prefill", queued_prefill_tokens=4000, prefill_tokens_per_s=1000.0)
@@ -68,8 +70,14 @@ def test_conditional_disaggregation_threshold() -> None:
     workers = [P1, P2, D1, D2]
     short = PlacementRequest(prompt_tokens=256)
     assert policy.place(short, workers) == Placement(None, ("d2", "d1"))
-    # 257 tokens: p1 4.257 s, p2 3.028 s
-    assert policy.place(PlacementRequest(prompt_tokens=257), workers) == Placement(
+    # 257 tokens, idle prefill workers: remote (p3, never measured: 0.1285 s + hand-off
+    # 0.0551 s, against 0.1285 s twice over locally)
+    long = PlacementRequest(prompt_tokens=257)
+    assert policy.place(long, [P3, D1, D2]) == Placement("p3", ("d2", "d1"))
+    # p1 4.257 s, p2 3.028 s: backed up, so the decode worker prefills it (0.257 s)
+    assert policy.place(long, workers) == Placement(None, ("d2", "d1"))
+    # ...never with a threshold of 0 (always disaggregate)
+    assert CacheAwarePolicy(disagg_threshold_tokens=0).place(long, workers) == Placement(
         "p2", ("d2", "d1")
     )
     cached = PlacementRequest(prompt_tokens=2000, pooled_tokens=1800)
@@ -106,6 +114,32 @@ def test_a_short_prompt_goes_remote_only_when_its_first_token_comes_sooner() -> 
     assert [p.prefill if p else None for p in picks] == ["p", "q", "p"]
     # ...and when every prefill worker is slower, the decode worker keeps it
     assert rr.place(short, [busy_p, busy_d]) == Placement(None, ("d",))
+
+
+def test_a_long_prompt_goes_local_only_when_the_prefill_workers_are_backed_up() -> None:
+    long = PlacementRequest(prompt_tokens=1000)
+    decoder = WorkerLoad("d", "decode", prefill_tokens_per_s=1000.0, free_pages=99)
+    # idle prefill worker: never, whatever the times (1.07 s remote, 2 s locally)
+    idle_p = WorkerLoad("p", "prefill", prefill_tokens_per_s=1000.0)
+    assert remote_ttft(long, [idle_p], decoder) == pytest.approx(1.0 + handoff_s(long, decoder))
+    fast_d = WorkerLoad("d", "decode", prefill_tokens_per_s=10**6, free_pages=99)
+    assert not prefill_locally(long, [idle_p], fast_d)
+    # 900 tokens queued there: 1.97 s remote, still not worth the stall (2 s locally)
+    queued = WorkerLoad("p", "prefill", prefill_tokens_per_s=1000.0, queued_prefill_tokens=900)
+    assert not prefill_locally(long, [queued], decoder)
+    # 1000 queued: 2.07 s
+    backed_up = WorkerLoad("p", "prefill", prefill_tokens_per_s=1000.0, queued_prefill_tokens=1000)
+    assert prefill_locally(long, [backed_up], decoder)
+    policy = CacheAwarePolicy(disagg_threshold_tokens=256)
+    assert policy.place(long, [backed_up, decoder]) == Placement(None, ("d",))
+    # ...unless another prefill worker is idle
+    idle_q = WorkerLoad("q", "prefill", prefill_tokens_per_s=1000.0)
+    assert policy.place(long, [backed_up, decoder, idle_q]) == Placement("q", ("d",))
+    # the decode worker's own queue counts: once it holds as much, the prefill worker wins
+    busy_d = WorkerLoad(
+        "d", "decode", prefill_tokens_per_s=1000.0, free_pages=99, queued_prefill_tokens=1000
+    )
+    assert policy.place(long, [backed_up, busy_d]) == Placement("p", ("d",))
 
 
 def test_no_prefill_worker_means_local_prefill() -> None:

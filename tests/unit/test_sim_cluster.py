@@ -98,7 +98,9 @@ def test_pool_hit_on_the_other_prefill_worker_counts_as_cached() -> None:
 
 
 def test_no_decode_pages_now_is_a_503_never_is_a_400_and_nothing_leaks() -> None:
-    c = SimCluster(engines("pd", blocks=12), make_policy("round_robin", 8), Timing(HOP))
+    # threshold 0: always disaggregated (a decode worker prefilling the second prompt
+    # itself, the prefill worker being busy, would queue it for pages instead)
+    c = SimCluster(engines("pd", blocks=12), make_policy("round_robin", 0), Timing(HOP))
     # 40 tokens + 8 generated need 12 pages of 4: the second finds none free
     big, never = list(range(100, 140)), list(range(100, 160))
     a, b, n = c.run([spec(0, big, 8), spec(1, [t + 1 for t in big], 8), spec(2, never, 2)])
