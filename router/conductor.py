@@ -103,8 +103,8 @@ class Policy(ABC):
        cache holds it) exceeds ``disagg_threshold_tokens`` is prefilled by a prefill
        worker unless the decode worker would give its first token sooner even counting
        the stall its prefill causes the running decodes (:func:`prefill_locally`: the
-       prefill workers are backed up, as at saturation; never with a threshold of 0,
-       which always disaggregates); a shorter one is prefilled locally by the first decode
+       prefill workers are backed up, as at saturation; never with a threshold of 0 or
+       less, which always disaggregates); a shorter one is prefilled locally by the first decode
        candidate unless a prefill worker would give its first token sooner
        (:func:`prefill_remotely`: the decode worker is backed up with prefills while a
        prefill worker idles, as in a burst of prompts that share a pooled prefix);
@@ -139,7 +139,7 @@ class Policy(ABC):
         """Rule 4: whether a prefill worker prefills ``request`` rather than ``decoder``."""
         threshold = self.disagg_threshold_tokens
         if request.uncached_on(decoder.worker_id) > threshold:
-            return threshold == 0 or not prefill_locally(request, prefillers, decoder)
+            return threshold <= 0 or not prefill_locally(request, prefillers, decoder)
         return prefill_remotely(request, prefillers, decoder)
 
     @abstractmethod

@@ -137,20 +137,21 @@ def prefill_locally(
     by its decode worker: never while a prefill worker has nothing queued, so on an idle
     cluster the decode worker never runs a long prefill (steady inter-token latency); else
     true when ``decoder`` would give the first token sooner than the soonest of
-    ``prefillers`` plus the hand-off (:func:`remote_ttft`) even after paying its own
-    compute twice over, once for the request and once more for the decodes its prefill
-    stalls (:meth:`PlacementRequest.uncached_on` at its speed). Pure.
+    ``prefillers`` (:func:`predicted_ttft`; the hand-off is not counted, so a short queue
+    never tips a small prompt over) even after paying its own compute twice over, once for
+    the request and once more for the decodes its prefill stalls
+    (:meth:`PlacementRequest.uncached_on` at its speed). Pure.
 
-    Once the prefill workers are backed up (a burst, saturation, or just a prompt arriving
-    while another computes) the decode worker takes prompts while its own queue plus the
-    prompt is shorter than theirs, and both kinds of worker prefill instead of the decode
-    workers' cores idling between steps. The pending placements of :mod:`router.pending`
-    are in the loads, so a burst splits between them."""
+    Once the prefill workers are backed up (a burst, saturation) the decode worker takes
+    prompts while its own queue plus the prompt is shorter than theirs less the prompt,
+    and both kinds of worker prefill instead of the decode workers' cores idling between
+    steps. The pending placements of :mod:`router.pending` are in the loads, so a burst
+    splits between them."""
     if any(w.queued_prefill_tokens == 0 for w in prefillers):
         return False
     own_compute = request.uncached_on(decoder.worker_id) / decoder.prefill_speed
     local = predicted_ttft(request, decoder) + own_compute
-    return local < remote_ttft(request, prefillers, decoder)
+    return local < min(predicted_ttft(request, w) for w in prefillers)
 
 
 def prefill_remotely(

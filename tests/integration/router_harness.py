@@ -254,8 +254,16 @@ class Harness:
             model_dir=str(self.model_dir), contract=STUB_CONTRACT, block_tokens=16,
             num_layers=2, max_model_len=self.max_model_len, started_at=now, heartbeat_at=now,
             load={"role": stub.role, "free_pages": stub.free_pages, "total_pages": 200,
-                  "queued_prefill_tokens": str(stub.free_pages // 10), **stub.load},  # uint64: text
+                  "queued_prefill_tokens": str(stub.free_pages // 10),  # uint64: text
+                  **self._speed(stub), **stub.load},
         )  # fmt: skip
+
+    @staticmethod
+    def _speed(stub: StubWorker) -> dict[str, float]:
+        """A prefill stub's prefill speed: a stub computes at once, so the work its reports
+        keep pending (they are never renewed) does not make it look backed up, and a prompt
+        over the threshold goes to it (:func:`router.placement.prefill_locally`)."""
+        return {"prefill_tokens_per_s": 1e9} if stub.role == "prefill" else {}
 
     def client(self, api_key: str | None = None) -> openai.OpenAI:
         base = f"http://127.0.0.1:{self.port}/v1"

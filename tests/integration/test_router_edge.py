@@ -204,7 +204,9 @@ def test_admission_refuses_a_late_first_token_with_retry_after(
     redis_url: str, default_model_dir: Path
 ) -> None:
     load = {"queued_prefill_tokens": "500", "prefill_tokens_per_s": 100.0}
-    stubs = [StubWorker("p1", "prefill", load=load), StubWorker("d1", "decode")]
+    # a decode stub this slow never takes the long prompts itself (prefill_locally)
+    slow = {"prefill_tokens_per_s": 10.0}
+    stubs = [StubWorker("p1", "prefill", load=load), StubWorker("d1", "decode", load=slow)]
     with Harness(redis_url, default_model_dir, stubs, {"admission_ttft_s": 10.0}) as h:
         _admission(h)
 

@@ -119,16 +119,16 @@ def test_a_short_prompt_goes_remote_only_when_its_first_token_comes_sooner() -> 
 def test_a_long_prompt_goes_local_only_when_the_prefill_workers_are_backed_up() -> None:
     long = PlacementRequest(prompt_tokens=1000)
     decoder = WorkerLoad("d", "decode", prefill_tokens_per_s=1000.0, free_pages=99)
-    # idle prefill worker: never, whatever the times (1.07 s remote, 2 s locally)
+    # idle prefill worker: never, whatever the times
     idle_p = WorkerLoad("p", "prefill", prefill_tokens_per_s=1000.0)
     assert remote_ttft(long, [idle_p], decoder) == pytest.approx(1.0 + handoff_s(long, decoder))
     fast_d = WorkerLoad("d", "decode", prefill_tokens_per_s=10**6, free_pages=99)
     assert not prefill_locally(long, [idle_p], fast_d)
-    # 900 tokens queued there: 1.97 s remote, still not worth the stall (2 s locally)
-    queued = WorkerLoad("p", "prefill", prefill_tokens_per_s=1000.0, queued_prefill_tokens=900)
+    # 1000 tokens queued there: 2 s, not less than 2 s locally (1 s + 1 s of stall)
+    queued = WorkerLoad("p", "prefill", prefill_tokens_per_s=1000.0, queued_prefill_tokens=1000)
     assert not prefill_locally(long, [queued], decoder)
-    # 1000 queued: 2.07 s
-    backed_up = WorkerLoad("p", "prefill", prefill_tokens_per_s=1000.0, queued_prefill_tokens=1000)
+    # 1100 queued: 2.1 s
+    backed_up = WorkerLoad("p", "prefill", prefill_tokens_per_s=1000.0, queued_prefill_tokens=1100)
     assert prefill_locally(long, [backed_up], decoder)
     policy = CacheAwarePolicy(disagg_threshold_tokens=256)
     assert policy.place(long, [backed_up, decoder]) == Placement(None, ("d",))
@@ -140,6 +140,10 @@ def test_a_long_prompt_goes_local_only_when_the_prefill_workers_are_backed_up() 
         "d", "decode", prefill_tokens_per_s=1000.0, free_pages=99, queued_prefill_tokens=1000
     )
     assert policy.place(long, [backed_up, busy_d]) == Placement("p", ("d",))
+    # a threshold of 0 or less always disaggregates
+    for threshold in (0, -1):
+        always = CacheAwarePolicy(disagg_threshold_tokens=threshold)
+        assert always.place(long, [backed_up, decoder]) == Placement("p", ("d",))
 
 
 def test_no_prefill_worker_means_local_prefill() -> None:
