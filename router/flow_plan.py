@@ -140,7 +140,8 @@ class Planner:
             usable = chain.usable(len(prompt))
             local = self._index.local_tokens(usable, chain.block_tokens)
         key = affinity_key(chain.hashes) if chain is not None else None
-        request = PlacementRequest(len(prompt), pooled, local, key)
+        pages = chain.block_tokens if chain is not None else 0
+        request = PlacementRequest(len(prompt), pooled, local, key, pages)
         loads = self.pending.apply([w.load() for w in live])
         placement = self.policy.place(request, loads)
         if placement is None:

@@ -70,6 +70,8 @@ class PlacementRequest:
     pooled_tokens: int = 0
     local_tokens: Mapping[str, int] = field(default_factory=dict)
     prefix_key: int | None = None
+    block_tokens: int = 0
+    """Tokens per KV page, for the pages the prompt needs (0: unknown)."""
 
     @property
     def uncached_tokens(self) -> int:
@@ -136,7 +138,9 @@ def prefill_locally(
     """Whether a long prompt (past the disaggregation threshold) should still be prefilled
     by its decode worker: never while a prefill worker has nothing queued, so on an idle
     cluster the decode worker never runs a long prefill (steady inter-token latency); else
-    true when ``decoder`` would give the first token sooner than the soonest of
+    nor while ``decoder`` lacks the free pages for the prompt (it would queue it; the
+    hand-off's reservation waits its turn instead); else true when ``decoder`` would give
+    the first token sooner than the soonest of
     ``prefillers`` (:func:`predicted_ttft`; the hand-off is not counted, so a short queue
     never tips a small prompt over) even after paying its own compute twice over, once for
     the request and once more for the decodes its prefill stalls
@@ -149,6 +153,8 @@ def prefill_locally(
     splits between them."""
     if any(w.queued_prefill_tokens == 0 for w in prefillers):
         return False
+    if request.block_tokens and decoder.free_pages * request.block_tokens < request.prompt_tokens:
+        return False  # it could not hold the prompt now: the hand-off waits for pages instead
     own_compute = request.uncached_on(decoder.worker_id) / decoder.prefill_speed
     local = predicted_ttft(request, decoder) + own_compute
     return local < min(predicted_ttft(request, w) for w in prefillers)

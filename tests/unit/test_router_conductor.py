@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from router.conductor import (
@@ -140,6 +142,10 @@ def test_a_long_prompt_goes_local_only_when_the_prefill_workers_are_backed_up() 
         "d", "decode", prefill_tokens_per_s=1000.0, free_pages=99, queued_prefill_tokens=1000
     )
     assert policy.place(long, [backed_up, busy_d]) == Placement("p", ("d",))
+    # a decode worker without the free pages for the prompt does not take it
+    paged = PlacementRequest(prompt_tokens=1000, block_tokens=16)  # 63 pages
+    assert prefill_locally(paged, [backed_up], replace(decoder, free_pages=63))
+    assert not prefill_locally(paged, [backed_up], replace(decoder, free_pages=62))
     # a threshold of 0 or less always disaggregates
     for threshold in (0, -1):
         always = CacheAwarePolicy(disagg_threshold_tokens=threshold)
