@@ -155,6 +155,7 @@ def engine_floor(engine: EngineConfig, prompts: list[list[int]]) -> float:
     pool (ms, median): what the compute alone takes."""
     import torch
 
+    from kvserve.bench.handoff import run_until_first
     from workers.engine import Engine
     from workers.sequence import SamplingParams
 
@@ -165,8 +166,7 @@ def engine_floor(engine: EngineConfig, prompts: list[list[int]]) -> float:
     for prompt in prompts:
         rid = local.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
         begin = time.perf_counter()
-        while not any(out.request_id == rid for out in local.step()):
-            pass
+        run_until_first(local, rid)
         seconds.append(time.perf_counter() - begin)
     return ms(seconds[1:])
 
