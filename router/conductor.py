@@ -48,27 +48,22 @@ __all__ = [
     "remote_ttft",
 ]
 
-OVERLAP_WEIGHT = 8.0
+OVERLAP_WEIGHT = 4.0
 """Seconds of prefill queue that one second of prefill saved by a worker's local cache
-(beyond the pool) outweighs, over what it saves the request itself
-(:meth:`CacheAwarePolicy.prefill_cost`).
+(beyond the pool and the other candidates) outweighs, over what it saves the request
+itself (:meth:`CacheAwarePolicy.prefill_cost`). Measured with :data:`HOME_SLACK` over a
+trace set (issue 37; the command and whole table in docs/benchmarks.md, section 4.3):
+``cache_aware+events`` on the Mooncake trace and generated chats, long chats and tool
+agents, at 2, 4 and 8 workers and 4k, 10k, 30k blocks, chosen by the worst point
+(:func:`kvserve.bench.tracesweep.choose`): local hits at least 0.95 of a shared pool's and
+TTFT p90 within 2% of round_robin's at every point, then the largest worst ratio, over the
+set and Mooncake's published conversation trace together: 4 (worst 0.951 there, 0.956 on
+the set); 2 is best on the set alone but keeps 0.939 on that trace, 8 herds tool agents
+onto their system prompts' holders (0.905, TTFT p90 1.66x round_robin's)."""
 
-Measured with :data:`HOME_SLACK` by ``kvserve bench trace --sweep-overlap-weights 4 8 16
---sweep-home-slacks 1 1.25 1.5 2`` (docs/benchmarks.md, section 4, has the whole table):
-``cache_aware+events`` local hits over shared hits at 2 and 4 workers and 1k, 4k, 10k, 30k
-blocks, 50k prefill tokens/s per worker. Rule: among the pairs whose ratio reaches 0.95
-(issue 19's target) at every point, whose TTFT p90 is within 1% of round_robin's at every
-point, and which do not herd (a burst of 50 requests of one prefix, 3/4 held by one of two
-workers, spills onto the other: ``test_the_default_weights_do_not_herd_a_burst``), the
-largest mean ratio over the 8 points. Chosen (8, 1.5): mean 0.991, least 0.954 (1k blocks,
-4 workers), TTFT p90 0.2% above round_robin's at that point (0.843 s against 0.841 s) and
-below it at the others. Slack 1 and 1.25 keep p90 at or below round_robin's but reach only
-0.941-0.948 at 1k blocks with 4 workers; slack 2 queues 4-5% more than round_robin there;
-weight 16 (mean 0.993) piles the whole burst on the holder."""
-
-HOME_SLACK = 1.5
+HOME_SLACK = 0.25
 """How far above the cheapest a candidate's prefill cost may be and still count as
-comparably loaded (so the one with most local overlap, then the prefix's rendezvous home,
+comparably loaded (so the one with most local overlap, then the prompt's rendezvous home,
 is preferred), in units of the request's own prefill time on the cheapest candidate
 (``prompt_tokens / prefill_speed``): a share of the request, so the same value holds on
 any hardware and model (measured with :data:`OVERLAP_WEIGHT`)."""
@@ -83,9 +78,6 @@ see the load side. The live run (``kvserve bench compare --workload conversation
 SmolLM2, 2 mixed workers, one run each) does: weight 8 piled conversations on their
 holders (TTFT p50 / p90 2.21 / 9.24 s, 39% of prompt tokens computed, against
 least_loaded's 2.08 / 6.19 s and 33%), weight 2 did not (1.61 / 6.55 s, 29% computed)."""
-
-AFFINITY_BLOCKS = 1
-"""The block whose name is a prompt's :func:`affinity_key` (1: the first block)."""
 
 
 class Policy(ABC):
@@ -204,10 +196,12 @@ class LeastLoadedPolicy(Policy):
 
 
 def affinity_key(chain: Sequence[int]) -> int | None:
-    """A prompt's :attr:`PlacementRequest.prefix_key`: the name of its block number
-    :data:`AFFINITY_BLOCKS` (or of its last one when shorter) in its chain of block names
-    (:mod:`kvpool.hashing`); None for a prompt without a full block."""
-    return chain[min(len(chain), AFFINITY_BLOCKS) - 1] if chain else None
+    """A prompt's :attr:`PlacementRequest.prefix_key`: the name of the last block of its
+    chain of block names (:mod:`kvpool.hashing`), naming the whole prompt up to there; None
+    without a full block. Not a leading block, which a system prompt or a template makes
+    alike in nearly every prompt, sending all cold prompts to one home (issue 37); a prefix
+    seen before is found by the local hints (``local_tokens``), not by the key."""
+    return chain[-1] if chain else None
 
 
 def rendezvous(key: int, worker_id: str) -> int:
@@ -232,12 +226,15 @@ class CacheAwarePolicy(Policy):
     """Placement by locality weighed against load (weights: :class:`LocalityWeights`).
 
     Prefill: each candidate costs :meth:`prefill_cost` seconds (its predicted first token
-    minus ``overlap`` times the prefill its local cache saves). With a ``prefix_key``, the
-    candidates within ``home_slack`` of the cheapest (times the request's own prefill time)
-    are the comparably loaded ones;
-    among them the one holding most of the prompt locally wins, then the prefix's
-    rendezvous home (:func:`rendezvous`): a prefix cached nowhere goes where it will go
-    next time. Without a key, the cheapest (first by worker id on ties).
+    minus ``overlap`` times the prefill that only its local cache saves:
+    :meth:`own_tokens`). With a ``prefix_key``, the candidates within ``home_slack`` of
+    the cheapest (times the request's own prefill time) are the comparably loaded ones;
+    among them the one with most own tokens wins, then the key's rendezvous home
+    (:func:`rendezvous`; the key is the prompt's own, :func:`affinity_key`): prompts cached
+    nowhere spread by a stable hash, the same prompt again goes where it went. A prefix
+    that two candidates hold (a system prompt, a template) thus pulls to neither, so a
+    worker that lacks it is not passed over for it and comes to hold it too (issue 37).
+    Without a key, the cheapest (first by worker id on ties).
 
     Decode: ascending :meth:`decode_cost` (running + waiting requests minus
     ``decode_overlap`` per whole prompt held locally: the conversation's earlier turns),
@@ -254,18 +251,29 @@ class CacheAwarePolicy(Policy):
         super().__init__(disagg_threshold_tokens)
         self.weights = weights or LocalityWeights()
 
-    def prefill_cost(self, request: PlacementRequest, worker: WorkerLoad) -> float:
-        """``predicted_ttft - overlap * beyond_pool / prefill_speed``, in seconds, where
-        ``beyond_pool`` is the prompt tokens its local cache holds and the pool does not
-        (what any other worker would have to compute)."""
-        beyond_pool = max(0, request.local_on(worker.worker_id) - request.pooled_tokens)
-        return (
-            predicted_ttft(request, worker)
-            - self.weights.overlap * beyond_pool / worker.prefill_speed
+    @staticmethod
+    def own_tokens(
+        request: PlacementRequest, worker: WorkerLoad, others: Sequence[WorkerLoad] = ()
+    ) -> int:
+        """Leading prompt tokens the local cache of ``worker`` holds beyond the pool and
+        beyond the most any of ``others`` holds (itself among them is ignored): what no other
+        candidate would save."""
+        elsewhere = (
+            request.local_on(w.worker_id) for w in others if w.worker_id != worker.worker_id
         )
+        floor = max(request.pooled_tokens, *elsewhere, 0)
+        return max(0, request.local_on(worker.worker_id) - floor)
+
+    def prefill_cost(
+        self, request: PlacementRequest, worker: WorkerLoad, others: Sequence[WorkerLoad] = ()
+    ) -> float:
+        """``predicted_ttft - overlap * own / prefill_speed``, in seconds, where ``own`` is
+        :meth:`own_tokens` against ``others`` (what only its local cache saves)."""
+        own = self.own_tokens(request, worker, others)
+        return predicted_ttft(request, worker) - self.weights.overlap * own / worker.prefill_speed
 
     def pick_prefill(self, request: PlacementRequest, candidates: list[WorkerLoad]) -> WorkerLoad:
-        costs = [self.prefill_cost(request, w) for w in candidates]
+        costs = [self.prefill_cost(request, w, candidates) for w in candidates]
         best = min(costs)
         key = request.prefix_key
         if key is None:
@@ -274,7 +282,11 @@ class CacheAwarePolicy(Policy):
         bar = best + self.weights.home_slack * request.prompt_tokens / cheapest.prefill_speed
         near = [w for w, cost in zip(candidates, costs, strict=True) if cost <= bar]
         return max(
-            near, key=lambda w: (request.local_on(w.worker_id), rendezvous(key, w.worker_id))
+            near,
+            key=lambda w: (
+                self.own_tokens(request, w, candidates),
+                rendezvous(key, w.worker_id),
+            ),
         )
 
     def decode_cost(self, request: PlacementRequest, worker: WorkerLoad) -> float:

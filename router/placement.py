@@ -64,7 +64,8 @@ class PlacementRequest:
     """``pooled_tokens``: leading prompt tokens the pool holds; ``local_tokens``: per
     worker id, leading prompt tokens that worker's own prefix cache holds (hints);
     ``prefix_key``: the prompt's :func:`affinity_key` (None: no full block), which
-    :class:`CacheAwarePolicy` hashes to send a prefix where it went before."""
+    :class:`CacheAwarePolicy` hashes to spread prompts cached nowhere and to send the same
+    prompt again where it went before."""
 
     prompt_tokens: int
     pooled_tokens: int = 0

@@ -1,7 +1,9 @@
 """``kvserve bench trace``: prefix hit rates of a Mooncake-format trace, without a model.
 
-1. Read the trace (``--trace``, at most ``--max-requests``) and name every block in the
-   pool's key space (:func:`kvserve.bench.tracesim.block_chain`).
+1. Read the trace (``--trace``), or the traces of ``--traces`` (a trace set:
+   :mod:`kvserve.bench.traceset`, generated shapes :mod:`kvserve.bench.tracegen`), at most
+   ``--max-requests`` each, and name every block in the pool's key space
+   (:func:`kvserve.bench.tracesim.block_chain`). Every step below runs on each trace.
 2. Per capacity (``--capacities``, in blocks): an offline exact LRU replay (the baseline),
    an offline leaf-first LRU (evicting only chain tails) and, unless ``--no-pool``, replays
    through a real ``mooncake_master`` holding that many blocks, once per ``--evictions``:
@@ -11,10 +13,12 @@
 3. Per capacity C, worker count N (``--workers``) and router policy (``--policies``): N
    prefill workers with local caches of C/N blocks against one shared cache of C blocks,
    requests placed by ``router.conductor`` (:mod:`kvserve.bench.tracecluster`), each also
-   decoded on one of N decode workers with local caches of C/N blocks.
+   decoded on one of N decode workers with local caches of C/N blocks; then per policy its
+   worst point over every trace and point against ``round_robin`` (``policy_worst``).
 4. With ``--sweep-overlap-weights`` and ``--sweep-home-slacks`` (and/or
    ``--sweep-decode-weights``): the sweep that measures ``cache_aware``'s locality weights
-   (:mod:`kvserve.bench.tracesweep`) over the same capacities and worker counts.
+   (:mod:`kvserve.bench.tracesweep`) over the same traces, capacities and worker counts,
+   choosing by the worst point.
 5. Print one JSON object; with ``--out``, also PNG plots (:mod:`.trace_plot`).
 
 Headline: the real pool's token hit rate over the offline LRU's, the lowest over every
@@ -31,10 +35,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvpool.config import EVICTION
-from kvserve.bench.tracecluster import EVENTS_SUFFIX, HINT_SUFFIX, ClusterSettings, cluster_replay
+from kvserve.bench.tracecluster import EVENTS_SUFFIX, HINT_SUFFIX, ClusterSettings
 from kvserve.bench.traceevents import EventTiming
-from kvserve.bench.tracesim import BLOCK_TOKENS, block_chain, load_trace, lru_replay
-from kvserve.bench.tracesweep import ratio, sweep_rows
+from kvserve.bench.tracepolicies import SESSION_POLICIES
+from kvserve.bench.traceset import Trace, capacity_rows, cluster_row, load_traces
+from kvserve.bench.tracesim import BLOCK_TOKENS
+from kvserve.bench.tracesweep import SWEEP_POLICY, policy_worst, ratio, sweep_rows
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.report import emit, log
 from kvserve.settings import BENCH_ENV, add_config_args, setting
@@ -47,9 +53,13 @@ POLICIES = (
     "cache_aware" + HINT_SUFFIX,
     "cache_aware" + EVENTS_SUFFIX,
 )
-UNBOUNDED = 1 << 62
-POOL_ROWS = {"master": "pool", "chain": "pool_chain"}
-"""The row key of each eviction's real-pool replay."""
+"""The policies replayed by default."""
+ALL_POLICIES = (
+    *POLICIES,
+    *(name + suffix for name in SESSION_POLICIES for suffix in ("", EVENTS_SUFFIX)),
+)
+"""Every policy ``--policies`` and ``--sweep-policies`` take: also the session policies of
+:mod:`kvserve.bench.tracepolicies` (``+events``: with the same hints as ``cache_aware``)."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +67,11 @@ class TraceBenchConfig:
     """The trace, pool and cluster of ``kvserve bench trace``.
 
     - ``trace``: Mooncake-format JSON lines, plain or .gz (default: the shipped Mooncake
-      trace);
-    - ``max_requests``: requests replayed (0: the whole trace);
+      trace), replayed when ``traces`` is empty;
+    - ``traces``: the traces to replay, each named ``mooncake``, a generated shape
+      (``chat``, ``conv-short``, ``conv-long``, ``agent``), a file, or ``set`` for all of
+      ``mooncake chat conv-short conv-long agent`` (:mod:`kvserve.bench.traceset`);
+    - ``max_requests``: requests replayed of each trace (0: all);
     - ``capacities``: cache capacities, in blocks;
     - ``block_bytes``: bytes of each pool object of a block;
     - ``layers``: layer objects per block besides its meta object;
@@ -81,15 +94,18 @@ class TraceBenchConfig:
       index after the prefill that computed their blocks ends;
     - ``sweep_overlap_weights`` / ``sweep_home_slacks``: the grid of ``cache_aware``'s
       prefill weights to sweep (both needed; empty: no sweep);
+    - ``sweep_policies``: the policies whose weights are swept (``overlap`` applies to
+      ``cache_aware`` only, ``home_slack`` to every one: home_spill's spill threshold);
     - ``sweep_decode_weights``: ``cache_aware``'s decode weights to sweep (empty: none);
     - ``ssd_fraction``: also replay DRAM only against DRAM + SSD on a DRAM tier that holds
       this share of the working set (:mod:`kvserve.bench.tracessd`; 0: not run);
-    - ``seed``: seed of the random policy;
+    - ``seed``: seed of the random policy and of the generated traces;
     - ``out``: folder for PNG plots.
     """
 
     env_prefix: ClassVar[str] = BENCH_ENV
     trace: Path = SHIPPED
+    traces: list[str] = setting([])
     max_requests: int = 0
     capacities: list[int] = setting([1000, 4000, 16000])
     block_bytes: int = 65536
@@ -101,12 +117,13 @@ class TraceBenchConfig:
     evict_at: float = 0.85
     pool: bool = True
     workers: list[int] = setting([2, 4])
-    policies: list[str] = setting(list(POLICIES), choices=POLICIES)
+    policies: list[str] = setting(list(POLICIES), choices=ALL_POLICIES)
     prefill_tokens_per_s: float = 50000.0
     decode_s_per_token: float = 0.03
     event_lag_s: float = 0.0
     sweep_overlap_weights: list[float] = setting([])
     sweep_home_slacks: list[float] = setting([])
+    sweep_policies: list[str] = setting([SWEEP_POLICY], choices=ALL_POLICIES)
     sweep_decode_weights: list[float] = setting([])
     ssd_fraction: float = 0.0
     seed: int = 0
@@ -125,55 +142,43 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError("prefill-tokens-per-s must be positive, decode and lag times >= 0")
     if bool(args.sweep_overlap_weights) != bool(args.sweep_home_slacks):
         raise ValueError("sweep-overlap-weights and sweep-home-slacks go together")
-    if not args.trace.is_file():
+    if not args.traces and not args.trace.is_file():
         raise FileNotFoundError(f"trace {args.trace} not found")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by ``args`` (see :func:`add_arguments`); returns 0."""
     _validate(args)
-    requests = load_trace(args.trace, args.max_requests or None)
-    chains = [block_chain(r.hash_ids) for r in requests]
-    log(f"trace: {len(requests)} requests, {sum(map(len, chains))} blocks")
+    traces = load_traces(
+        args.traces, args.trace, args.max_requests, args.seed, args.decode_s_per_token
+    )
     capacities = sorted(set(args.capacities))
-    ceiling, _ = lru_replay(requests, chains, UNBOUNDED)
-    rows: list[dict[str, Any]] = [{"section": "ceiling", "lru": ceiling.row()}]
+    rows: list[dict[str, Any]] = []
+    lru_rate: dict[tuple[str, int], float] = {}
     replays = _replay_settings(args) if args.pool else []
-    lru_rate: dict[int, float] = {}
-    for capacity in capacities:
-        lru, _ = lru_replay(requests, chains, capacity)
-        leaf, _ = lru_replay(requests, chains, capacity, leaf_first=True)
-        lru_rate[capacity] = lru.token_hit_rate
-        row: dict[str, Any] = {"section": "capacity", "capacity_blocks": capacity}
-        row["lru"] = lru.row()
-        row["leaf_lru"] = leaf.row()
-        row["leaf_lru_vs_lru_tokens"] = ratio(leaf.token_hit_rate, lru.token_hit_rate)
-        for settings in replays:
-            from kvserve.bench.tracepool import pool_replay
-
-            replay = pool_replay(requests, chains, capacity, settings, Path(tempfile.gettempdir()))
-            name = POOL_ROWS[settings.eviction]
-            row[name] = replay.row(settings)
-            row[f"{name}_vs_lru_tokens"] = ratio(replay.hits.token_hit_rate, lru.token_hit_rate)
-        log(f"capacity {capacity}: {row}")
-        rows.append(row)
+    for trace in traces:
+        log(f"trace {trace.name}: {len(trace.requests)} requests")
+        rows += capacity_rows(trace, capacities, replays, lru_rate)
     model = _cluster_settings(args)
     points = list(itertools.product(capacities, sorted(set(args.workers))))
-    for capacity, workers in points:
-        for policy in args.policies:
-            rows.append(_cluster_row(model, requests, chains, capacity, workers, policy))
-            rows[-1]["lru_token_hit_rate"] = round(lru_rate[capacity], 4)
-            log(f"cluster: {rows[-1]}")
+    for trace, (capacity, workers), policy in itertools.product(traces, points, args.policies):
+        rows.append(cluster_row(trace, capacity, workers, policy, model))
+        rows[-1]["lru_token_hit_rate"] = round(lru_rate[trace.name, capacity], 4)
+        log(f"cluster: {rows[-1]}")
+    rows += policy_worst(rows)
     grid = list(itertools.product(args.sweep_overlap_weights, args.sweep_home_slacks))
     if grid or args.sweep_decode_weights:
-        rows += sweep_rows(requests, chains, points, grid, args.sweep_decode_weights, model)
+        rows += sweep_rows(
+            traces, points, args.sweep_policies, grid, args.sweep_decode_weights, model
+        )
     headline = _headline(rows)
     if args.ssd_fraction:
         from kvserve.bench.tracessd import ssd_headline, ssd_rows
 
-        rows += ssd_rows(requests, chains, args, Path(tempfile.gettempdir()))
+        first = traces[0]
+        rows += ssd_rows(first.requests, first.chains, args, Path(tempfile.gettempdir()))
         headline = ssd_headline(rows)
-    emit("trace", _conditions(args, len(requests), capacities), rows, headline)
+    emit("trace", _conditions(args, traces, capacities), rows, headline)
     if args.out is not None:
         from kvserve.bench.trace_plot import plot
 
@@ -208,32 +213,13 @@ def _cluster_settings(args: argparse.Namespace) -> ClusterSettings:
     )
 
 
-def _cluster_row(
-    model: ClusterSettings,
-    requests: list[Any],
-    chains: list[list[int]],
-    capacity: int,
-    workers: int,
-    policy: str,
+def _conditions(
+    args: argparse.Namespace, traces: list[Trace], capacities: list[int]
 ) -> dict[str, Any]:
-    local = cluster_replay(requests, chains, workers, capacity, policy, False, model)
-    shared = cluster_replay(requests, chains, workers, capacity, policy, True, model)
     return {
-        "section": "cluster",
-        "capacity_blocks": capacity,
-        "workers": workers,
-        "local_blocks_per_worker": capacity // workers,
-        "policy": policy,
-        "local_vs_shared_tokens": ratio(local.hits.token_hit_rate, shared.hits.token_hit_rate),
-        **local.row("_local"),
-        **{k: v for k, v in shared.row("_shared").items() if "decode" not in k},
-    }
-
-
-def _conditions(args: argparse.Namespace, n: int, capacities: list[int]) -> dict[str, Any]:
-    return {
-        "trace": str(args.trace),
-        "requests": n,
+        "requests": sum(len(t.requests) for t in traces),
+        "traces": {t.name: {"requests": len(t.requests), **t.source} for t in traces},
+        "max_requests": args.max_requests,
         "capacities_blocks": capacities,
         "block_tokens": BLOCK_TOKENS,
         "block_bytes": args.block_bytes,
@@ -253,6 +239,7 @@ def _conditions(args: argparse.Namespace, n: int, capacities: list[int]) -> dict
         "decode_s_per_token": args.decode_s_per_token,
         "event_lag_s": args.event_lag_s,
         "seed": args.seed,
+        "sweep_policies": args.sweep_policies,
         "ssd_fraction": args.ssd_fraction,
         "repetitions": 1,
         "keys": "PrefixHasher.block(parent, [trace hash id]) chained from the unsalted root "
@@ -280,6 +267,7 @@ def _headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
         worst = min(caps, key=lambda r: r[f"{name}_vs_lru_tokens"] or 0.0)
         value = worst[name]["token_hit_rate"]
     lru = worst["lru"]["token_hit_rate"]
+    locality = [r for r in rows if r["section"] == "policy_worst" and r["policy"] == SWEEP_POLICY]
     return {
         "metric": "real-pool prefix hit rate (tokens) / offline LRU of the same capacity, "
         "the lowest over the capacities",
@@ -289,4 +277,5 @@ def _headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "baseline": lru,
         "ratio": ratio(value, lru) if value is not None else None,
         "target": 1.0,
+        "locality": locality[0] if locality else None,
     }

@@ -24,13 +24,16 @@ Row = dict[str, Any]
 
 
 def plot(rows: Sequence[Row], out: Path) -> list[Path]:
-    """Write both plots of ``rows`` into ``out``; the files written (none without
-    matplotlib, which is logged)."""
+    """Write both plots of ``rows`` (those of their first trace, when they are of several:
+    ``--traces``) into ``out``; the files written (none without matplotlib, which is
+    logged)."""
     try:
         pyplot()
     except ImportError:
         log("plots skipped: matplotlib is not installed")
         return []
+    first = rows[0].get("trace") if rows else None
+    rows = [r for r in rows if r.get("trace", first) == first]
     files = [hit_rate_vs_capacity([r for r in rows if r["section"] == "capacity"], out)]
     cluster = [r for r in rows if r["section"] == "cluster"]
     if cluster:

@@ -3,9 +3,10 @@ real placement policies, replayed over a trace without running any model. Pure.
 
 Each worker's cache is the engine's own :class:`~workers.block_pool.BlockPool` (refcounts,
 LRU free list, hash index; :class:`~kvserve.bench.traceworkers.SimWorker`); placement is
-:mod:`router.conductor`'s ``Policy.place`` with the loads of a simple queue model (see
-:func:`cluster_replay`). Block hashes and hit semantics are those of
-:mod:`kvserve.bench.tracesim`.
+:mod:`router.conductor`'s policies (``pick_prefill`` and ``rank_decode``: every request
+to a prefill worker) with the loads of a simple queue model (see :func:`cluster_replay`),
+or a session policy of :mod:`kvserve.bench.tracepolicies`. Block hashes and hit
+semantics are those of :mod:`kvserve.bench.tracesim`.
 
 A policy name may carry a suffix saying where the policy's local-cache hints
 (``PlacementRequest.local_tokens``) come from: :data:`HINT_SUFFIX`, the caches themselves
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.bench.traceevents import EventFeed, EventTiming
+from kvserve.bench.tracepolicies import SESSION_POLICIES, SessionPolicy, session_key
 from kvserve.bench.tracesim import HitCount, TraceRequest
 from kvserve.bench.traceworkers import SimWorker
 from router.conductor import (
@@ -65,7 +67,11 @@ class ClusterSettings:
     weights: LocalityWeights | None = None
 
     def policy(self, name: str) -> Policy:
-        """The conductor policy ``name`` (no suffix), every request to a prefill worker."""
+        """The policy ``name`` (no suffix): a conductor policy, or one of
+        :data:`~kvserve.bench.tracepolicies.SESSION_POLICIES` (with ``weights``, as
+        ``cache_aware``)."""
+        if name in SESSION_POLICIES:
+            return SESSION_POLICIES[name](disagg_threshold_tokens=-1, weights=self.weights)
         if name == "cache_aware" and self.weights is not None:
             return CacheAwarePolicy(disagg_threshold_tokens=-1, weights=self.weights)
         return make_policy(name, disagg_threshold_tokens=-1, seed=self.seed)
@@ -97,9 +103,9 @@ class ClusterResult:
             f"token_hit_rate{suffix}": round(self.hits.token_hit_rate, 4),
             f"block_hit_rate{suffix}": round(self.hits.block_hit_rate, 4),
             f"requests_per_worker{suffix}": self.per_worker,
-            f"model_ttft_s_p50{suffix}": round(p50, 3),
-            f"model_ttft_s_p90{suffix}": round(p90, 3),
-            f"model_ttft_s_mean{suffix}": round(statistics.fmean(self.ttft_s or [0.0]), 3),
+            f"model_ttft_s_p50{suffix}": round(p50, 4),
+            f"model_ttft_s_p90{suffix}": round(p90, 4),
+            f"model_ttft_s_mean{suffix}": round(statistics.fmean(self.ttft_s or [0.0]), 4),
             f"decode_token_hit_rate{suffix}": round(self.decode_hits.token_hit_rate, 4),
             f"requests_per_decoder{suffix}": self.per_decoder,
             f"peak_decoding_per_decoder{suffix}": self.peak_decoding,
@@ -133,11 +139,12 @@ def cluster_replay(
     worker holds the prompt's pages from arrival until ``output_length *
     decode_s_per_token`` after the prefill ends. The loads the policy sees are those at
     arrival time; the request's ``prefix_key`` is :func:`router.conductor.affinity_key`
-    of its chain.
+    of its chain (for a session policy, its :func:`~.tracepolicies.session_key`).
     """
     settings = settings or ClusterSettings()
     base, hints = split_policy(policy)
     conductor = settings.policy(base)
+    by_session = isinstance(conductor, SessionPolicy)
     speed = settings.prefill_tokens_per_s
     common = BlockPool(capacity) if shared else None
     local_pages = max(1, capacity // workers)
@@ -147,7 +154,6 @@ def cluster_replay(
     ]
     decoders = [SimWorker(f"decode-{i}", "decode", BlockPool(local_pages)) for i in range(workers)]
     sims = prefillers + decoders
-    by_id = {w.worker_id: w for w in sims}
     hinted = bool(hints) and not shared
     feed = EventFeed(sims, settings.timing) if hinted and hints == EVENTS_SUFFIX else None
     result = ClusterResult(HitCount(), [], [])
@@ -166,11 +172,9 @@ def cluster_replay(
             prompt_tokens=request.input_length,
             pooled_tokens=tokens[prefillers[0].hits(chain)] if shared else 0,
             local_tokens=local,
-            prefix_key=affinity_key(chain),
+            prefix_key=session_key(request, chain) if by_session else affinity_key(chain),
         )
-        placement = conductor.place(placement_request, [w.load(now, speed) for w in sims])
-        assert placement is not None and placement.prefill is not None, placement
-        prefiller, decoder = by_id[placement.prefill], by_id[placement.decode[0]]
+        prefiller, decoder = _place(conductor, placement_request, sims, now, speed)
         hits = prefiller.hits(chain)
         result.hits.add(request, hits)
         pages = prefiller.admit(chain, hits)
@@ -190,3 +194,17 @@ def cluster_replay(
     result.per_decoder = [w.requests for w in decoders]
     result.peak_decoding = [w.peak_running for w in decoders]
     return result
+
+
+def _place(
+    policy: Policy, request: PlacementRequest, sims: Sequence[SimWorker], now: float, speed: float
+) -> tuple[SimWorker, SimWorker]:
+    """The prefill and decode workers ``policy`` chooses for ``request`` among ``sims`` at
+    ``now``: its own :meth:`~router.conductor.Policy.pick_prefill` and the first of its
+    :meth:`~router.conductor.Policy.rank_decode`, each over its role's workers sorted by id
+    (every request to a prefill worker, whatever rule 4 of ``Policy.place`` would say)."""
+    by_id = {w.worker_id: w for w in sims}
+    loads = sorted((w.load(now, speed) for w in sims), key=lambda w: w.worker_id)
+    prefill = policy.pick_prefill(request, [w for w in loads if w.role == "prefill"])
+    decode = policy.rank_decode(request, [w for w in loads if w.role == "decode"])[0]
+    return by_id[prefill.worker_id], by_id[decode.worker_id]

@@ -43,7 +43,11 @@ TRACE_HASHER = PrefixHasher(TRACE_NAMESPACE, root_key=b"kvserve trace replay (pu
 
 @dataclass(frozen=True)
 class TraceRequest(TraceEntry):
-    """A trace line whose hash ids are 512-token blocks (checked on construction)."""
+    """A trace line whose hash ids are 512-token blocks (checked on construction);
+    ``session``: the session it belongs to where the trace knows it (a generated trace:
+    :mod:`kvserve.bench.tracegen`), else -1 (a Mooncake trace names none)."""
+
+    session: int = -1
 
     def __post_init__(self) -> None:
         need = -(-self.input_length // BLOCK_TOKENS)

@@ -90,7 +90,9 @@ def test_cli_prints_one_json_object(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert set(out) == {"bench", "conditions", "results", "headline"}
     assert out["bench"] == "trace" and out["conditions"]["requests"] == 60
     sections = [r["section"] for r in out["results"]]
-    assert sections == ["ceiling", "capacity", "capacity"] + ["cluster"] * 12
+    assert sections == ["ceiling", "capacity", "capacity"] + ["cluster"] * 12 + [
+        "policy_worst"
+    ] * len(trace.POLICIES)
     small, top = out["results"][1:3]
     for name in ("pool", "pool_chain", "leaf_lru"):
         assert top[name]["token_hit_rate"] == top["lru"]["token_hit_rate"]  # nothing evicted

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.conductor import (
-    AFFINITY_BLOCKS,
     DECODE_OVERLAP_WEIGHT,
     HOME_SLACK,
     OVERLAP_WEIGHT,
@@ -45,11 +44,13 @@ def test_defaults_are_the_constants() -> None:
     assert CacheAwarePolicy().weights == LocalityWeights()
 
 
-def test_affinity_key_is_a_leading_block_name() -> None:
+def test_affinity_key_is_the_last_block_name() -> None:
+    """The whole prompt's name: prompts that share only a system prompt (their first
+    blocks) get different keys, so different homes (issue 37)."""
     assert affinity_key([]) is None
     assert affinity_key([11]) == 11
-    chain = list(range(100, 100 + AFFINITY_BLOCKS + 3))
-    assert affinity_key(chain) == chain[AFFINITY_BLOCKS - 1]
+    assert affinity_key([11, 12, 13]) == 13
+    assert affinity_key([11, 12, 14]) != affinity_key([11, 12, 13])
 
 
 def test_rendezvous_is_a_fixed_hash_of_key_and_worker() -> None:
@@ -109,6 +110,32 @@ def test_overlap_beats_the_home_and_load_up_to_its_weight() -> None:
     # within the slack, more overlap wins over the home
     slack = CacheAwarePolicy(weights=replace(W, home_slack=5.0))
     assert slack.pick_prefill(req, [queued(A, 0), queued(B, 4000)]).worker_id == "b"
+
+
+def test_own_tokens_are_what_no_other_candidate_holds() -> None:
+    req = PlacementRequest(4000, pooled_tokens=500, local_tokens={"a": 3000, "b": 1000})
+    c = WorkerLoad("c", "prefill", prefill_tokens_per_s=SPEED)
+    own = CacheAwarePolicy.own_tokens
+    assert [own(req, w, [A, B, c]) for w in (A, B, c)] == [2000, 0, 0]
+    assert own(req, B, [B, c]) == 500  # alone with c: beyond the pool only
+    assert own(req, A) == 2500  # no others given: beyond the pool (prefill_cost's default)
+    tie = PlacementRequest(4000, local_tokens={"a": 3000, "b": 3000})
+    assert own(tie, A, [A, B]) == own(tie, B, [A, B]) == 0
+
+
+def test_a_prefix_two_workers_hold_pulls_to_neither() -> None:
+    """A short prefix every busy worker holds (a system prompt) does not keep the prompt off
+    the worker that lacks it: among comparably loaded candidates the key's home wins, and a
+    worker that never held it is not starved (issue 37)."""
+    c = WorkerLoad("c", "prefill", prefill_tokens_per_s=SPEED)
+    key = next(k for k in range(1000) if max("abc", key=lambda w: rendezvous(k, w)) == "c")
+    req = PlacementRequest(4000, local_tokens={"a": 200, "b": 200}, prefix_key=key)
+    policy = CacheAwarePolicy(weights=LocalityWeights(4.0, 0.25, 2.0))
+    assert policy.pick_prefill(req, [A, B, c]).worker_id == "c"
+    held = replace(req, local_tokens={"a": 200})  # a alone holds it: a saves 0.2 s more
+    assert policy.pick_prefill(held, [A, B, c]).worker_id == "a"
+    deeper = replace(req, local_tokens={"a": 3000, "b": 200})  # a conversation's history
+    assert policy.pick_prefill(deeper, [queued(A, 3000), B, c]).worker_id == "a"
 
 
 def test_decode_cost_weighs_the_local_share_against_running_requests() -> None:
@@ -211,7 +238,7 @@ def test_the_choice_is_within_the_slack_of_the_cheapest(
     req = replace(req, prefix_key=key)
     policy = CacheAwarePolicy(weights=LocalityWeights(overlap, slack, 0.0))
     chosen = policy.pick_prefill(req, workers)
-    costs = [policy.prefill_cost(req, w) for w in workers]
+    costs = [policy.prefill_cost(req, w, workers) for w in workers]
     bar = slack * 8000 / SPEED if key is not None else 0.0  # in prefills of the request
     assert policy.prefill_cost(req, chosen) <= min(costs) + bar
     if key is None:
