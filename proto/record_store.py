@@ -16,7 +16,10 @@ Reading a record (:func:`open_record`) checks, in this order: the size
 names; a failure raises :class:`RecordError` (``reason`` :data:`FORGED` or
 :data:`MALFORMED`). :func:`read_workers` never raises for a bad value: it returns it as a
 :class:`Rejection`. A MAC stops every lie about a record's content; it cannot stop a
-writer of Redis from deleting a record or putting back an older one of the same key.
+writer of Redis from deleting a record or putting back an older one of the same key. The
+age check of :func:`read_workers` (its ``max_age_s``: the router passes the liveness
+window) bounds the second: a record put back is believed at most that long after the
+heartbeat it carries.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +38,7 @@ import redis
 from proto.records import (
     FORGED,
     MALFORMED,
+    STALE,
     TEXT_BOUNDS,
     RecordError,
     WorkerRecord,
@@ -203,11 +208,21 @@ class Listing:
     rejected: list[Rejection]
 
 
-def read_workers(client: redis.Redis, keys: Keys) -> Listing:
-    """Every live worker record that :func:`open_record` accepts; every other value under
-    the workers' key pattern comes back as a :class:`Rejection`, never raised. Redis
-    failures propagate."""
+def read_workers(
+    client: redis.Redis, keys: Keys, max_age_s: float | None = None, now: float | None = None
+) -> Listing:
+    """Every live worker record that :func:`open_record` accepts and, with ``max_age_s``,
+    whose ``heartbeat_at`` is at most that many seconds before ``now`` (default
+    ``time.time()``); every other value under the workers' key pattern comes back as a
+    :class:`Rejection` (an authentic record too old: :data:`STALE`), never raised. Redis
+    failures propagate.
+
+    The age check stops a writer of Redis from putting back a record that a worker wrote
+    long ago, without a TTL, to keep a departed worker's address in routing (the MAC proves
+    who wrote a record, not when it was read). It compares clocks of two machines: their
+    skew must stay well under ``max_age_s`` (NTP keeps it to milliseconds)."""
     listing = Listing([], [])
+    oldest = None if max_age_s is None else (time.time() if now is None else now) - max_age_s
     names = sorted(client.scan_iter(match=keys.workers_pattern, count=256))
     if not names:
         return listing
@@ -216,9 +231,19 @@ def read_workers(client: redis.Redis, keys: Keys) -> Listing:
             continue
         key = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
         try:
-            listing.records.append(open_record(keys, key, raw))
+            record = open_record(keys, key, raw)
         except RecordError as exc:
             listing.rejected.append(Rejection(key[:200], exc.reason, str(exc)))
+            continue
+        if oldest is not None and record.heartbeat_at < oldest:
+            age = oldest + (max_age_s or 0.0) - record.heartbeat_at
+            why = (
+                f"its heartbeat is {age:.1f} s old, past the {max_age_s:g} s liveness window "
+                "(an old record put back, or this host's clock behind the worker's)"
+            )
+            listing.rejected.append(Rejection(key[:200], STALE, why))
+            continue
+        listing.records.append(record)
     return listing
 
 

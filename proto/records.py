@@ -27,6 +27,9 @@ FORGED = "mac"
 """:attr:`RecordError.reason` of a value with no MAC or one that does not verify."""
 MALFORMED = "invalid"
 """:attr:`RecordError.reason` of a value that is not a well-formed record (or contract)."""
+STALE = "stale"
+"""The reason a reader refuses an authentic record whose heartbeat is older than its
+liveness window (:func:`proto.record_store.read_workers`): an old record put back."""
 
 MAX_MODEL_LEN = 1 << 24
 """Bound of ``max_model_len`` (16 Mi tokens: above every model's context, 10M included)."""

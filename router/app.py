@@ -5,10 +5,12 @@ Lifecycle of an app from :func:`create_app`:
 1. lifespan start: the :class:`RouterService` joins the pool for lookups (optional),
    starts watching the worker registry and (``--controller``) the P:D ratio controller;
 2. per request: a client's ``X-Request-Id`` is kept and echoed on every response
-   (:mod:`router.request_ids`); with ``--api-key``, the key is checked first (401,
+   (:mod:`router.request_ids`); the ``Host`` header must name an address the router
+   serves (400, :mod:`router.edge`); with ``--api-key``, the key is checked next (401,
    :mod:`router.auth`; every route but ``/health``, the OpenAPI docs included); then the
-   route of its family (:mod:`router.routes`). A generation request is read (413 past
-   ``max_body_bytes``) and parsed (400), then :mod:`router.prepare` checks everything else
+   route of its family (:mod:`router.routes`). A generation request is read (415 unless
+   its ``Content-Type`` is ``application/json``, 413 past ``max_body_bytes``) and parsed
+   (400), then :mod:`router.prepare` checks everything else
    in one place (fields, model, tokenization, vocabulary, length: 400, 404, 503) before any
    worker is called; then it is placed (429 from admission control, :mod:`router.admission`)
    under the request's cache salt (its tenant's, with ``--isolate-tenants``, and its
@@ -45,6 +47,7 @@ from proto.registry import ClusterConfig
 from router import openapi
 from router.auth import ApiKeyMiddleware
 from router.config import RouterConfig
+from router.edge import HostCheckMiddleware
 from router.errors import APIError
 from router.request_ids import RequestIdMiddleware
 from router.routes.generation import generation_routes
@@ -107,6 +110,8 @@ def create_app(router: RouterConfig, cluster: ClusterConfig, pool: PoolConfig) -
     keys = router.api_keys
     if keys.enabled:
         app.add_middleware(ApiKeyMiddleware, keys=keys, on_reject=service.metrics.auth_failures.inc)
+    refused = service.metrics.host_refusals.inc
+    app.add_middleware(HostCheckMiddleware, hosts=router.served_hosts, on_reject=refused)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(RouterHeaderMiddleware, router_id=service.router_id)  # the outermost
     openapi.install(app, secured=keys.enabled)

@@ -3,8 +3,10 @@
 Contract:
 
 1. ``--api-key`` is empty (no authentication) or one or several comma-separated entries;
-   an entry is a key, or ``tenant=key`` to name the key's tenant (a bare key's tenant is
-   unnamed, ``""``). The first ``=`` ends the tenant name, so a key that itself contains
+   an entry is a key, or ``tenant=key`` to name the key's tenant. A bare key is a tenant
+   of its own (:func:`bare_key_tenant`: no two keys share it, no named tenant is spelled
+   so); keys that are to share a prefix cache on purpose are given one tenant name
+   (``team=key1,team=key2``). The first ``=`` ends the tenant name, so a key that itself contains
    ``=`` (padded base64) must be written with its tenant. Tenant names are 1-64 of
    ``A-Z a-z 0-9 _ . -``; keys are visible ASCII without ``,``; a key may appear once.
 2. With keys, every HTTP request except ``GET /health`` (load-balancer probes) and the
@@ -71,7 +73,7 @@ class ApiKeys:
         return frozenset(tenant for _, tenant in self.entries)
 
     def tenant_of(self, token: str | None) -> str | None:
-        """The tenant of ``token`` (``""``: unnamed), or None when it matches no key.
+        """The tenant of ``token``, or None when it matches no key.
 
         Every configured key is compared, whatever matched before (constant time)."""
         presented = _digest(token or "")
@@ -80,6 +82,14 @@ class ApiKeys:
             if hmac.compare_digest(presented, digest):
                 found = tenant
         return found
+
+
+def bare_key_tenant(digest: bytes) -> str:
+    """The tenant of a key given without one, from its SHA-256 ``digest``: ``~`` and 16 hex
+    digits (a character no tenant name holds, so it is never a named tenant's; the key is
+    not recoverable from it). Its own, so that one key holder's ``cached_tokens`` tell
+    nothing of another's prompts (with :attr:`RouterConfig.isolate_tenants`)."""
+    return "~" + digest.hex()[:16]
 
 
 def parse_api_keys(text: str) -> ApiKeys:
@@ -103,7 +113,8 @@ def parse_api_keys(text: str) -> ApiKeys:
         if key in seen:
             raise ValueError(f"api_key entry {n} repeats an earlier key")
         seen.add(key)
-        entries.append((_digest(key), tenant))
+        digest = _digest(key)
+        entries.append((digest, tenant or bare_key_tenant(digest)))
     return ApiKeys(tuple(entries))
 
 
@@ -160,24 +171,26 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or not self.keys.enabled or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        tenant = self.keys.tenant_of(bearer_token(_header(scope, b"authorization")))
+        tenant = self.keys.tenant_of(bearer_token(header_of(scope, b"authorization")))
         if tenant is None:
             if self.on_reject is not None:
                 self.on_reject()
-            await _send_error(send, unauthorized())
+            await send_error(send, unauthorized())
             return
         scope["state"] = {**scope.get("state", {}), TENANT_STATE: tenant}
         await self.app(scope, receive, send)
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def header_of(scope: Scope, name: bytes) -> str | None:
+    """The value of header ``name`` (lower case) in an ASGI ``scope``, or None."""
     for key, value in scope.get("headers", ()):
         if key.lower() == name:
             return bytes(value).decode("latin-1")
     return None
 
 
-async def _send_error(send: Send, err: APIError) -> None:
+async def send_error(send: Send, err: APIError) -> None:
+    """Answer ``err`` in OpenAI's error format on a raw ASGI ``send``."""
     body = json.dumps(err.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode("latin-1")) for k, v in err.headers.items()]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from proto.limits import MAX_LEASE_S
 from router.auth import ApiKeys, parse_api_keys
+from router.edge import check_allowed_hosts, served_hosts
 from router.ratio_config import RatioConfig
 
 POLICIES = ("random", "round_robin", "least_loaded", "cache_aware")
@@ -33,6 +34,12 @@ class RouterConfig:
     """How the router serves and places requests.
 
     - ``router_host`` / ``router_port``: where the OpenAI-compatible HTTP API listens.
+    - ``allowed_hosts``: comma-separated names (or addresses) clients reach this router by,
+      besides ``router_host`` and the loopback names; ``*``: any. A request whose ``Host``
+      header names none of them gets 400 (:mod:`router.edge`: a web page that rebinds its
+      own name to this machine cannot drive it). Bound to every interface (``0.0.0.0``),
+      the router cannot know its names and takes any ``Host`` unless this lists them: list
+      them there.
     - ``router_id``: this router's name among the cluster's routers: 1-64 letters, digits
       and ``_.:-``; empty = ``<hostname>:<router_port>``
       (:meth:`RouterConfig.resolved_router_id`). Every response carries it (header
@@ -90,9 +97,11 @@ class RouterConfig:
       ``tenant=key``, and every route but ``/health`` needs ``Authorization: Bearer <key>``
       (:mod:`router.auth`). Prefer the environment (``KVSERVE_API_KEY``) to the flag, which
       other users can read in the process list; the key is never printed (``repr=False``).
-    - ``isolate_tenants``: the prefix cache of a named tenant is its own: its tenant name
+    - ``isolate_tenants``: the prefix cache of a tenant is its own (a key given without a
+      tenant is a tenant of its own: :func:`router.auth.bare_key_tenant`): its tenant name
       salts the pool keys of its requests (with the request's ``cache_salt``), so that no
-      other tenant can hit its prefixes, nor learn their presence from a faster first token.
+      other tenant can hit its prefixes, nor learn their presence from ``cached_tokens`` or
+      a faster first token. Keys meant to share a cache are given one tenant name.
     - ``admission_ttft_s``: refuse (HTTP 429 with ``Retry-After``) a request whose predicted
       time to first token, queue included, exceeds this (:mod:`router.admission`); 0 = off.
       Default off: the prediction divides by each worker's measured prefill speed, a
@@ -107,6 +116,7 @@ class RouterConfig:
     router_host: str = "127.0.0.1"
     router_port: int = 8000
     router_id: str = ""
+    allowed_hosts: str = ""
     policy: str = field(default="cache_aware", metadata={"choices": POLICIES})
     disagg_threshold_tokens: int = 256
     reserve_lease_s: float = 30.0
@@ -139,6 +149,7 @@ class RouterConfig:
                 f"router_id must be 1-{ROUTER_ID_MAX} letters, digits and _.:- "
                 f"(empty: <hostname>:<router_port>), got {self.router_id!r}"
             )
+        check_allowed_hosts(self.allowed_hosts)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.disagg_threshold_tokens < 0:
@@ -169,6 +180,11 @@ class RouterConfig:
         _ = self.api_keys  # raises, without the key, when malformed
         if not self.admission_ttft_s >= 0:
             raise ValueError("admission_ttft_s must be >= 0 seconds (0 = no admission control)")
+
+    @property
+    def served_hosts(self) -> frozenset[str] | None:
+        """The ``Host`` names this router answers (None: any), :func:`router.edge.served_hosts`."""
+        return served_hosts(self.router_host, self.allowed_hosts)
 
     @property
     def api_keys(self) -> ApiKeys:

@@ -7,9 +7,10 @@ its own queues, pages and pool health on its ``/metrics`` (:mod:`workers.metrics
 so every series has one source.
 
 Ours: ``kvserve:requests_total{status}`` counts every API request by how it ended (``ok``,
-``error``, ``timeout``, ``cancelled``; ``rejected``: refused before it ran, 400, 404, 413,
+``error``, ``timeout``, ``cancelled``; ``rejected``: refused before it ran, 400, 404, 413, 415,
 429, 503); ``kvserve:admission_rejections_total`` the 429s of admission control, by worker;
-``kvserve:auth_failures_total`` the 401s of any route (no API key, or a wrong one). KV
+``kvserve:auth_failures_total`` the 401s of any route (no API key, or a wrong one);
+``kvserve:host_refusals_total`` the 400s for a ``Host`` the router does not serve. KV
 moved through the pool: ``kvserve:kv_transfer_bytes_total`` / ``_seconds_total`` by
 ``direction`` (``write``: a prefill's KV into the pool; ``read``: a decode worker's from
 it). Decode memory: ``kvserve:requests_waiting_for_kv`` the requests waiting now in the
@@ -72,9 +73,14 @@ class RouterMetrics:
             f"{OURS}auth_failures", "HTTP requests refused (401) for a missing or wrong API key",
             registry=r,
         )  # fmt: skip
+        self.host_refusals = Counter(
+            f"{OURS}host_refusals", "HTTP requests refused (400) for a Host header naming no "
+            "address this router serves (--allowed-hosts)", registry=r,
+        )  # fmt: skip
         self.registry_rejections = Counter(
             f"{OURS}registry_rejected_records", "Worker records read from Redis and refused, "
-            "by reason (mac: not written with the cluster secret; invalid: out of the schema)",
+            "by reason (mac: not written with the cluster secret; invalid: out of the schema; "
+            "stale: a heartbeat older than the liveness window)",
             ("reason",), registry=r,
         )  # fmt: skip
         self.kv_waiting = Gauge(

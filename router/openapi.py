@@ -29,10 +29,11 @@ SECURITY_SCHEME = "apiKey"
 
 ERRORS = {
     400: "Invalid request (bad JSON, wrong types, values out of range, unsupported "
-    "features, prompt + output over the context length)",
+    "features, prompt + output over the context length; a Host this router does not serve)",
     401: "Missing or wrong API key (only when the router has API keys)",
     404: "Unknown model, or unknown path",
     413: "Request body over --max-body-bytes",
+    415: "Request body not sent as Content-Type: application/json",
     429: "Admission control: the first token is predicted too late; retry after Retry-After",
     500: "Internal error",
     502: "A worker answered badly",
@@ -54,7 +55,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     TokenizeRequest,
     DetokenizeRequest,
 )
-GENERATION_ERRORS = (400, 404, 413, 429, 500, 502, 503, 504)
+GENERATION_ERRORS = (400, 404, 413, 415, 429, 500, 502, 503, 504)
 
 
 class ErrorDetail(BaseModel):

@@ -7,14 +7,16 @@ Lifecycle of :class:`WorkerView`:
 2. each poll reads every record (``proto.registry.read_workers``, in a thread: redis-py's
    blocking client, from ``proto.registry.connect`` with the cluster's credentials; a
    refused or failed read is logged and the last view kept). Only records whose MAC
-   verifies with the cluster secret and whose fields pass the schema enter the view
+   verifies with the cluster secret, whose fields pass the schema and whose heartbeat is
+   within ``heartbeat_ttl_s`` of this host's clock enter the view
    (:mod:`proto.record_store`); the others are logged, at most once a minute each
    (:class:`proto.registry.RejectLog`), and handed to ``on_reject`` (the router counts
-   them), so a record forged or changed in Redis routes nothing. It opens one ``grpc.aio``
-   channel + stub per new worker address, and a new one when another process serves at a
-   known address (its ``started_at`` changed) (``proto.channels.channel``: TLS per the
-   cluster's settings, and keepalive pings that fail every call to a frozen worker with
-   UNAVAILABLE within about ``peer_timeout_s``); a flow whose call failed UNAVAILABLE asks
+   them), so a record forged, changed or put back from long ago in Redis routes nothing.
+   It opens one ``grpc.aio`` channel + stub per new worker address, and a new one when
+   another process serves at a known address (its ``started_at`` changed)
+   (``proto.channels.channel``: TLS per the cluster's settings, and keepalive pings that
+   fail every call to a frozen worker with UNAVAILABLE within about ``peer_timeout_s``);
+   a flow whose call failed UNAVAILABLE asks
    :meth:`WorkerView.renewed` for a restarted worker's new channel at once, without waiting
    for the next poll (one poll runs at a time: :meth:`WorkerView.refresh`);
 3. :meth:`live` gives the workers heard from within ``heartbeat_ttl_s``: in the registry,
@@ -193,7 +195,9 @@ class WorkerView:
         drop out once unheard for ``heartbeat_ttl_s``.
         """
         try:
-            listing = await asyncio.to_thread(read_workers, self._redis, self._keys)
+            listing = await asyncio.to_thread(
+                read_workers, self._redis, self._keys, self._cluster.heartbeat_ttl_s
+            )
         except redis.RedisError as exc:
             log.warning("worker registry unreadable: %s", explain(self._cluster, exc))
             records = await self._probe_known()

@@ -12,6 +12,8 @@ What the configuration (:func:`nginx_conf`) promises a client:
   next one: nginx passes a request on only while nothing of it was sent upstream, so a POST
   is never sent twice; a request already answered in part by an upstream that then dies is
   cut (the client sees its connection end: "lost", not retried);
+- the client's ``Host`` header reaches the upstream as sent (routers check it against the
+  names they serve, :mod:`router.edge`);
 - every answer carries ``X-Kvserve-Upstream``: the address(es) nginx tried, in order
   (also on nginx's own 502/504), so a client can tell which router a lost request was on.
 
@@ -68,6 +70,7 @@ http {{
       proxy_pass http://servers;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
+      proxy_set_header Host $http_host;
       proxy_buffering off;
       proxy_connect_timeout {CONNECT_TIMEOUT_S}s;
       proxy_next_upstream error timeout;

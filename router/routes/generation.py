@@ -1,6 +1,7 @@
 """``POST /v1/completions`` and ``POST /v1/chat/completions``: the request path.
 
-Each route, in order: reads the body (:func:`read_body`, 413 past ``max_body_bytes``),
+Each route, in order: reads the body (:func:`read_body`: 415 unless it is JSON, 413 past
+``max_body_bytes``),
 parses it (:func:`router.openai_parse.parse_request`, 400), has :mod:`router.prepare`
 check and tokenize it (every other refusal: 400, 404, 503), and :func:`answer`\\ s it:
 placed and run by :meth:`RouterService.run` (429, 503), then sent whole as JSON or
@@ -19,6 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from router import openapi
 from router.admitted import AdmittedRequest
+from router.edge import require_json
 from router.errors import APIError
 from router.openai_models import ChatCompletionRequest, CompletionRequest
 from router.openai_parse import parse_request
@@ -65,7 +67,10 @@ def generation_routes(service: RouterService, secured: bool) -> APIRouter:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body; 413 once it exceeds ``limit`` bytes (declared or actual)."""
+    """The request body; 415 unless it is declared ``application/json``
+    (:func:`router.edge.require_json`), 413 once it exceeds ``limit`` bytes (declared or
+    actual)."""
+    require_json(request.headers.get("content-type"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)

@@ -25,7 +25,7 @@ from router.routes.generation import read_body
 from router.service import RouterService
 from router.token_models import DetokenizeRequest, TokenizeRequest
 
-TOKEN_ERRORS = (400, 404, 413, 503)
+TOKEN_ERRORS = (400, 404, 413, 415, 503)
 JSON_OK = {"application/json": {"schema": {"type": "object"}}}
 
 

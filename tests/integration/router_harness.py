@@ -6,15 +6,17 @@ they answer each token's in the shape a worker must (:func:`stub_logprob`). They
 (method, request id); the verbs in ``refusing`` answer UNAVAILABLE, as a draining worker's;
 ``refuse`` and ``too_big`` make ``Reserve`` answer "no free pages now" and "can never fit".
 :class:`Harness` runs them and the router (uvicorn) on one event loop in a thread,
-registered in a real Redis; everything binds 127.0.0.1 only. A stub's ``load`` fields
-join its registered load report (e.g. ``prefill_tokens_per_s``); the harness's
-``router_options`` override its :class:`RouterConfig` (``api_key``: then :meth:`client` and
-:meth:`get` send the first key unless told otherwise); the stubs register ``max_model_len``.
+registered in a real Redis (beating every ``heartbeat_s``, as workers do); everything
+binds 127.0.0.1 only. A stub's ``load`` fields join its registered load report (e.g.
+``prefill_tokens_per_s``); the harness's ``router_options`` override its
+:class:`RouterConfig` (``api_key``: then :meth:`client` and :meth:`get` send the first key
+unless told otherwise); the stubs register ``max_model_len``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http.client
 import threading
 import time
@@ -210,6 +212,7 @@ class Harness:
         self.servers: list[grpc.aio.Server] = []
         self.web: uvicorn.Server | None = None
         self.web_task: asyncio.Task[None] | None = None
+        self.beat_task: asyncio.Task[None] | None = None
 
     def __enter__(self) -> Harness:
         self.thread.start()
@@ -223,15 +226,16 @@ class Harness:
         self.loop.close()
 
     async def _start(self) -> None:
-        client = redis.Redis.from_url(self.cluster.redis_url)
+        records = []
         for stub in self.stubs.values():
             server = grpc.aio.server()
             add_WorkerServicer_to_server(stub, server)
             port = server.add_insecure_port("127.0.0.1:0")
             await server.start()
             self.servers.append(server)
-            publish(client, self.cluster.keys, self._record(stub, port), ttl_s=120)
-        client.close()
+            records.append(self._record(stub, port))
+        self._publish(records)
+        self.beat_task = asyncio.create_task(self._beat(records))
         self.app = create_app(self.config, self.cluster, PoolConfig())
         self.web = uvicorn.Server(
             uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
@@ -240,7 +244,24 @@ class Harness:
         while not self.web.started:
             await asyncio.sleep(0.02)
 
+    def _publish(self, records: list[WorkerRecord]) -> None:
+        client = redis.Redis.from_url(self.cluster.redis_url)
+        now = time.time()
+        for record in records:
+            fresh = dataclasses.replace(record, heartbeat_at=now)
+            publish(client, self.cluster.keys, fresh, ttl_s=120)
+        client.close()
+
+    async def _beat(self, records: list[WorkerRecord]) -> None:
+        """The stubs' heartbeats: their records again with a new ``heartbeat_at`` every
+        ``heartbeat_s``, as a worker's (the router refuses older ones)."""
+        while True:
+            await asyncio.sleep(self.cluster.heartbeat_s)
+            await asyncio.to_thread(self._publish, records)
+
     async def _stop(self) -> None:
+        if self.beat_task is not None:
+            self.beat_task.cancel()
         if self.web is not None and self.web_task is not None:
             self.web.should_exit = True
             await self.web_task

@@ -172,6 +172,33 @@ def test_a_forged_record_gets_no_request(cluster: Cluster, registry: redis.Redis
         spy.stop()
 
 
+def test_a_record_put_back_from_long_ago_gets_no_request(
+    cluster: Cluster, registry: redis.Redis
+) -> None:
+    """A record a worker really wrote (sealed with the secret) ten minutes ago, of a worker
+    that has left, put back without a TTL by a writer of Redis: the router refuses it as
+    stale (its heartbeat is past the liveness window) and never calls its address."""
+    _, stored = real_record(cluster, registry)
+    keys = cluster.cluster_config.keys
+    spy = Spy()
+    try:
+        fields = {k: v for k, v in stored.items() if k != "mac"}
+        load = {"role": "decode", "free_pages": 10**6, "total_pages": 10**6}
+        old = time.time() - 600
+        fields.update(worker_id="aa-departed", address=spy.address, role="decode", load=load,
+                      started_at=old - 60, heartbeat_at=old)  # fmt: skip
+        key = keys.worker("aa-departed")
+        registry.set(key, seal_fields(keys, key, fields))  # no TTL: it stays
+        before = rejected(cluster, "stale")
+        polled(registry)
+        serves(cluster, requests=3)
+        assert spy.calls == []
+        assert rejected(cluster, "stale") >= before + 1
+        assert "aa-departed" in listed(cluster, registry)  # authentic: only its age refuses it
+    finally:
+        spy.stop()
+
+
 def test_a_tampered_record_is_refused(cluster: Cluster, registry: redis.Redis) -> None:
     name, stored = real_record(cluster, registry)
     keys = cluster.cluster_config.keys

@@ -37,7 +37,7 @@ from tests.unit.test_router_bounded import FrozenStore
 
 CAP = 4
 PATH = "/v1/models"  # 200 from the app whatever its state: a 503 is uvicorn's cap
-REQUEST = f"GET {PATH} HTTP/1.1\r\nHost: router\r\n\r\n".encode()
+REQUEST = f"GET {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
 HEAD = REQUEST[:-2] + b"X-Slow: "  # a head whose last header never ends
 CLOSE_BOUND_S = 15.0  # generous: the server should close within header_timeout_s (1-2 s)
 

@@ -11,6 +11,7 @@ prefills are never refused). See :mod:`tests.integration.router_harness`.
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from typing import Any
 import openai
 import pytest
 
-from router.auth import unauthorized
+from router.auth import bare_key_tenant, unauthorized
 from tests.integration.router_harness import (
     MODEL,
     Harness,
@@ -197,7 +198,9 @@ def test_tenants_salt_their_requests(harness: Harness, monkeypatch: pytest.Monke
     harness.client("sk-bob").chat.completions.create(
         model=MODEL, messages=messages, max_tokens=1, extra_body={"cache_salt": "y"}
     )
-    assert salts == ["alice\x00", "alice\x00x", "", "\x00x", "bob\x00", "bob\x00y"]
+    shared = bare_key_tenant(hashlib.sha256(b"sk-shared").digest())  # a bare key: its own
+    assert salts == ["alice\x00", "alice\x00x", f"{shared}\x00", f"{shared}\x00x", "bob\x00",
+                     "bob\x00y"]  # fmt: skip
 
 
 def test_admission_refuses_a_late_first_token_with_retry_after(

@@ -13,6 +13,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +40,9 @@ PASSWORD = 'pw with "quotes", spaces and \\ ' + uuid.uuid4().hex
 
 
 def record(worker_id: str) -> WorkerRecord:
-    return WorkerRecord(worker_id, "127.0.0.1:1", "decode", "m", "/m", "c", 16, 2, 64, 0.0, 0.0)
+    """A record that beat just now (the router refuses one past the liveness window)."""
+    now = time.time()
+    return WorkerRecord(worker_id, "127.0.0.1:1", "decode", "m", "/m", "c", 16, 2, 64, now, now)
 
 
 @pytest.fixture(scope="module")

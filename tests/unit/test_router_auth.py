@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 from collections.abc import MutableMapping
@@ -13,6 +14,7 @@ import pytest
 from router import auth
 from router.auth import (
     ApiKeyMiddleware,
+    bare_key_tenant,
     bearer_token,
     effective_salt,
     parse_api_keys,
@@ -25,9 +27,12 @@ from router.auth import (
 def test_parse_keys_and_tenants() -> None:
     assert not parse_api_keys("").enabled
     assert not parse_api_keys("  ").enabled
-    keys = parse_api_keys(" sk-shared , alice=sk-alice,bob=b=64==")
-    assert keys.enabled and keys.tenants == frozenset({"", "alice", "bob"})
-    assert keys.tenant_of("sk-shared") == ""
+    keys = parse_api_keys(" sk-shared , alice=sk-alice,bob=b=64==,sk-other")
+    bare = bare_key_tenant(hashlib.sha256(b"sk-shared").digest())
+    other = bare_key_tenant(hashlib.sha256(b"sk-other").digest())
+    assert bare.startswith("~") and len(bare) == 17 and bare != other
+    assert keys.enabled and keys.tenants == frozenset({bare, other, "alice", "bob"})
+    assert keys.tenant_of("sk-shared") == bare and keys.tenant_of("sk-other") == other
     assert keys.tenant_of("sk-alice") == "alice"
     assert keys.tenant_of("b=64==") == "bob"  # the first "=" ends the tenant name
     for wrong in (None, "", "sk-alic", "sk-alicee", "alice=sk-alice", "SK-SHARED"):
@@ -63,7 +68,7 @@ def test_every_key_is_compared_whatever_matched(monkeypatch: pytest.MonkeyPatch)
         return real(a, b)
 
     monkeypatch.setattr(hmac, "compare_digest", spy)
-    assert keys.tenant_of("k-first") == ""
+    assert keys.tenant_of("k-first") == bare_key_tenant(hashlib.sha256(b"k-first").digest())
     assert keys.tenant_of("nope") is None
     assert len(calls) == 6
     assert all(len(a) == len(b) == 32 for a, b in calls)  # digests: lengths leak nothing
@@ -152,7 +157,8 @@ def test_middleware_guards_every_path_but_health_and_the_status_page() -> None:
         assert call(app, path)[0]["status"] == 204
     assert call(app, "/v1/models", "Bearer sk-alice")[0]["status"] == 204
     assert call(app, "/v1/models", "Bearer sk-shared")[0]["status"] == 204
-    assert [tenant_of(s) for s in inner.scopes] == ["", "", "", "", "alice", ""]
+    shared = bare_key_tenant(hashlib.sha256(b"sk-shared").digest())
+    assert [tenant_of(s) for s in inner.scopes] == ["", "", "", "", "alice", shared]
     assert inner.scopes[4]["state"] == {"shared": 1, auth.TENANT_STATE: "alice"}
     assert len(rejected) == 6
 
