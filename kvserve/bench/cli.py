@@ -69,6 +69,11 @@ BENCH = (
         "kvserve.bench.hashing",
     ),
     Verb("pool", "KV pool put/get GB/s against memcpy", f"{S}:POOL", f"{__name__}:pool"),
+    Verb(
+        "edge",
+        "what the HTTP edge's Host and Content-Type checks add per request",
+        "kvserve.bench.edge",
+    ),
 )
 """Every ``kvserve bench`` verb, in the order ``--help`` lists them."""
 

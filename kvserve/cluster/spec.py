@@ -60,9 +60,11 @@ class ClusterSpec:
 
     - ``prefill`` / ``decode`` / ``mixed``: worker counts; at least one decode-capable
       (decode or mixed) worker; prefill workers need decode workers and the pool.
-    - ``host``: address the workers and the router bind to and advertise (loopback by
-      default); Redis, the master and the workers' pool endpoints stay on loopback
-      (:data:`PRIVATE`; the pool authenticates nobody): ``master_host`` must be loopback.
+    - ``host``: address the router (or the balancer in front of several routers) binds to
+      and advertises, loopback by default; every other process not placed on a host of its
+      own stays on loopback (:meth:`host_of`): the workers' gRPC and ``/metrics``, Redis,
+      the master and the pool endpoints (:data:`PRIVATE`; the pool authenticates nobody):
+      ``master_host`` must be loopback.
     - ``hosts``: processes that run elsewhere, by name (``router``, ``redis``,
       ``mooncake_master`` for the pool's services, or a worker's name): each binds to and
       advertises its :class:`Host`'s address and starts under its prefix (e.g. in its own
@@ -156,12 +158,15 @@ class ClusterSpec:
         return router_names(self.router_ports)
 
     def host_of(self, name: str) -> str:
-        """The address process ``name`` binds to and advertises: its host's, else
-        loopback for :data:`PRIVATE` ones, else :attr:`host`."""
+        """The address process ``name`` binds to and advertises: its host's (``hosts``),
+        else :attr:`host` for the clients' front (the router, or the balancer in front of
+        several), else loopback: the workers' gRPC, ``/metrics`` and transfer ports, the
+        routers behind the balancer, Redis and the master (:data:`PRIVATE`) are for the
+        cluster only, and without ``hosts`` the whole cluster runs on this machine."""
         host = self._placed(name)
         if host is not None:
             return host.address
-        return LOOPBACK if name in PRIVATE else self.host
+        return self.host if name in (ROUTER, BALANCER) else LOOPBACK
 
     def prefix_of(self, name: str) -> tuple[str, ...]:
         """The argv prefix that starts process ``name`` on its host."""

@@ -72,7 +72,7 @@ def _check_hosts(spec: ClusterSpec) -> None:
     if unknown:
         raise ValueError(f"hosts names {sorted(unknown)}: not in {spec.process_names()}")
     for name in ("", *spec.hosts):
-        address = spec.host_of(name)
+        address = spec.host_of(name) if name else spec.host
         if not address or address in ("0.0.0.0", "::"):
             raise ValueError(
                 f"{name or 'host'} must be an address others reach it at (it is "

@@ -40,7 +40,8 @@ class UpConfig:
     - ``prefill``: prefill workers;
     - ``decode``: decode workers;
     - ``mixed``: colocated prefill+decode workers;
-    - ``host``: address every process binds to;
+    - ``host``: address the router (nginx, with several) binds to; every other process
+      stays on loopback;
     - ``router_port``: the router's HTTP port (the clients' port: with several routers,
       nginx's in front of them);
     - ``routers``: how many routers; more than one run on the ports after ``router_port``

@@ -227,15 +227,26 @@ def test_invalid_specs_say_what_to_change(kw: dict[str, Any], message: str) -> N
         spec(**kw)
 
 
-def test_redis_and_the_pool_stay_on_loopback_whatever_host_says() -> None:
+def test_only_the_front_leaves_loopback_whatever_host_says() -> None:
+    """``host`` is where clients reach the cluster: the router binds it, or nginx in front
+    of several routers; the workers' gRPC and /metrics, the routers behind nginx, Redis and
+    the pool stay on loopback (issue 38: nothing internal on the LAN)."""
     s = spec(host="10.0.0.9")
-    decode = s.plan([0, 1]).workers[1]
+    plan = s.plan([0, 1])
+    decode = plan.workers[1]
     assert (flag(decode.argv, "--worker-host"), s.router_url) == (
-        "10.0.0.9",
+        "127.0.0.1",
         "http://10.0.0.9:8000",
     )
+    assert decode.metrics_url in ("", f"http://127.0.0.1:{decode.metrics_port}/metrics")
     assert flag(decode.argv, "--pool-local-hostname") == "127.0.0.1"
     assert s.redis_config.host == s.pool_master.master_host == s.host_of("redis") == "127.0.0.1"
+    (router,) = plan.routers
+    assert flag(router.argv, "--router-host") == "10.0.0.9" and "--allowed-hosts" not in router.argv
+    several = spec(host="10.0.0.9", router_ports=(8001, 8002)).plan([0, 1])
+    for behind in several.routers:
+        assert flag(behind.argv, "--router-host") == "127.0.0.1"
+        assert flag(behind.argv, "--allowed-hosts") == "10.0.0.9"  # clients name the front
 
 
 def test_no_pool_ports_are_checked_without_the_pool() -> None:

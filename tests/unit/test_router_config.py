@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import socket
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from kvpool.config import PoolConfig
 from kvpool.master import master_metrics_address
 from kvserve.settings import add_config_args, config_from_args
+from router.auth import bare_key_tenant
 from router.config import RouterConfig
 from router.ratio import RatioConfig
 
@@ -122,4 +124,5 @@ def test_api_key_from_the_environment_and_never_in_repr(monkeypatch: pytest.Monk
     assert "sk-" not in repr(cfg) and "api_key" not in repr(cfg)
     ns = parser.parse_args(["--api-key", "sk-two", "--admission-ttft-s", "30"])
     cfg = config_from_args(RouterConfig, ns)
-    assert cfg.api_keys.tenant_of("sk-two") == "" and cfg.admission_ttft_s == 30.0
+    assert cfg.api_keys.tenant_of("sk-two") == bare_key_tenant(hashlib.sha256(b"sk-two").digest())
+    assert cfg.admission_ttft_s == 30.0

@@ -1,0 +1,41 @@
+"""``bench edge`` runs the real checks it times and prints its JSON (figures not asserted)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from kvserve.bench import edge
+from kvserve.cli import build_parser
+from router.edge import HostCheckMiddleware, served_hosts
+
+
+def test_bench_edge_times_the_checks_against_a_bare_app(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["bench", "edge", "--requests", "200", "--repeat", "1"])
+    assert edge.run(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bench"] == "edge" and out["conditions"]["requests"] == 200
+    assert [r["what"] for r in out["results"]] == [
+        "ASGI app that does nothing (baseline)",
+        "the same behind HostCheckMiddleware",
+        "require_json",
+    ]
+    assert out["headline"]["value"] > 0
+
+
+def test_the_scope_it_times_passes_the_check() -> None:
+    """The timed request is one the router serves (a refused one would time the 400)."""
+    sent: list[int] = []
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        sent.append(200)
+
+    async def never(*_: Any) -> Any:
+        raise AssertionError("the check answered instead of the app")
+
+    checked = HostCheckMiddleware(app, served_hosts("127.0.0.1", ""))
+    asyncio.run(checked(edge.SCOPE, never, never))
+    assert sent == [200]
