@@ -34,6 +34,7 @@ import hmac
 import json
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,8 @@ NAME_TRIES = 4
 taken the port label meanwhile: the metadata server refuses a duplicate name)."""
 MAX_SEGMENT_CHARS = 256
 MAX_ADDRESS = (1 << 64) - 1
+MAX_CLOCK_SKEW_MS = 5000
+"""How far ahead of this host's clock a target's issue time may be (two hosts' clocks)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ class PushTarget:
     """Where a decode worker holds one prompt's pages (mirrors ``proto`` ``PushTarget``):
     block ``first_block + i`` of the prompt goes to page ``pages[i]`` of the slab at
     ``slab_address`` in ``segment`` (``num_blocks`` pages of layout ``wire``); writes may
-    come for ``lease_s`` seconds from when it was made."""
+    come for ``lease_s`` seconds from ``issued_ms`` (Unix milliseconds, when the receiver
+    made it), and a pusher uses it once (:class:`workers.kv_push.Pusher`)."""
 
     segment: str
     wire: str
@@ -65,6 +69,7 @@ class PushTarget:
     first_block: int
     pages: tuple[int, ...]
     lease_s: float
+    issued_ms: int = 0
     mac: str = ""
     """:func:`target_mac` of this target for its request, by the receiver."""
 
@@ -82,7 +87,8 @@ class PushTarget:
 
 def target_mac(block_key: bytes, request_id: str, target: PushTarget) -> str:
     """HMAC-SHA256 under ``block_key`` of ``request_id`` and every field of ``target`` but
-    its ``mac`` (the lease in whole milliseconds, as the wire carries it)."""
+    its ``mac`` (the lease in whole milliseconds, as the wire carries it, and the issue
+    time: a target cannot be made younger)."""
     fields = [
         "push",
         request_id,
@@ -93,17 +99,37 @@ def target_mac(block_key: bytes, request_id: str, target: PushTarget) -> str:
         target.first_block,
         list(target.pages),
         round(target.lease_s * 1000),
+        target.issued_ms,
     ]
     text = json.dumps(fields, separators=(",", ":"))
     return hmac.new(block_key, text.encode(), hashlib.sha256).hexdigest()
 
 
+def lease_left_s(target: PushTarget, now_ms: int | None = None) -> float:
+    """Seconds of ``target``'s lease left at ``now_ms`` (default: now), counted from when
+    it was issued, not from when it arrived (<= 0: over)."""
+    now_ms = time_ms() if now_ms is None else now_ms
+    return (target.issued_ms + round(target.lease_s * 1000) - now_ms) / 1000
+
+
+def time_ms() -> int:
+    """Now, in Unix milliseconds (the clock of :attr:`PushTarget.issued_ms`)."""
+    return int(time.time() * 1000)
+
+
 def target_error(
-    target: PushTarget, own: KVLayout, num_prompt_tokens: int, request_id: str, block_key: bytes
+    target: PushTarget,
+    own: KVLayout,
+    num_prompt_tokens: int,
+    request_id: str,
+    block_key: bytes,
+    now_ms: int | None = None,
 ) -> str | None:
     """Why ``target`` cannot take ``request_id``'s push of a ``num_prompt_tokens`` prompt
-    from a pool member of layout ``own`` and pool block key ``block_key``, or ``None``:
-    checked before anything is written."""
+    from a pool member of layout ``own`` and pool block key ``block_key`` at ``now_ms``
+    (default: now), or ``None``: checked before anything is written. A target issued more
+    than :data:`MAX_CLOCK_SKEW_MS` ahead of this clock is refused with the expired ones: a
+    replayed target is refused once its lease, counted from its issue, is over."""
     blocks = -(-num_prompt_tokens // own.block_tokens)
     segment = target.segment
     expected = target_mac(block_key, request_id, target)
@@ -125,6 +151,11 @@ def target_error(
         return "two blocks on one page"
     if not target.lease_s > 0:
         return "no lease"
+    now_ms = time_ms() if now_ms is None else now_ms
+    if target.issued_ms > now_ms + MAX_CLOCK_SKEW_MS:
+        return "issued in the future (are the two hosts' clocks in sync?)"
+    if lease_left_s(target, now_ms) <= 0:
+        return "its lease is over (it was issued too long ago: an old target replayed?)"
     return None
 
 

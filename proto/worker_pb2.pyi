@@ -321,6 +321,7 @@ class PushTarget(_message.Message):
     PAGES_FIELD_NUMBER: _builtins.int
     LEASE_MS_FIELD_NUMBER: _builtins.int
     MAC_FIELD_NUMBER: _builtins.int
+    ISSUED_MS_FIELD_NUMBER: _builtins.int
     segment: _builtins.str
     """the decode worker's transfer-engine segment (its pool client)"""
     wire: _builtins.str
@@ -332,8 +333,10 @@ class PushTarget(_message.Message):
     first_block: _builtins.int
     """prompt blocks before this one are its own prefix hits"""
     lease_ms: _builtins.int
-    """the pages are held this long: no write may come later"""
+    """the pages are held this long from issued_ms: no write later"""
     mac: _builtins.str
+    issued_ms: _builtins.int
+    """when the decode worker made it (Unix ms): a prefill worker"""
     @_builtins.property
     def pages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -347,10 +350,11 @@ class PushTarget(_message.Message):
         pages: _abc.Iterable[_builtins.int] | None = ...,
         lease_ms: _builtins.int = ...,
         mac: _builtins.str = ...,
+        issued_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_block", b"first_block", "lease_ms", b"lease_ms", "mac", b"mac", "num_blocks", b"num_blocks", "pages", b"pages", "segment", b"segment", "slab_address", b"slab_address", "wire", b"wire"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_block", b"first_block", "issued_ms", b"issued_ms", "lease_ms", b"lease_ms", "mac", b"mac", "num_blocks", b"num_blocks", "pages", b"pages", "segment", b"segment", "slab_address", b"slab_address", "wire", b"wire"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

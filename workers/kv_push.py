@@ -38,7 +38,14 @@ from kvpool.block_write import BlockWrite, PendingBlock
 from kvpool.config import PoolConfig
 from kvpool.layout import KVLayout
 from kvpool.pool import KVPool
-from kvpool.push import PushEngine, PushError, PushOutcome, PushTarget, target_error
+from kvpool.push import (
+    PushEngine,
+    PushError,
+    PushOutcome,
+    PushTarget,
+    lease_left_s,
+    target_error,
+)
 from kvpool.span_io import DirectIO
 from kvpool.stream import StepWrite, Transfer
 from workers.block_manager import BlockManager
@@ -57,7 +64,8 @@ class PushState:
     meta_keys: list[str]
     partial_tokens: int
     deadline: float
-    """``time.monotonic()`` past which nothing is written (the target's lease)."""
+    """``time.monotonic()`` past which nothing is written (the target's lease, counted
+    from its issue)."""
     next_block: int
     sums: list[list[bytes]] = field(default_factory=list)
     error: str = ""
@@ -98,10 +106,15 @@ class Pusher:
         self._engine_error = ""
         self._lock = threading.Lock()
         self._released: list[list[int]] = []
+        self._used: dict[str, float] = {}
+        """MACs of the targets taken, each until its lease ends (``time.monotonic()``):
+        a target is good for one push (engine thread)."""
 
     def state_for(self, seq: Sequence, target: PushTarget) -> PushState:
         """The push of hand-off ``seq`` (its prompt named from its ``hash_root``) into
-        ``target``; failed at once when the target does not fit (:func:`target_error`)."""
+        ``target``; failed at once when the target does not fit or its lease, counted from
+        its issue, is over (:func:`target_error`), or when it was taken before (one push per
+        target: a relayer cannot replay it into pages that have changed hands since)."""
         pool, bt = self.pool, self.blocks.block_tokens
         prompt = seq.token_ids[: seq.num_prompt_tokens]
         full = len(prompt) // bt
@@ -110,16 +123,20 @@ class Pusher:
         if len(prompt) % bt:
             keys.append(pool.keys.request_key(seq.request_id))
         layout = target.layout(pool.layout)
-        state = PushState(
-            target, layout, keys, len(prompt) % bt, time.monotonic() + target.lease_s, 0
-        )
+        now = time.monotonic()
+        state = PushState(target, layout, keys, len(prompt) % bt, now + lease_left_s(target), 0)
         state.next_block = target.first_block
         state.sums = [[b""] * layout.num_layers for _ in keys]
         block_key = pool.keys.block_key
+        self._used = {mac: until for mac, until in self._used.items() if until > now}
         if error := target_error(target, pool.layout, len(prompt), seq.request_id, block_key):
             state.fail(f"bad push target: {error}")
+        elif target.mac in self._used:
+            state.fail("bad push target: it was taken before (a target is good for one push)")
         elif not isinstance(pool.io, DirectIO):
             state.fail("this worker's KV cache is not moved in place (staged)")
+        else:
+            self._used[target.mac] = state.deadline
         return state
 
     def plan(self, entries: list[BatchEntry], write: StepWrite | None) -> StepWrite | None:

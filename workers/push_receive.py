@@ -37,7 +37,7 @@ from typing import NamedTuple
 from kvpool.landing import Landing
 from kvpool.meta import BlockMeta, MetaFault
 from kvpool.pool import KVPool
-from kvpool.push import PushTarget, target_mac
+from kvpool.push import PushTarget, target_mac, time_ms
 from kvpool.span_io import DirectIO
 from kvpool.stream import Transfer
 from workers.block_manager import BlockManager
@@ -88,6 +88,7 @@ def push_target(
         first_block=seq.num_computed_tokens // blocks.block_tokens,
         pages=tuple(fills.pages),
         lease_s=lease_s,
+        issued_ms=time_ms(),
     )
     mac = target_mac(pool.keys.block_key, seq.request_id, target)
     return dataclasses.replace(target, mac=mac)

@@ -115,6 +115,7 @@ def push_target_msg(target: PushTarget) -> pb.PushTarget:
         pages=target.pages,
         lease_ms=round(target.lease_s * 1000),
         mac=target.mac,
+        issued_ms=target.issued_ms,
     )
 
 
@@ -131,6 +132,7 @@ def push_target(msg: pb.PushTarget, num_prompt_tokens: int) -> PushTarget:
         first_block=msg.first_block,
         pages=pages,
         lease_s=msg.lease_ms / 1000,
+        issued_ms=msg.issued_ms,
         mac=msg.mac,
     )
 

@@ -304,15 +304,54 @@ def test_a_salted_prompt_is_pushed_under_its_salts_names(
 def test_an_ended_push_reservation_keeps_its_pages_for_the_quarantine(
     pair: tuple[Engine, Engine],
 ) -> None:
+    """Aborted early, a push reservation's pages stay out of use for the quarantine and
+    until its target's lease is over (a prefill worker may take the target until then)."""
     _, decode = pair
-    assert decode.reserve("quarantined", prompt(61, 50), 4, 30.0, offer_push=True) is not None
+    lease = 3 * PUSH_QUARANTINE_S
+    start = time.monotonic()
+    assert decode.reserve("quarantined", prompt(61, 50), 4, lease, offer_push=True) is not None
     assert decode.push_target("quarantined") is not None
     assert decode.abort("quarantined")
     assert not decode.reservations and decode.num_free_blocks < decode.num_blocks
     decode.housekeeping(time.monotonic() + PUSH_QUARANTINE_S / 2)
     assert decode.num_free_blocks < decode.num_blocks
-    decode.housekeeping(time.monotonic() + PUSH_QUARANTINE_S + 1)
+    decode.housekeeping(start + PUSH_QUARANTINE_S + 1)
+    assert decode.num_free_blocks < decode.num_blocks  # the target's lease still runs
+    decode.housekeeping(time.monotonic() + lease + 1)
     assert idle(decode)
+
+
+def test_a_target_is_taken_once_and_never_after_its_lease(pair: tuple[Engine, Engine]) -> None:
+    """A relayer replays a target that was pushed to (its pages have been the request's
+    since, and later anyone's), and one the decode engine made longer ago than its lease,
+    arriving now: the prefill engine writes into neither (the pool carries their KV)."""
+    prefill, decode = pair
+    assert decode.pool is not None
+    ids, rid = prompt(101, 40), "replayed"
+    assert decode.reserve(rid, ids, GREEDY.max_tokens, 60.0, offer_push=True) is not None
+    made = decode.push_target(rid)
+    assert made is not None
+    prefill.add_request(ids, GREEDY, rid, handoff=True, push=made)
+    first = run_until_first(prefill, rid)
+    assert first.push is not None and first.push.ok
+    assert decode.abort(rid)
+    settle(prefill)
+    replays = [(rid, made)]
+    old = dataclasses.replace(made, issued_ms=made.issued_ms - 61_000)  # lease: 60 s
+    replays.append(
+        ("old", dataclasses.replace(old, mac=target_mac(decode.pool.keys.block_key, "old", old)))
+    )
+    errors = []
+    for replay_id, target in replays:
+        prefill.add_request(ids, GREEDY, replay_id, handoff=True, push=target)
+        out = run_until_first(prefill, replay_id)
+        assert out.push is not None and not out.push.ok
+        errors.append(out.push.error)
+        prefill.abort(replay_id)
+    assert "taken before" in errors[0] and "lease is over" in errors[1]
+    settle(prefill)
+    decode.housekeeping(time.monotonic() + 61 + PUSH_QUARANTINE_S)
+    assert idle(prefill) and idle(decode)
 
 
 def test_a_reservation_without_offer_lands_from_the_pool(pair: tuple[Engine, Engine]) -> None:

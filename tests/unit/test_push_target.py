@@ -8,7 +8,14 @@ import dataclasses
 import pytest
 
 from kvpool.layout import KVLayout
-from kvpool.push import PushTarget, coalesce, target_error, target_mac
+from kvpool.push import (
+    MAX_CLOCK_SKEW_MS,
+    PushTarget,
+    coalesce,
+    lease_left_s,
+    target_error,
+    target_mac,
+)
 
 LAYOUT = KVLayout(
     num_layers=2, num_blocks=8, block_tokens=4, kv_heads=1, head_dim=2, dtype="float32"
@@ -16,18 +23,39 @@ LAYOUT = KVLayout(
 KEY = b"k" * 32
 RID = "r1"
 PROMPT = 10  # 3 blocks: 2 full and a partial one
+ISSUED = 1_800_000_000_000  # Unix ms
 
 
 def target(**fields: object) -> PushTarget:
     """A valid target for ``RID``'s blocks 1 and 2 on a 32-page slab, changed by
     ``fields`` and MAC'd anew (so only the field under test is wrong)."""
-    base = PushTarget("127.0.0.1:9", LAYOUT.wire, 1 << 20, 32, 1, (30, 5), 30.0)
+    base = PushTarget("127.0.0.1:9", LAYOUT.wire, 1 << 20, 32, 1, (30, 5), 30.0, ISSUED)
     changed = dataclasses.replace(base, **fields)  # type: ignore[arg-type]
     return dataclasses.replace(changed, mac=target_mac(KEY, RID, changed))
 
 
+def check(t: PushTarget, rid: str = RID, key: bytes = KEY, now_ms: int = ISSUED + 1) -> str | None:
+    return target_error(t, LAYOUT, PROMPT, rid, key, now_ms)
+
+
 def test_a_target_made_for_the_request_passes() -> None:
-    assert target_error(target(), LAYOUT, PROMPT, RID, KEY) is None
+    assert check(target()) is None
+
+
+def test_its_lease_counts_from_its_issue_not_its_arrival() -> None:
+    """A target replayed later than its lease (30 s) after it was made is refused, however
+    fresh its arrival; one dated ahead of this clock by more than the skew too."""
+    assert lease_left_s(target(), ISSUED + 10_000) == 20.0
+    assert check(target(), now_ms=ISSUED + 29_999) is None
+    for now in (ISSUED + 30_000, ISSUED + 3_600_000):
+        error = check(target(), now_ms=now)
+        assert error is not None and "lease is over" in error
+    assert check(target(), now_ms=ISSUED - MAX_CLOCK_SKEW_MS) is None
+    error = check(target(), now_ms=ISSUED - MAX_CLOCK_SKEW_MS - 1)
+    assert error is not None and "future" in error
+    younger = dataclasses.replace(target(), issued_ms=ISSUED + 3_600_000)  # MAC of the old one
+    error = check(younger, now_ms=ISSUED + 3_600_001)
+    assert error is not None and "MAC" in error
 
 
 @pytest.mark.parametrize(
@@ -48,14 +76,14 @@ def test_a_target_made_for_the_request_passes() -> None:
     ],
 )
 def test_a_target_that_does_not_fit_is_refused(fields: dict[str, object]) -> None:
-    assert target_error(target(**fields), LAYOUT, PROMPT, RID, KEY) is not None
+    assert check(target(**fields)) is not None
 
 
 def test_a_target_altered_or_for_another_request_fails_its_mac() -> None:
     good = target()
     moved = dataclasses.replace(good, pages=(29, 5))
     for bad, rid, key in ((moved, RID, KEY), (good, "r2", KEY), (good, RID, b"x" * 32)):
-        error = target_error(bad, LAYOUT, PROMPT, rid, key)
+        error = check(bad, rid, key)
         assert error is not None and "MAC" in error
 
 
