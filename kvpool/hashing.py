@@ -1,16 +1,20 @@
 """The one deterministic, keyed prefix identity of the cluster.
 
 A prompt is cut into blocks of ``block_tokens`` token ids. Block ``i`` is named by a chained
-hash, ``h_i = H(h_{i-1} || token_ids_i)``, so equal names mean equal *prefixes* (the whole
-prompt up to and including the block), not just equal blocks. :class:`PrefixHasher` holds
-the rule; its :attr:`Namespace.algorithm` picks ``H``:
+keyed hash, ``h_i = H_k(h_{i-1} || token_ids_i)``, so equal names mean equal *prefixes* (the
+whole prompt up to and including the block), not just equal blocks. The link key ``k`` is
+``HMAC-SHA256(root key, 0x01 || "chain-link")`` (:attr:`PrefixHasher.link_key`), so a name
+seen somewhere (the pool's key listing, the KV event stream) does not let anyone without the
+key extend the chain and confirm a guessed next block. :class:`PrefixHasher` holds the rule;
+its :attr:`Namespace.algorithm` picks ``H``:
 
-- ``sha256`` (the default): ``H = SHA-256`` of the parent as 32 big-endian bytes (the parent
-  digest itself) followed by the tokens; names are 256-bit ints. Collision resistant: no one
-  can find two prefixes with one name;
-- ``xxh3``: ``H = xxh3-128`` seeded with :attr:`Namespace.seed`, of the parent as 16
-  big-endian bytes then the tokens; 128-bit names. Fast but not collision resistant against
-  an adversary who knows a root: an explicit choice for a single-tenant cluster.
+- ``sha256`` (the default): ``H_k = HMAC-SHA256`` under ``k`` of the parent as 32 big-endian
+  bytes (the parent digest itself) followed by the tokens; names are 256-bit ints.
+  Collision resistant: no one can find two prefixes with one name;
+- ``xxh3``: ``H_k = xxh3-128`` seeded with the first 8 bytes of ``k`` (big-endian) XOR
+  :attr:`Namespace.seed`, of the parent as 16 big-endian bytes then the tokens; 128-bit
+  names. Fast, but neither collision resistant nor a keyed hash in the cryptographic sense
+  (a 64-bit seed): an explicit choice for a single-tenant cluster.
 
 The root ``h_{-1}`` of every chain, salted or not, is ``HMAC-SHA256(root key, namespace
 key || NUL || salt)`` truncated to the algorithm's width (:meth:`PrefixHasher.root`). The
@@ -41,9 +45,9 @@ from functools import cached_property
 
 import xxhash
 
-HASH_VERSION = 2
-"""Bumped whenever the byte encoding or the chaining rule changes (2: keyed roots, SHA-256 or
-xxh3-128 chains; 1 was an unkeyed xxh3-64 chain)."""
+HASH_VERSION = 3
+"""Bumped whenever the byte encoding or the chaining rule changes (3: every link keyed; 2:
+keyed roots, unkeyed SHA-256 or xxh3-128 links; 1 was an unkeyed xxh3-64 chain)."""
 
 ALGORITHMS = ("sha256", "xxh3")
 """Chain (and pool layer digest) algorithms; ``proto.registry.HASH_ALGORITHMS`` names the same
@@ -173,13 +177,27 @@ class PrefixHasher:
         """The name of one block given its parent's name (:meth:`root` for the first)."""
         return self._block(parent, token_bytes(token_ids))
 
+    @cached_property
+    def link_key(self) -> bytes:
+        """The key of every link of every chain (module docstring)."""
+        return hmac.new(self.root_key, b"\x01chain-link", hashlib.sha256).digest()
+
+    @cached_property
+    def _link_mac(self) -> hmac.HMAC:
+        """An HMAC under :attr:`link_key` with nothing fed yet, copied for each link."""
+        return hmac.new(self.link_key, digestmod=hashlib.sha256)
+
+    @cached_property
+    def _link_seed(self) -> int:
+        """The seed of ``xxh3`` links: :attr:`link_key`'s first 8 bytes XOR the namespace's."""
+        return int.from_bytes(self.link_key[:8], "big") ^ self.namespace.seed
+
     def _block(self, parent: int, data: bytes) -> int:
         if self.algorithm == "sha256":
-            digest = hashlib.sha256(parent.to_bytes(32, "big") + data).digest()
-            return int.from_bytes(digest, "big")
-        return int(
-            xxhash.xxh3_128_intdigest(parent.to_bytes(16, "big") + data, self.namespace.seed)
-        )
+            link = self._link_mac.copy()
+            link.update(parent.to_bytes(32, "big") + data)
+            return int.from_bytes(link.digest(), "big")
+        return int(xxhash.xxh3_128_intdigest(parent.to_bytes(16, "big") + data, self._link_seed))
 
     def chain(
         self, token_ids: Sequence[int], block_tokens: int, parent: int | None = None

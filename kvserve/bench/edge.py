@@ -42,8 +42,11 @@ App = Callable[[MutableMapping[str, Any], Any, Any], Awaitable[None]]
 
 @dataclass(frozen=True)
 class EdgeBenchConfig:
-    """What ``kvserve bench edge`` times: ``requests`` calls per run, ``repeat`` runs (the
-    median is reported)."""
+    """What ``kvserve bench edge`` times.
+
+    - ``requests``: calls of each check per run;
+    - ``repeat``: runs per measurement (the median is reported).
+    """
 
     env_prefix: ClassVar[str] = BENCH_ENV
     requests: int = 100_000

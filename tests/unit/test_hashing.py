@@ -24,21 +24,21 @@ TOKENS = [1, 2, 3, 4, 5, 6, 7, 8, 9]
 def test_golden_values() -> None:
     # Pinned: changing these means every pool key in every deployment changes.
     layout = "paged-v1:[blocks,2,block_tokens,kv_heads,head_dim]"
-    assert NS.key == f"kvs2|sha256|tiny@0123|float32|bt4|{layout}"
-    assert NS_XXH3.key == f"kvs2|xxh3|tiny@0123|float32|bt4|{layout}"
-    assert NS.seed == 0x0AE0FC3387648E0D
-    assert SHA.root() == 0xDD02EE638DED2D335253888C982425FCBCF7199330427348146AD701FFB31F3E
+    assert NS.key == f"kvs3|sha256|tiny@0123|float32|bt4|{layout}"
+    assert NS_XXH3.key == f"kvs3|xxh3|tiny@0123|float32|bt4|{layout}"
+    assert NS.seed == 0x6C10561D57E48795
+    assert SHA.root() == 0x0F4B4882643A5C52C9166B3409B0E585EFCD3A1D75DB4DED03251A38982E8958
     assert SHA.root("tenant-a") == (
-        0x894F1F47673DC79B4616B7DD6C319A7D245F8491506E236284FCA3250585F18F
+        0x0B07F0FDAAF4D8F86857971EB38B6603D81F285F37BB5273F65EBC27B2D27627
     )
     assert SHA.chain(TOKENS, 4) == [
-        0x054BD7889F27E02F9B027C8B4F27E6F41618B0435B0B1F303AF88C8E00AD62BA,
-        0xAE030A3E4DCCC562B2C91B0279B7DCA56B19A32771B99AE477193900D55CDB0F,
+        0xBDADA4ED636BD11F5813A658975D22B2EBF367EE2E70B1960AD50F2399CDCF39,
+        0x2F9E72CBBB372C5C43E89566E7D20B89999F2A449D5D15ECC24B145A64FEB766,
     ]
-    assert XXH.root() == 0x177314C2645CB4E30471F760867D03CE
+    assert XXH.root() == 0x2829E0D6AB8FBE23B23F4364D2C0FF20
     assert XXH.chain(TOKENS, 4) == [
-        0xF23483AF61A2C8E6907EAD1B0CA02ADE,
-        0x4F3B4B6A85DC97F117047B68AF54C0A7,
+        0x540C86253E4460C152C8D89505ADBE19,
+        0x3FBEE5390D53D8A861AE1AAD04A394F7,
     ]
 
 
@@ -49,12 +49,25 @@ def _root(ns: Namespace, salt: str) -> bytes:
 def test_the_spec_rederived() -> None:
     """The module docstring's rule, computed here without kvpool.hashing."""
     tokens = struct.pack("<4I", 1, 2, 3, 4)
+    link = hmac.new(KEY, b"\x01chain-link", hashlib.sha256).digest()
     root = _root(NS, "tenant-a")
-    first = hashlib.sha256(root + tokens).digest()
+    first = hmac.new(link, root + tokens, hashlib.sha256).digest()
     assert SHA.chain([1, 2, 3, 4], 4, SHA.root("tenant-a")) == [int.from_bytes(first, "big")]
     root16 = _root(NS_XXH3, "")[:16]
-    expected = xxhash.xxh3_128_intdigest(root16 + tokens, seed=NS_XXH3.seed)
+    seed = int.from_bytes(link[:8], "big") ^ NS_XXH3.seed
+    expected = xxhash.xxh3_128_intdigest(root16 + tokens, seed=seed)
     assert XXH.chain([1, 2, 3, 4], 4) == [expected]
+
+
+@pytest.mark.parametrize("hasher", [SHA, XXH], ids=ALGORITHMS)
+def test_a_name_seen_does_not_extend_without_the_key(hasher: PrefixHasher) -> None:
+    """Someone who sees a block's name (the pool's key listing, the KV event stream) and
+    guesses the next block's tokens cannot compute the next name without the key: the
+    same rule under any other key gives another name."""
+    first, second = hasher.chain(TOKENS[:8], 4)
+    for other in (b"", b"x" * 32):
+        guess = PrefixHasher(hasher.namespace, other).block(first, TOKENS[4:8])
+        assert guess != second
 
 
 @pytest.mark.parametrize("hasher", [SHA, XXH], ids=ALGORITHMS)

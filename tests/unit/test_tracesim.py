@@ -195,10 +195,10 @@ def test_shared_cache_sees_every_workers_blocks() -> None:
 
 
 def test_local_hints_steer_cache_aware_to_the_worker_that_has_the_prefix() -> None:
-    # rendezvous homes (of each prompt's last block): prefill-1 for both [9] and [1, 3].
-    # At 1000 tokens/s [9] keeps prefill-1 busy for 0.512 s, so at 0.1 s [1, 3] finds its
+    # rendezvous homes (of each prompt's last block): prefill-1 for both [6] and [1, 2].
+    # At 1000 tokens/s [6] keeps prefill-1 busy for 0.512 s, so at 0.1 s [1, 2] finds its
     # home 0.412 s busier
-    trace = [req([9]), req([1, 3], t_ms=100), req([1, 3], t_ms=5000)]
+    trace = [req([6]), req([1, 2], t_ms=100), req([1, 2], t_ms=5000)]
 
     def run(policy: str, slack: float) -> list[int]:
         model = ClusterSettings(1000.0, weights=LocalityWeights(1.0, slack, 1.0))
@@ -206,7 +206,7 @@ def test_local_hints_steer_cache_aware_to_the_worker_that_has_the_prefix() -> No
         result = cluster_replay(trace, chains, 2, 8, policy, False, model)
         return [result.hits.hit_blocks, *result.per_worker]
 
-    # no slack: [1, 3] goes to idle prefill-0; back at 5 s (both idle) it goes home
+    # no slack: [1, 2] goes to idle prefill-0; back at 5 s (both idle) it goes home
     # without hints (a miss), to prefill-0 with them
     assert run("cache_aware", 0.0) == [0, 1, 2]
     assert run("cache_aware+local_hints", 0.0) == [2, 2, 1]
