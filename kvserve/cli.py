@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from kvserve.extras import missing_extra
+from kvserve.hardening import forbid_inspection
 from kvserve.settings import SettingError, add_config_args, setting
 from kvserve.settings_file import active, config_path, load
 from kvserve.verbs import Verb, add_verbs
@@ -103,7 +104,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` (default: this process's), run the verb; 2 on a setting's error."""
+    """Parse ``argv`` (default: this process's), run the verb; 2 on a setting's error.
+    Run with this process's own arguments (as the ``kvserve`` command), the process is
+    first closed to inspection by others of its user (:mod:`kvserve.hardening`)."""
+    if argv is None:
+        forbid_inspection()
     words = list(sys.argv[1:] if argv is None else argv)
     names = [v.name for v in VERBS]
     verb = next((w for w in words if w in names), "")

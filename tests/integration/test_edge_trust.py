@@ -8,18 +8,25 @@ findings 6 and 8), against the real router.
 - A real one-machine cluster (Redis, the router, one mixed worker on the tiny model) with
   two bare API keys and two keys of one named tenant: a bare key holder learns nothing of
   the other's prompt from ``cached_tokens``; the named tenant's keys share their cache.
+  And a process of the same user cannot read the router's or the worker's environment
+  (finding 4: they are non-dumpable, :mod:`kvserve.hardening`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
+from kvpool.net import free_local_ports
+from kvserve.cluster.health import http_ok
 from kvserve.cluster.launch import Cluster
 from tests.integration.router_harness import MODEL, Harness, StubWorker, running_redis
 from tests.tiny_cluster import BLOCK, MODEL_NAME, prompt_of, tiny_cluster_spec
@@ -111,3 +118,39 @@ def test_a_bare_key_learns_nothing_of_another_keys_prompts(cluster: Cluster) -> 
     assert cached(cluster, "sk-team-c", team) == 0
     assert cached(cluster, "sk-team-d", team) == whole  # one tenant name: shared on purpose
     assert cached(cluster, "sk-bare-a", team) == 0
+
+
+CAPLESS = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"] if os.geteuid() == 0 else []
+"""Run as an unprivileged process of this user: root here gives up every capability."""
+
+
+def test_another_process_of_the_user_cannot_read_the_routers_environment(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A second router of this cluster, started as the launcher starts one (its argv and
+    environment: its grant, the API keys) but unprivileged, and a plain process beside it;
+    a reader of the same user reads the plain process's environment, not the router's."""
+    plan = cluster.plan_of("router")
+    argv = list(plan.argv)
+    (port,) = free_local_ports(1)
+    argv[argv.index("--router-port") + 1] = str(port)
+    argv[argv.index("--router-id") + 1] = "router-inspected"
+    with (tmp_path / "router.log").open("wb") as log:
+        router = subprocess.Popen(
+            [*CAPLESS, *argv], env={**os.environ, **dict(plan.env)}, stdout=log, stderr=log
+        )
+    plain = subprocess.Popen([*CAPLESS, "sleep", "60"], env={"KVSERVE_API_KEY": "sk-plain"})
+    try:
+        deadline = time.monotonic() + 60
+        while not http_ok(f"http://127.0.0.1:{port}/health"):
+            assert router.poll() is None and time.monotonic() < deadline, "router never up"
+            time.sleep(0.1)
+        seen = subprocess.run([*CAPLESS, "cat", f"/proc/{plain.pid}/environ"], capture_output=True)
+        assert seen.returncode == 0 and b"KVSERVE_API_KEY=sk-plain" in seen.stdout
+        kept = subprocess.run([*CAPLESS, "cat", f"/proc/{router.pid}/environ"], capture_output=True)
+        assert kept.returncode != 0 and b"KVSERVE" not in kept.stdout
+        assert b"Permission denied" in kept.stderr, kept.stderr
+    finally:
+        for process in (router, plain):
+            process.terminate()
+            process.wait(30)
