@@ -39,10 +39,8 @@ EXPIRED and CANCELLED give the pages back (``Scheduler.finish`` with ``ABORT``),
 after the landing was cancelled (:meth:`kvpool.landing.Lander.cancel`), so nothing writes
 into reused pages. A reservation leaves the set when it leaves RESERVED/LANDING. The pages
 of one that offered a push and ended unadopted are given back only
-:data:`PUSH_QUARANTINE_S` later, and not before its push target's lease ends (the
-reservation's, counted from the same moment) (:meth:`Reservations.expire`): this worker
-cannot stop a remote write, the prefill worker's push of its current step may still be on
-its way, and a prefill worker takes a target (once) until its lease ends.
+:data:`PUSH_QUARANTINE_S` later (:meth:`Reservations.expire`): this worker cannot stop a
+remote write, and the prefill worker's push of its current step may still be on its way.
 """
 
 from __future__ import annotations
@@ -340,10 +338,9 @@ class Reservations:
         landing cancelled first; those of a push reservation after its quarantine."""
         held.move(state)
         self._stop_landing(held, keep=False)
-        if held.push is not None:  # its target may be used until its lease ends
+        if held.push is not None:
             now = time.monotonic() if now is None else now
-            until = max(now + PUSH_QUARANTINE_S, held.deadline)
-            self._quarantined.append((until, held.seq))
+            self._quarantined.append((now + PUSH_QUARANTINE_S, held.seq))
             return
         self.scheduler.finish(held.seq, FinishReason.ABORT)
 
