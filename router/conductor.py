@@ -58,8 +58,9 @@ agents, at 2, 4 and 8 workers and 4k, 10k, 30k blocks, chosen by the worst point
 (:func:`kvserve.bench.tracesweep.choose`): local hits at least 0.95 of a shared pool's and
 TTFT p90 within 2% of round_robin's at every point, then the largest worst ratio, over the
 set and Mooncake's published conversation trace together: 4 (worst 0.951 there, 0.956 on
-the set); 2 is best on the set alone but keeps 0.939 on that trace, 8 herds tool agents
-onto their system prompts' holders (0.905, TTFT p90 1.66x round_robin's)."""
+the set; 0.959 on both with the second key of :meth:`CacheAwarePolicy.pick_prefill`); 2
+is best on the set alone but keeps 0.939 on that trace, 8 herds tool agents onto their
+system prompts' holders (0.905, TTFT p90 1.66x round_robin's)."""
 
 HOME_SLACK = 0.25
 """How far above the cheapest a candidate's prefill cost may be and still count as
@@ -229,7 +230,9 @@ class CacheAwarePolicy(Policy):
     minus ``overlap`` times the prefill that only its local cache saves:
     :meth:`own_tokens`). With a ``prefix_key``, the candidates within ``home_slack`` of
     the cheapest (times the request's own prefill time) are the comparably loaded ones;
-    among them the one with most own tokens wins, then the key's rendezvous home
+    among them the one with most own tokens wins, then the one with most own tokens the pool
+    holds too (it would fetch them instead: a conversation's earlier turns where the pool
+    has every turn), then the key's rendezvous home
     (:func:`rendezvous`; the key is the prompt's own, :func:`affinity_key`): prompts cached
     nowhere spread by a stable hash, the same prompt again goes where it went. A prefix
     that two candidates hold (a system prompt, a template) thus pulls to neither, so a
@@ -253,15 +256,19 @@ class CacheAwarePolicy(Policy):
 
     @staticmethod
     def own_tokens(
-        request: PlacementRequest, worker: WorkerLoad, others: Sequence[WorkerLoad] = ()
+        request: PlacementRequest,
+        worker: WorkerLoad,
+        others: Sequence[WorkerLoad] = (),
+        beyond_pool: bool = True,
     ) -> int:
-        """Leading prompt tokens the local cache of ``worker`` holds beyond the pool and
-        beyond the most any of ``others`` holds (itself among them is ignored): what no other
-        candidate would save."""
+        """Leading prompt tokens the local cache of ``worker`` holds beyond the pool (unless
+        not ``beyond_pool``) and beyond the most any of ``others`` holds (itself among them is
+        ignored): what no other candidate would save (``beyond_pool=False``: nor fetch from
+        the pool without computing)."""
         elsewhere = (
             request.local_on(w.worker_id) for w in others if w.worker_id != worker.worker_id
         )
-        floor = max(request.pooled_tokens, *elsewhere, 0)
+        floor = max(request.pooled_tokens if beyond_pool else 0, *elsewhere, 0)
         return max(0, request.local_on(worker.worker_id) - floor)
 
     def prefill_cost(
@@ -285,6 +292,7 @@ class CacheAwarePolicy(Policy):
             near,
             key=lambda w: (
                 self.own_tokens(request, w, candidates),
+                self.own_tokens(request, w, candidates, beyond_pool=False),
                 rendezvous(key, w.worker_id),
             ),
         )

@@ -138,6 +138,21 @@ def test_a_prefix_two_workers_hold_pulls_to_neither() -> None:
     assert policy.pick_prefill(deeper, [queued(A, 3000), B, c]).worker_id == "a"
 
 
+def test_with_the_pool_holding_everything_the_conversations_holder_still_wins() -> None:
+    """Where the pool holds the whole prompt no candidate's cache saves compute, but the one
+    that alone holds a conversation's earlier turns saves their fetch: it wins among the
+    comparably loaded; a prefix two of them hold still pulls to neither."""
+    c = WorkerLoad("c", "prefill", prefill_tokens_per_s=SPEED)
+    key = next(k for k in range(1000) if max("abc", key=lambda w: rendezvous(k, w)) == "c")
+    policy = CacheAwarePolicy(weights=LocalityWeights(4.0, 0.25, 2.0))
+    turns = PlacementRequest(4000, 4000, {"a": 3000, "b": 200}, prefix_key=key)
+    assert CacheAwarePolicy.own_tokens(turns, A, [A, B, c]) == 0
+    assert CacheAwarePolicy.own_tokens(turns, A, [A, B, c], beyond_pool=False) == 2800
+    assert policy.pick_prefill(turns, [A, B, c]).worker_id == "a"
+    shared = replace(turns, local_tokens={"a": 200, "b": 200})
+    assert policy.pick_prefill(shared, [A, B, c]).worker_id == "c"
+
+
 def test_decode_cost_weighs_the_local_share_against_running_requests() -> None:
     policy = CacheAwarePolicy(weights=W)
     d1 = WorkerLoad("d1", "decode", running=3, free_pages=10)
