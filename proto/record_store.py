@@ -222,7 +222,7 @@ def read_workers(
     who wrote a record, not when it was read). It compares clocks of two machines: their
     skew must stay well under ``max_age_s`` (NTP keeps it to milliseconds)."""
     listing = Listing([], [])
-    oldest = None if max_age_s is None else (time.time() if now is None else now) - max_age_s
+    now = time.time() if now is None else now
     names = sorted(client.scan_iter(match=keys.workers_pattern, count=256))
     if not names:
         return listing
@@ -235,8 +235,8 @@ def read_workers(
         except RecordError as exc:
             listing.rejected.append(Rejection(key[:200], exc.reason, str(exc)))
             continue
-        if oldest is not None and record.heartbeat_at < oldest:
-            age = oldest + (max_age_s or 0.0) - record.heartbeat_at
+        age = now - record.heartbeat_at
+        if max_age_s is not None and age > max_age_s:
             why = (
                 f"its heartbeat is {age:.1f} s old, past the {max_age_s:g} s liveness window "
                 "(an old record put back, or this host's clock behind the worker's)"

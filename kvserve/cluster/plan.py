@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from kvserve.settings import env_name
 from proto.grants import grant
-from router.edge import WILDCARD_BINDS, bare_host
 
 if TYPE_CHECKING:
     from kvserve.cluster.spec import ClusterSpec
@@ -176,9 +175,9 @@ def _router_plan(spec: ClusterSpec, name: str, port: int) -> ProcessPlan:
     host = spec.host_of(name)
     argv = [spec.python, "-m", "kvserve", "router", "--router-host", host]
     argv += ["--router-port", str(port), "--router-id", name]
-    front = spec.host_of("router")
+    front = spec.host_of("router")  # never every interface: the spec checks refuse that
     if front != host:  # behind the balancer elsewhere: clients' Host headers name the front
-        argv += ["--allowed-hosts", "*" if bare_host(front) in WILDCARD_BINDS else front]
+        argv += ["--allowed-hosts", front]
     argv += config_argv(spec.cluster_config)
     if spec.use_pool:
         argv += config_argv(spec.pool_config(name))

@@ -10,6 +10,7 @@ from kvserve.cluster.redis import is_loopback
 from kvserve.cluster.redis_ha import HA_PORTS
 from kvserve.cluster.router_names import ROUTER
 from router.auth import parse_api_keys
+from router.edge import WILDCARD_BINDS, bare_host
 from workers.config import ENGINES
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def _check_hosts(spec: ClusterSpec) -> None:
         raise ValueError(f"hosts names {sorted(unknown)}: not in {spec.process_names()}")
     for name in ("", *spec.hosts):
         address = spec.host_of(name) if name else spec.host
-        if not address or address in ("0.0.0.0", "::"):
+        if bare_host(address) in WILDCARD_BINDS:
             raise ValueError(
                 f"{name or 'host'} must be an address others reach it at (it is "
                 f"advertised), e.g. 127.0.0.1, got {address!r}"

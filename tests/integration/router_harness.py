@@ -213,6 +213,8 @@ class Harness:
         self.web: uvicorn.Server | None = None
         self.web_task: asyncio.Task[None] | None = None
         self.beat_task: asyncio.Task[None] | None = None
+        self.registry = redis.Redis.from_url(self.cluster.redis_url)
+        """Where the stubs' records are published and renewed (one client for every beat)."""
 
     def __enter__(self) -> Harness:
         self.thread.start()
@@ -245,12 +247,10 @@ class Harness:
             await asyncio.sleep(0.02)
 
     def _publish(self, records: list[WorkerRecord]) -> None:
-        client = redis.Redis.from_url(self.cluster.redis_url)
         now = time.time()
         for record in records:
             fresh = dataclasses.replace(record, heartbeat_at=now)
-            publish(client, self.cluster.keys, fresh, ttl_s=120)
-        client.close()
+            publish(self.registry, self.cluster.keys, fresh, ttl_s=120)
 
     async def _beat(self, records: list[WorkerRecord]) -> None:
         """The stubs' heartbeats: their records again with a new ``heartbeat_at`` every
@@ -267,6 +267,7 @@ class Harness:
             await self.web_task
         for server in self.servers:
             await server.stop(None)
+        self.registry.close()
 
     def _record(self, stub: StubWorker, port: int) -> WorkerRecord:
         now = time.time()
