@@ -21,22 +21,24 @@ checks) dials through :func:`channel` / :func:`sync_channel`, and a worker serve
 3. **Who may call what** (:mod:`proto.grpc_auth`): with a
    :attr:`~ClusterConfig.cluster_secret`, every call carries ``authorization: Bearer
    <token>``, the token of the identity the channel was opened as (:func:`channel`:
-   ``router`` by default, every verb; :func:`sync_channel`: ``monitor`` by default,
-   ``GetLoad`` and health only), and the worker's server refuses a call without a valid
-   token (UNAUTHENTICATED) or outside its identity's verbs (PERMISSION_DENIED). Without a
-   secret nothing is checked, and :func:`server` logs that the worker's gRPC is
-   unauthenticated.
+   ``router`` by default, every verb, a token signed for the address dialed;
+   :func:`sync_channel`: ``monitor`` by default, ``GetLoad`` and health only), and the
+   worker's server refuses a call without a valid token (UNAUTHENTICATED: a router token
+   must be addressed to the address the worker advertises, :func:`server`'s ``audience``)
+   or outside its identity's verbs (PERMISSION_DENIED). Without a secret nothing is
+   checked, and :func:`server` logs that the worker's gRPC is unauthenticated.
 
 TLS and the token do different jobs: (mutual) TLS authenticates and encrypts the channel,
-the token authorizes each verb (any certificate the CA signed is still only a transport).
-A bearer token on plaintext can be sniffed and replayed by anyone on the path, so across
-networks you do not trust, run TLS too; plaintext with tokens is for loopback or a private
-network.
+the token authorizes each verb (any certificate the CA signed is still only a transport: a
+worker's certificate makes no router). A token on plaintext can be sniffed and replayed by
+anyone on the path (a router token: at its worker, for seconds), so across networks you do
+not trust, run TLS too; plaintext with tokens is for loopback or a private network.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +141,7 @@ def channel(address: str, cluster: ClusterConfig, identity: str = ROUTER) -> grp
     secret). ValueError for an identity :mod:`proto.grpc_auth` does not know."""
     creds = channel_credentials(cluster)
     options = channel_options(cluster)
-    interceptors = aio_interceptors(cluster.credentials, identity)
+    interceptors = aio_interceptors(cluster.credentials, identity, address)
     if creds is None:
         return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     return grpc.aio.secure_channel(address, creds, options=options, interceptors=interceptors)
@@ -151,7 +153,7 @@ def sync_channel(address: str, cluster: ClusterConfig, identity: str = MONITOR) 
     reserves or aborts asks for ``router``)."""
     creds = channel_credentials(cluster)
     options = channel_options(cluster)
-    interceptors = sync_interceptors(cluster.credentials, identity)
+    interceptors = sync_interceptors(cluster.credentials, identity, address)
     if creds is None:
         base = grpc.insecure_channel(address, options=options)
     else:
@@ -159,12 +161,15 @@ def sync_channel(address: str, cluster: ClusterConfig, identity: str = MONITOR) 
     return grpc.intercept_channel(base, *interceptors) if interceptors else base
 
 
-def server(cluster: ClusterConfig) -> grpc.aio.Server:
+def server(cluster: ClusterConfig, audience: str | Callable[[], str]) -> grpc.aio.Server:
     """An asyncio gRPC server with the cluster's keepalive policy and, with a cluster
     secret, the token checks of :mod:`proto.grpc_auth` on every method (add a port with
-    :func:`add_port`). Without a secret it logs, once per server, that anyone who reaches
-    the port may call every verb."""
-    interceptors = server_interceptors(cluster.credentials)
+    :func:`add_port`), accepting router tokens addressed to ``audience``: the ``host:port``
+    the worker advertises (or what returns it, for a server bound to port 0 that learns its
+    port later). Without a secret it logs, once per server, that anyone who reaches the port
+    may call every verb."""
+    named = audience if callable(audience) else lambda: audience
+    interceptors = server_interceptors(cluster.credentials, named)
     if not interceptors:
         log.warning(
             "no cluster secret (KVSERVE_CLUSTER_SECRET): this worker's gRPC is "

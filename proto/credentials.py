@@ -11,9 +11,11 @@ The setting :attr:`proto.registry.ClusterConfig.cluster_secret` (env
 - a grant, ``kvgrant1.<base64url JSON>`` (:meth:`Credentials.grant`): only the derived
   material one role needs (:mod:`proto.grants` says which), so a process that is broken
   into gives away that role's powers and no other's. A grant holds plane keys (purpose ->
-  key), gRPC tokens this process may present (identity -> token) and gRPC verifiers it
-  accepts (identity -> SHA-256 of that identity's token: a worker checks the router's token
-  without being able to make it).
+  key; the router's signing key is one), bearer tokens this process may present (identity
+  -> token) and gRPC verifiers it accepts (identity -> the SHA-256 of a bearer identity's
+  token, or the router's Ed25519 public key: a worker checks the router's tokens without
+  being able to make one, :mod:`proto.call_tokens`). Grants of an older format
+  (``kvgrant1.``, whose router token was a bearer token) are refused: make new ones.
 
 Asking a :class:`Credentials` for something it was not granted raises :class:`NotGrantedError`
 naming what is missing, at start-up where the process first needs it.
@@ -30,9 +32,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from proto.trust import PURPOSES, check_secret, derive, grpc_token
+from proto.call_tokens import Signer, public_key
+from proto.trust import PURPOSES, ROUTER, ROUTER_SIGN, check_secret, derive, grpc_token
 
-GRANT_PREFIX = "kvgrant1."
+GRANT_PREFIX = "kvgrant2."
+_OLD_GRANT_PREFIXES = ("kvgrant1.",)
 MAX_GRANT_CHARS = 4096
 """A grant is far shorter; anything longer is refused before it is decoded."""
 _SECTIONS = ("keys", "tokens", "verifiers")
@@ -70,6 +74,11 @@ class Credentials:
         setting, when it is neither empty, a secret nor a well-formed grant."""
         if setting.startswith(GRANT_PREFIX):
             return _parse_grant(setting)
+        if setting.startswith(_OLD_GRANT_PREFIXES):
+            raise ValueError(
+                "cluster_secret: a grant from an older kvserve (its router token was a bearer "
+                "token); make new grants (kvserve grant ROLE, or restart kvserve up / compose)"
+            )
         check_secret(setting)
         return cls(secret=setting, secured=bool(setting))
 
@@ -82,23 +91,28 @@ class Credentials:
         return self.keys[purpose]
 
     def token(self, identity: str) -> str:
-        """The gRPC token this process presents as ``identity``."""
+        """The bearer token this process presents as ``identity`` (not the router: its
+        tokens are signed per call, :meth:`signer`)."""
+        if identity == ROUTER:
+            raise ValueError("router tokens are signed for each worker: use signer()")
         if not self.secured or self.secret:
             return grpc_token(self.secret, identity)
         if identity not in self.tokens:
             raise NotGrantedError(f"this process's grant may not call workers as {identity!r}")
         return self.tokens[identity]
 
+    def signer(self) -> Signer:
+        """The router's token minter (:class:`NotGrantedError` without its signing key)."""
+        return Signer(self.key(ROUTER_SIGN), ROUTER)
+
     def verifier(self, identity: str) -> bytes | None:
-        """The digest a presented ``identity`` token must have, or None when this process
-        accepts no such caller."""
+        """What checks a presented ``identity`` token (the router's public key, or a bearer
+        token's digest), or None when this process accepts no such caller."""
         if self.secret:
+            if identity == ROUTER:
+                return public_key(derive(self.secret, ROUTER_SIGN))
             return token_digest(grpc_token(self.secret, identity))
         return self.verifiers.get(identity)
-
-    def accepts(self, identity: str, token: str) -> bool:
-        """Whether ``token`` is ``identity``'s (constant-time comparison)."""
-        return token_matches(self.verifier(identity), token)
 
     def grant(self, keys: Iterable[str], tokens: Iterable[str], verifiers: Iterable[str]) -> str:
         """A grant of the named keys, tokens and verifiers, cut from these credentials
@@ -137,7 +151,8 @@ def _parse_grant(setting: str) -> Credentials:
         raise ValueError(f"cluster_secret: the grant names unknown keys {unknown}")
     tokens = _section(body, "tokens")
     for identity, token in tokens.items():
-        if not token.startswith(identity + ".") or len(token) > 256 or not token.isascii():
+        malformed = len(token) > 256 or not token.isascii() or identity == ROUTER
+        if malformed or not token.startswith(identity + "."):
             raise ValueError(f"cluster_secret: the grant's {identity} token is malformed")
     verifiers = {i: _hex32(v, f"verifier {i}") for i, v in _section(body, "verifiers").items()}
     return Credentials(

@@ -24,8 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from proto.credentials import Credentials
-from proto.grpc_auth import MONITOR, ROUTER
-from proto.trust import POOL_BLOCK, PREFIX_ROOT, REGISTRY_RECORD
+from proto.trust import MONITOR, POOL_BLOCK, PREFIX_ROOT, REGISTRY_RECORD, ROUTER, ROUTER_SIGN
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class Scope:
 
 SCOPES: Mapping[str, Scope] = {
     "worker": Scope((PREFIX_ROOT, POOL_BLOCK, REGISTRY_RECORD), (MONITOR,), (ROUTER, MONITOR)),
-    "router": Scope((PREFIX_ROOT, REGISTRY_RECORD), (ROUTER,), ()),
+    "router": Scope((PREFIX_ROOT, REGISTRY_RECORD, ROUTER_SIGN), (), ()),
     "monitor": Scope((), (MONITOR,), ()),
 }
 

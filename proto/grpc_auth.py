@@ -1,14 +1,19 @@
-"""Who may call which method of a worker's gRPC server: bearer tokens from the cluster secret.
+"""Who may call which method of a worker's gRPC server: signed router tokens, bearer tokens.
 
-Identities (:data:`PERMISSIONS`), each with the token :func:`proto.trust.grpc_token` derives
-for it from the cluster secret (a process holding a grant instead presents and accepts only
-the tokens its grant holds: :mod:`proto.credentials`, :mod:`proto.grants`):
+Identities (:data:`PERMISSIONS`):
 
 - ``router`` (:data:`ROUTER`): every ``Worker`` verb (Reserve, Prefill, Generate, Abort,
   GetLoad, SetRole; a verb added to ``worker.proto`` later is the router's alone until
-  granted to another identity) and the health service;
+  granted to another identity) and the health service. Its token is signed for one worker
+  and lives seconds (:mod:`proto.call_tokens`): a worker that receives it can replay it
+  nowhere else;
 - ``monitor`` (:data:`MONITOR`): ``GetLoad`` and the health service only: health checks
   (``kvserve probe``, the launcher's readiness wait), fault tests and tools that observe.
+  Its token is a bearer token (:func:`proto.trust.grpc_token`): what it grants is harmless
+  to replay.
+
+Which process holds what (a secret, or a grant that holds less): :mod:`proto.credentials`,
+:mod:`proto.grants`.
 
 Nothing is open: with a secret, the standard ``grpc.health.v1.Health`` service (Check,
 Watch, List) needs a token too (``monitor`` or ``router``), so an outsider learns not even
@@ -18,11 +23,13 @@ run ``kvserve probe worker``, which reads the secret (or a grant) from
 ``KVSERVE_CLUSTER_SECRET``.
 
 On the wire, every call carries one metadata entry ``authorization: Bearer <token>``, the
-token being ``<identity>.<hex>``. A worker with a secret (:class:`ServerAuth`) answers:
+token starting with its identity and a dot. A worker with a secret (:class:`ServerAuth`)
+answers:
 
 - ``UNAUTHENTICATED`` when the entry is missing, repeated, malformed, names no identity, or
-  its token is not that identity's (its SHA-256 compared with :func:`hmac.compare_digest`,
-  in constant time, against the verifier the worker holds for the named identity);
+  its token is not that identity's: a router token that does not check (signature, expiry,
+  addressed to another worker: the details say which), a bearer token whose SHA-256 differs
+  from the verifier the worker holds (compared with :func:`hmac.compare_digest`);
 - ``PERMISSION_DENIED`` when a valid identity calls a method it is not granted (unknown
   methods included: deny by default);
 
@@ -32,7 +39,8 @@ returns none; :mod:`proto.channels` logs that once when the server is built).
 
 Client side, :mod:`proto.grpc_client_auth` adds the entry to every call of a channel. The token
 authorizes the verb; it is no transport security: across an untrusted network run TLS as well
-(:mod:`proto.channels`), or a sniffed token is as good as the secret for its verbs.
+(:mod:`proto.channels`), or a sniffed token is as good as its identity's for its verbs (a
+router token: at that worker, until it expires).
 """
 
 from __future__ import annotations
@@ -47,16 +55,17 @@ from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health_pb2
 
 from proto import worker_pb2
+from proto.call_tokens import Verifier
 from proto.credentials import Credentials, token_matches
 from proto.refusals import Rejection, RejectLog
+from proto.trust import MONITOR, ROUTER
 
 log = logging.getLogger(__name__)
 
 AUTHORIZATION = "authorization"
 """The metadata key that carries the token (gRPC metadata keys are lower case)."""
 SCHEME = "Bearer"
-ROUTER = "router"
-MONITOR = "monitor"
+__all__ = ["MONITOR", "ROUTER"]  # re-exported: callers name identities from here
 
 
 Metadata = Iterable[tuple[str, str | bytes]]
@@ -87,14 +96,23 @@ def check_identity(identity: str) -> str:
     return identity
 
 
-def header(credentials: Credentials, identity: str) -> tuple[str, str]:
-    """The metadata entry ``identity`` sends (:class:`~proto.credentials.NotGrantedError` when
-    ``credentials`` hold no token of it)."""
-    return AUTHORIZATION, f"{SCHEME} {credentials.token(check_identity(identity))}"
+Entry = Callable[[], tuple[str, str]]
+"""Makes the metadata entry of one call (a router token is re-minted as it ages)."""
+
+
+def header(credentials: Credentials, identity: str, audience: str) -> Entry:
+    """What makes the metadata entry ``identity`` sends to the worker at ``audience``
+    (``host:port``) (:class:`~proto.credentials.NotGrantedError` when ``credentials`` can
+    make no token of it)."""
+    if check_identity(identity) == ROUTER:
+        signer = credentials.signer()
+        return lambda: (AUTHORIZATION, f"{SCHEME} {signer.token(audience)}")
+    entry = (AUTHORIZATION, f"{SCHEME} {credentials.token(identity)}")
+    return lambda: entry
 
 
 def parse(value: str | bytes) -> tuple[str, str] | None:
-    """``(identity, token)`` from an authorization value ``Bearer <identity>.<hex>`` (the
+    """``(identity, token)`` from an authorization value ``Bearer <identity>.<rest>`` (the
     scheme is case-insensitive), or None when the value has another shape. The identity is
     only what the token claims: nothing is verified here."""
     if isinstance(value, bytes):
@@ -103,8 +121,8 @@ def parse(value: str | bytes) -> tuple[str, str] | None:
     token = token.strip()
     if scheme.lower() != SCHEME.lower() or not token.isascii():
         return None
-    identity, dot, digest = token.rpartition(".")
-    if not (identity and dot and digest):
+    identity, dot, rest = token.partition(".")
+    if not (identity and dot and rest):
         return None
     return identity, token
 
@@ -117,34 +135,44 @@ class Refusal:
     details: str
 
 
-class Authenticator:
-    """Decides, from a call's method and metadata, whether a worker runs it (see the module
-    docstring) with the verifiers ``credentials`` hold (an identity without one is refused),
-    worked out once here rather than on every call."""
+_INVALID = (
+    "missing or invalid token: worker gRPC needs 'authorization: Bearer <token>' "
+    "derived from the cluster secret (KVSERVE_CLUSTER_SECRET)"
+)
 
-    def __init__(self, credentials: Credentials) -> None:
+
+class Authenticator:
+    """Decides, from a call's method and metadata, whether the worker at ``audience`` (its
+    advertised ``host:port``, read when a router token is checked) runs it (see the module
+    docstring), with the verifiers ``credentials`` hold (an identity without one is
+    refused), worked out once here rather than on every call."""
+
+    def __init__(self, credentials: Credentials, audience: Callable[[], str]) -> None:
         if not credentials.secured:
             raise ValueError("an Authenticator needs a cluster secret or a grant")
-        self._verifiers = {i: credentials.verifier(i) for i in PERMISSIONS}
+        public = credentials.verifier(ROUTER)
+        self._router = None if public is None else Verifier(public, audience)
+        self._digests = {i: credentials.verifier(i) for i in PERMISSIONS if i != ROUTER}
 
-    def identity(self, metadata: Metadata | None) -> str | None:
-        """The identity whose valid token ``metadata`` carries, or None (no, several, or a
-        malformed or wrong authorization entry)."""
+    def identity(self, metadata: Metadata | None) -> tuple[str | None, str]:
+        """``(identity, "")`` when ``metadata`` carries a valid token of that identity, else
+        ``(None, why)`` (no, several, or a malformed or wrong authorization entry)."""
         values = [v for k, v in (metadata or ()) if k.lower() == AUTHORIZATION]
         if len(values) != 1 or (parsed := parse(values[0])) is None:
-            return None
+            return None, _INVALID
         identity, token = parsed
-        return identity if token_matches(self._verifiers.get(identity), token) else None
+        if identity == ROUTER:
+            why = self._router.why_not(token) if self._router else "this worker accepts no router"
+            return (None, f"{_INVALID}: {why}") if why else (ROUTER, "")
+        if token_matches(self._digests.get(identity), token):
+            return identity, ""
+        return None, _INVALID
 
     def refusal(self, method: str, metadata: Metadata | None) -> Refusal | None:
         """None when the call may run, else how it is answered."""
-        identity = self.identity(metadata)
+        identity, why = self.identity(metadata)
         if identity is None:
-            return Refusal(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing or invalid token: worker gRPC needs 'authorization: Bearer <token>' "
-                "derived from the cluster secret (KVSERVE_CLUSTER_SECRET)",
-            )
+            return Refusal(grpc.StatusCode.UNAUTHENTICATED, why)
         if method not in PERMISSIONS[identity]:
             return Refusal(grpc.StatusCode.PERMISSION_DENIED, f"{identity} may not call {method}")
         return None
@@ -183,8 +211,8 @@ class ServerAuth(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """The server interceptor of a worker with a secret: runs a call only when
     :meth:`Authenticator.refusal` finds nothing against it."""
 
-    def __init__(self, credentials: Credentials) -> None:
-        self.authenticator = Authenticator(credentials)
+    def __init__(self, credentials: Credentials, audience: Callable[[], str]) -> None:
+        self.authenticator = Authenticator(credentials, audience)
 
     async def intercept_service(
         self,
@@ -200,7 +228,8 @@ class ServerAuth(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
 
 def server_interceptors(
-    credentials: Credentials,
+    credentials: Credentials, audience: Callable[[], str]
 ) -> list[grpc.aio.ServerInterceptor]:  # type: ignore[type-arg]
-    """The interceptors of a worker's server: :class:`ServerAuth`, or none without a secret."""
-    return [ServerAuth(credentials)] if credentials.secured else []
+    """The interceptors of the server of the worker at ``audience``: :class:`ServerAuth`, or
+    none without a secret."""
+    return [ServerAuth(credentials, audience)] if credentials.secured else []

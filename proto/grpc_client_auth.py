@@ -1,5 +1,7 @@
 """The client side of :mod:`proto.grpc_auth`: the interceptors that add an identity's
-``authorization: Bearer <token>`` entry to every call of a channel (asyncio or blocking).
+``authorization: Bearer <token>`` entry to every call of a channel (asyncio or blocking):
+the router's token signed for the worker the channel dials, re-minted as it ages
+(:mod:`proto.call_tokens`), or a bearer identity's fixed token.
 gRPC refuses call credentials on a plaintext channel, so this is done with interceptors,
 which work the same with and without TLS."""
 
@@ -11,7 +13,7 @@ from typing import Any
 import grpc
 
 from proto.credentials import Credentials
-from proto.grpc_auth import AUTHORIZATION, Metadata, check_identity, header
+from proto.grpc_auth import AUTHORIZATION, Entry, Metadata, check_identity, header
 
 
 def with_header(metadata: Metadata | None, entry: tuple[str, str]) -> list[tuple[str, Any]]:
@@ -25,11 +27,11 @@ class _AioToken:
     """Adds the token to the calls of an asyncio channel: one subclass per call kind, since
     an asyncio channel files an interceptor under the first kind it implements only."""
 
-    def __init__(self, entry: tuple[str, str]) -> None:
+    def __init__(self, entry: Entry) -> None:
         self._entry = entry
 
     def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*with_header(d.metadata, self._entry))
+        metadata = grpc.aio.Metadata(*with_header(d.metadata, self._entry()))
         return grpc.aio.ClientCallDetails(
             d.method, d.timeout, metadata, d.credentials, d.wait_for_ready
         )
@@ -76,11 +78,11 @@ class _SyncToken(
 ):
     """Adds the token to every call of a blocking channel (:func:`grpc.intercept_channel`)."""
 
-    def __init__(self, entry: tuple[str, str]) -> None:
+    def __init__(self, entry: Entry) -> None:
         self._entry = entry
 
     def _details(self, d: grpc.ClientCallDetails) -> _CallDetails:
-        metadata = with_header(d.metadata, self._entry)
+        metadata = with_header(d.metadata, self._entry())
         wait = getattr(d, "wait_for_ready", None)
         compression = getattr(d, "compression", None)
         return _CallDetails(d.method, d.timeout, metadata, d.credentials, wait, compression)
@@ -98,18 +100,22 @@ class _SyncToken(
         return continuation(self._details(details), requests)
 
 
-def aio_interceptors(credentials: Credentials, identity: str) -> list[Any]:
-    """Client interceptors of an asyncio channel calling as ``identity`` (none without a
-    secret: the worker checks nothing then). ValueError for an unknown identity,
-    :class:`~proto.credentials.NotGrantedError` for one whose token ``credentials`` lack."""
+def aio_interceptors(credentials: Credentials, identity: str, audience: str) -> list[Any]:
+    """Client interceptors of an asyncio channel to the worker at ``audience`` (the
+    ``host:port`` dialed) calling as ``identity`` (none without a secret: the worker checks
+    nothing then). ValueError for an unknown identity,
+    :class:`~proto.credentials.NotGrantedError` for one whose token ``credentials`` cannot
+    make."""
     check_identity(identity)
     if not credentials.secured:
         return []
-    entry = header(credentials, identity)
+    entry = header(credentials, identity, audience)
     return [kind(entry) for kind in _AIO_KINDS]
 
 
-def sync_interceptors(credentials: Credentials, identity: str) -> list[Any]:
+def sync_interceptors(credentials: Credentials, identity: str, audience: str) -> list[Any]:
     """The same for a blocking channel (for :func:`grpc.intercept_channel`)."""
     check_identity(identity)
-    return [_SyncToken(header(credentials, identity))] if credentials.secured else []
+    if not credentials.secured:
+        return []
+    return [_SyncToken(header(credentials, identity, audience))]

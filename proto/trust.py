@@ -14,8 +14,10 @@ Purposes (one constant each below, used nowhere else):
   of a request's partial-block key (no live request id in the pool's key space);
 - :data:`REGISTRY_RECORD`: the MAC on every worker record and on the contract in Redis
   (:mod:`proto.registry`);
-- :func:`grpc_token` of an identity: the bearer token that identity presents on worker
-  gRPC calls (:mod:`proto.grpc_auth`).
+- :data:`ROUTER_SIGN`: the router's Ed25519 signing key (the seed), with which it signs a
+  token for each worker it calls (:mod:`proto.call_tokens`); workers hold its public key;
+- :func:`grpc_token` of a bearer identity (:data:`MONITOR`): the token that identity presents
+  on worker gRPC calls (:mod:`proto.grpc_auth`).
 
 An empty secret is allowed (a process started by hand, tests): every derivation then uses
 an empty key, which keeps every code path the same but protects nothing; processes log
@@ -31,9 +33,16 @@ import secrets
 PREFIX_ROOT = "prefix-root"
 POOL_BLOCK = "pool-block"
 REGISTRY_RECORD = "registry-record"
-PURPOSES = (PREFIX_ROOT, POOL_BLOCK, REGISTRY_RECORD)
+ROUTER_SIGN = "router-sign"
+PURPOSES = (PREFIX_ROOT, POOL_BLOCK, REGISTRY_RECORD, ROUTER_SIGN)
 """Every plane key's purpose (what a grant may hold: :mod:`proto.credentials`)."""
 _GRPC_TOKEN = "grpc-token/"
+
+ROUTER = "router"
+"""The gRPC identity that calls every worker verb; its tokens are signed per call
+(:mod:`proto.call_tokens`)."""
+MONITOR = "monitor"
+"""The gRPC identity that only observes (GetLoad, health); its token is a bearer token."""
 
 MIN_SECRET_CHARS = 32
 """A secret is at least this many characters (``new_secret`` gives 64 hex digits)."""

@@ -142,7 +142,7 @@ async def run_worker(worker: WorkerConfig, cluster: ClusterConfig, parts: Servin
             log.error("cannot serve /metrics on port %d: %s", worker.worker_metrics_port, exc)
             await parts.stop()
             return 1
-    server = channels.server(cluster)
+    server = channels.server(cluster, record.address)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_servicer = health_aio.HealthServicer()
     await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)

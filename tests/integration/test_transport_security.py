@@ -48,10 +48,12 @@ from proto.registry import ClusterConfig
 
 async def main() -> None:
     cluster = ClusterConfig(**json.loads(sys.argv[1]))
-    server = channels.server(cluster)
+    bound = []  # router tokens are addressed to the port it binds
+    server = channels.server(cluster, lambda: bound[0])
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     port = channels.add_port(server, "127.0.0.1:0", cluster)
+    bound.append(f"127.0.0.1:{port}")
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     print(port, flush=True)

@@ -66,15 +66,15 @@ def serving_worker(config: EngineConfig, role: str = "mixed") -> Iterator[Served
 
     cluster = ClusterConfig(cluster_secret=new_secret())
 
-    async def start() -> tuple[grpc.aio.Server, int]:
-        server = channels.server(cluster)
+    async def start() -> tuple[grpc.aio.Server, str]:
+        bound: list[str] = []  # router tokens are addressed to the port it binds
+        server = channels.server(cluster, lambda: bound[0])
         worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
-        port = channels.add_port(server, "127.0.0.1:0", cluster)
+        bound.append(f"127.0.0.1:{channels.add_port(server, '127.0.0.1:0', cluster)}")
         await server.start()
-        return server, port
+        return server, bound[0]
 
-    server, port = run(start())
-    address = f"127.0.0.1:{port}"
+    server, address = run(start())
     channel = channels.sync_channel(address, cluster, identity=ROUTER)
     try:
         yield ServedWorker(address, servicer, loop, worker_pb2_grpc.WorkerStub(channel))

@@ -22,6 +22,11 @@ def test_bench_edge_times_the_checks_against_a_bare_app(capsys: pytest.CaptureFi
         "ASGI app that does nothing (baseline)",
         "the same behind HostCheckMiddleware",
         "require_json",
+        "worker: a bearer token's check (the router's old form; baseline)",
+        "worker: a router token's check, seen before",
+        "worker: a router token's check, first sight (Ed25519)",
+        "router: one call's token header",
+        "router: minting a token (Ed25519)",
     ]
     assert out["headline"]["value"] > 0
 

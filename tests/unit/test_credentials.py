@@ -9,12 +9,21 @@ import json
 import pytest
 
 from kvpool.hashing import Namespace, PrefixHasher
-from proto.credentials import GRANT_PREFIX, Credentials, NotGrantedError
+from proto.call_tokens import Verifier, public_key
+from proto.credentials import GRANT_PREFIX, Credentials, NotGrantedError, token_matches
 from proto.grants import SCOPES, grant
 from proto.grpc_auth import MONITOR, ROUTER
 from proto.record_store import open_contract, seal_contract
 from proto.registry import UNSHARED_KEY, ClusterConfig
-from proto.trust import POOL_BLOCK, PREFIX_ROOT, PURPOSES, REGISTRY_RECORD, derive, grpc_token
+from proto.trust import (
+    POOL_BLOCK,
+    PREFIX_ROOT,
+    PURPOSES,
+    REGISTRY_RECORD,
+    ROUTER_SIGN,
+    derive,
+    grpc_token,
+)
 
 SECRET = "k" * 64
 
@@ -35,24 +44,40 @@ def test_a_grant_holds_exactly_its_scope_and_agrees_with_the_secret() -> None:
             else:
                 with pytest.raises(NotGrantedError, match=purpose):
                     held.key(purpose)
+        if MONITOR in scope.tokens:
+            assert held.token(MONITOR) == grpc_token(SECRET, MONITOR)
+        else:
+            with pytest.raises(NotGrantedError, match=MONITOR):
+                held.token(MONITOR)
         for identity in (ROUTER, MONITOR):
-            if identity in scope.tokens:
-                assert held.token(identity) == grpc_token(SECRET, identity)
-            else:
-                with pytest.raises(NotGrantedError, match=identity):
-                    held.token(identity)
-            assert (held.verifier(identity) is not None) == (identity in scope.verifiers)
-            assert held.accepts(identity, grpc_token(SECRET, identity)) == (
-                identity in scope.verifiers
+            assert held.verifier(identity) == (
+                full.verifier(identity) if identity in scope.verifiers else None
             )
-            assert not held.accepts(identity, grpc_token("x" * 64, identity))
+        if MONITOR in scope.verifiers:
+            assert token_matches(held.verifier(MONITOR), grpc_token(SECRET, MONITOR))
+            assert not token_matches(held.verifier(MONITOR), grpc_token("x" * 64, MONITOR))
+        if ROUTER_SIGN in scope.keys:  # the router: it signs, and what it signs checks
+            token = held.signer().token("w:1")
+            assert Verifier(full.verifier(ROUTER) or b"", lambda: "w:1").why_not(token) is None
+        else:
+            with pytest.raises(NotGrantedError, match=ROUTER_SIGN):
+                held.signer()
+
+
+def test_the_routers_verifier_is_the_public_key_of_its_signing_key() -> None:
+    full = Credentials.of(SECRET)
+    assert full.verifier(ROUTER) == public_key(derive(SECRET, ROUTER_SIGN))
+    with pytest.raises(ValueError, match="signed for each worker"):
+        full.token(ROUTER)  # no bearer token of the router exists any more
 
 
 def test_the_roles_hold_what_the_threat_model_says() -> None:
-    """A worker cannot call as the router; the router cannot make a pool block's MAC."""
-    assert SCOPES["worker"].tokens == (MONITOR,)
+    """A worker cannot call as the router (no signing key); the router cannot make a pool
+    block's MAC."""
+    assert SCOPES["worker"].tokens == (MONITOR,) and ROUTER_SIGN not in SCOPES["worker"].keys
     assert set(SCOPES["worker"].verifiers) == {ROUTER, MONITOR}
-    assert POOL_BLOCK not in SCOPES["router"].keys and SCOPES["router"].tokens == (ROUTER,)
+    assert POOL_BLOCK not in SCOPES["router"].keys and SCOPES["router"].tokens == ()
+    assert ROUTER_SIGN in SCOPES["router"].keys
     assert SCOPES["monitor"].keys == () and SCOPES["monitor"].verifiers == ()
 
 
@@ -93,6 +118,8 @@ def test_grants_are_deterministic_and_kept_out_of_repr() -> None:
         (encoded({"keys": {"x": "00" * 32}, "tokens": {}, "verifiers": {}}), "unknown keys"),
         (encoded({"keys": {REGISTRY_RECORD: "00"}, "tokens": {}, "verifiers": {}}), "64 hex"),
         (encoded({"keys": {}, "tokens": {"router": "monitor.ab"}, "verifiers": {}}), "malformed"),
+        (encoded({"keys": {}, "tokens": {"router": "router.ab"}, "verifiers": {}}), "malformed"),
+        ("kvgrant1." + "A" * 40, "older kvserve"),
         (encoded({"keys": {}, "tokens": {}, "verifiers": {"router": 1}}), "map names"),
         (GRANT_PREFIX + "A" * 5000, "at most"),
         ("short", "at least"),

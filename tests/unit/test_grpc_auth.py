@@ -1,6 +1,7 @@
 """Worker gRPC authorization (:mod:`proto.grpc_auth`): token parsing, the identity/verb
-table, the constant-time comparison, and both interceptors end to end on an in-process
-server (a recording stand-in for the worker's servicer, on 127.0.0.1)."""
+table, the constant-time comparison, router tokens addressed to one worker, and both
+interceptors end to end on in-process servers (recording stand-ins for the worker's
+servicer, on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -26,33 +27,51 @@ from proto.trust import grpc_token, new_secret
 SECRET = new_secret()
 FULL = Credentials.of(SECRET)
 WORKER_GRANT = Credentials.of(grant(SECRET, "worker"))
+ADDRESS = "10.0.0.5:50051"
+"""The address the worker under test advertises (router tokens must be addressed to it)."""
 WORKER = "/kvserve.worker.v1.Worker/"
 HEALTH = {f"/grpc.health.v1.Health/{v}" for v in ("Check", "Watch", "List")}
 VERBS = ("Reserve", "Prefill", "Generate", "Abort", "GetLoad", "SetRole")
 UNAUTHENTICATED, DENIED = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
 
 
-def bearer(secret: str, identity: str) -> list[tuple[str, str]]:
+def bearer(secret: str, identity: str, audience: str = ADDRESS) -> list[tuple[str, str]]:
+    """The metadata a holder of ``secret`` sends as ``identity`` to the worker at
+    ``audience`` (the router's token is signed for it; another identity's is its bearer
+    token)."""
+    if identity == ROUTER:
+        return [("authorization", f"Bearer {Credentials.of(secret).signer().token(audience)}")]
     return [("authorization", f"Bearer {grpc_token(secret, identity)}")]
+
+
+OLD_ROUTER_BEARER = [("authorization", f"Bearer {grpc_token(SECRET, ROUTER)}")]
+"""The router's token before it was signed per worker: a bearer token (now refused)."""
+
+
+def authenticator(credentials: Credentials) -> Authenticator:
+    return Authenticator(credentials, lambda: ADDRESS)
 
 
 # -- parsing and the table ---------------------------------------------------------------
 
 
-def test_parse_takes_bearer_identity_dot_digest_only() -> None:
-    token = grpc_token(SECRET, ROUTER)
-    assert parse(f"Bearer {token}") == (ROUTER, token)
-    assert parse(f"bearer  {token} ".encode()) == (ROUTER, token)  # scheme case, bytes
+def test_parse_takes_bearer_identity_dot_rest_only() -> None:
+    token = grpc_token(SECRET, MONITOR)
+    assert parse(f"Bearer {token}") == (MONITOR, token)
+    assert parse(f"bearer  {token} ".encode()) == (MONITOR, token)  # scheme case, bytes
+    signed = bearer(SECRET, ROUTER)[0][1]
+    assert parse(signed) == (ROUTER, signed.split(" ")[1])
     for bad in ("", token, f"Basic {token}", "Bearer", "Bearer nodot", "Bearer .abc",
                 "Bearer router.", "Bearer rout\u00e9r.abc"):  # fmt: skip
         assert parse(bad) is None, bad
 
 
 def test_header_round_trips_and_unknown_identities_are_refused() -> None:
-    key, value = grpc_auth.header(FULL, MONITOR)
+    key, value = grpc_auth.header(FULL, MONITOR, ADDRESS)()
     assert key == "authorization" and parse(value) == (MONITOR, grpc_token(SECRET, MONITOR))
+    assert grpc_auth.header(FULL, ROUTER, ADDRESS)() == bearer(SECRET, ROUTER)[0]
     with pytest.raises(ValueError, match="unknown gRPC identity"):
-        grpc_auth.header(FULL, "prefill")
+        grpc_auth.header(FULL, "prefill", ADDRESS)
     with pytest.raises(ValueError, match="unknown gRPC identity"):
         channels.sync_channel("127.0.0.1:1", ClusterConfig(), identity="admin")
 
@@ -71,6 +90,8 @@ def test_router_may_call_every_verb_and_monitor_only_observes() -> None:
         ([], WORKER + "GetLoad", UNAUTHENTICATED),
         ([("authorization", "")], WORKER + "GetLoad", UNAUTHENTICATED),
         (bearer(new_secret(), ROUTER), WORKER + "SetRole", UNAUTHENTICATED),  # wrong secret
+        (bearer(SECRET, ROUTER, "10.0.0.6:50051"), WORKER + "Abort", UNAUTHENTICATED),  # replay
+        (OLD_ROUTER_BEARER, WORKER + "Abort", UNAUTHENTICATED),
         (bearer(SECRET, "admin"), WORKER + "SetRole", UNAUTHENTICATED),  # unknown identity
         ([("authorization", f"Bearer router.{'0' * 64}")], WORKER + "Abort", UNAUTHENTICATED),
         (bearer(SECRET, ROUTER) * 2, WORKER + "Abort", UNAUTHENTICATED),  # two entries
@@ -86,7 +107,7 @@ def test_refusals(
     metadata: list[tuple[str, str]], method: str, code: grpc.StatusCode | None
 ) -> None:
     for credentials in (FULL, WORKER_GRANT):  # a worker's grant verifies exactly the same
-        refusal = Authenticator(credentials).refusal(method, metadata)
+        refusal = authenticator(credentials).refusal(method, metadata)
         assert (refusal.code if refusal else None) == code
 
 
@@ -94,18 +115,25 @@ def test_a_worker_grant_cannot_make_the_routers_token() -> None:
     """What a broken-into worker holds: the monitor token and verifiers, never a token that
     SetRole / Abort / Reserve would accept."""
     assert WORKER_GRANT.token(MONITOR) == grpc_token(SECRET, MONITOR)
-    with pytest.raises(NotGrantedError, match="router"):
-        WORKER_GRANT.token(ROUTER)
-    with pytest.raises(NotGrantedError, match="router"):
-        grpc_client_auth.aio_interceptors(WORKER_GRANT, ROUTER)
-    assert WORKER_GRANT.verifier(ROUTER) == token_digest(grpc_token(SECRET, ROUTER))
+    with pytest.raises(NotGrantedError, match="router-sign"):
+        WORKER_GRANT.signer()
+    with pytest.raises(NotGrantedError, match="router-sign"):
+        grpc_client_auth.aio_interceptors(WORKER_GRANT, ROUTER, ADDRESS)
+    assert WORKER_GRANT.verifier(ROUTER) == FULL.verifier(ROUTER)  # the public key
     router = Credentials.of(grant(SECRET, "router"))
-    assert router.token(ROUTER) == grpc_token(SECRET, ROUTER)
+    assert router.signer().token(ADDRESS).startswith("router.")
     with pytest.raises(ValueError, match="a cluster secret or a grant"):
-        Authenticator(Credentials.of(""))
+        authenticator(Credentials.of(""))
     # the router's grant accepts no caller (it serves no gRPC): every token is refused
-    refusal = Authenticator(router).refusal(WORKER + "GetLoad", bearer(SECRET, ROUTER))
+    refusal = authenticator(router).refusal(WORKER + "GetLoad", bearer(SECRET, ROUTER))
     assert refusal is not None and refusal.code == UNAUTHENTICATED
+
+
+def test_a_refused_router_token_says_why() -> None:
+    refusal = authenticator(WORKER_GRANT).refusal(
+        WORKER + "Abort", bearer(SECRET, ROUTER, "10.0.0.6:50051")
+    )
+    assert refusal is not None and "addressed to '10.0.0.6:50051'" in refusal.details
 
 
 def test_the_verdict_is_a_constant_time_compare_against_the_named_identity(
@@ -119,23 +147,23 @@ def test_the_verdict_is_a_constant_time_compare_against_the_named_identity(
         return verdict[0]
 
     monkeypatch.setattr(hmac, "compare_digest", spy)
-    auth = Authenticator(WORKER_GRANT)
+    auth = authenticator(WORKER_GRANT)
     forged = f"monitor.{'f' * 64}"
-    assert auth.identity([("authorization", f"Bearer {forged}")]) == MONITOR  # spy says yes
+    assert auth.identity([("authorization", f"Bearer {forged}")]) == (MONITOR, "")  # spy: yes
     assert seen == [(token_digest(forged), token_digest(grpc_token(SECRET, MONITOR)))]
     verdict[0] = False
-    assert auth.identity(bearer(SECRET, ROUTER)) is None  # the spy says no to a real token
+    assert auth.identity(bearer(SECRET, MONITOR))[0] is None  # the spy says no to a real one
 
 
 def test_without_a_secret_nothing_is_installed() -> None:
     none = Credentials.of("")
-    assert grpc_auth.server_interceptors(none) == []
-    assert grpc_client_auth.aio_interceptors(none, ROUTER) == []
-    assert grpc_client_auth.sync_interceptors(none, MONITOR) == []
+    assert grpc_auth.server_interceptors(none, lambda: ADDRESS) == []
+    assert grpc_client_auth.aio_interceptors(none, ROUTER, ADDRESS) == []
+    assert grpc_client_auth.sync_interceptors(none, MONITOR, ADDRESS) == []
 
 
 def test_a_callers_own_authorization_is_replaced() -> None:
-    entry = grpc_auth.header(FULL, ROUTER)
+    entry = grpc_auth.header(FULL, ROUTER, ADDRESS)()
     merged = grpc_client_auth.with_header(
         [("authorization", "Bearer x.y"), ("x-trace", "1")], entry
     )
@@ -168,15 +196,16 @@ class Recorder(worker_pb2_grpc.WorkerServicer):
 
 @asynccontextmanager
 async def serving(cluster: ClusterConfig) -> AsyncIterator[tuple[str, Recorder]]:
-    server = channels.server(cluster)
+    bound: list[str] = []
+    server = channels.server(cluster, lambda: bound[0])
     recorder = Recorder()  # type: ignore[abstract]  # the verbs it lacks answer UNIMPLEMENTED
     worker_pb2_grpc.add_WorkerServicer_to_server(recorder, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    port = channels.add_port(server, "127.0.0.1:0", cluster)
+    bound.append(f"127.0.0.1:{channels.add_port(server, '127.0.0.1:0', cluster)}")
     await server.start()
     try:
-        yield f"127.0.0.1:{port}", recorder
+        yield bound[0], recorder
     finally:
         await server.stop(None)
 
@@ -228,6 +257,14 @@ def test_channels_carry_their_identity_and_the_server_enforces_it() -> None:
             codes["bare Generate"] = sync_code(
                 lambda: list(worker_pb2_grpc.WorkerStub(bare).Generate(generate(), timeout=10))
             )
+            elsewhere = tuple(bearer(SECRET, ROUTER, "127.0.0.1:1"))  # another worker got it
+            codes["replayed Generate"] = sync_code(
+                lambda: list(
+                    worker_pb2_grpc.WorkerStub(bare).Generate(
+                        generate(), timeout=10, metadata=elsewhere
+                    )
+                )
+            )
         with channels.sync_channel(address, cluster, identity=ROUTER) as router:
             codes["router sync Generate"] = sync_code(
                 lambda: list(worker_pb2_grpc.WorkerStub(router).Generate(generate(), timeout=10))
@@ -266,6 +303,7 @@ def test_channels_carry_their_identity_and_the_server_enforces_it() -> None:
         "monitor health": grpc.StatusCode.OK,
         "bare health": UNAUTHENTICATED,
         "bare Generate": UNAUTHENTICATED,
+        "replayed Generate": UNAUTHENTICATED,
         "stranger SetRole": UNAUTHENTICATED,
         "router sync Generate": grpc.StatusCode.OK,
         "router Generate": grpc.StatusCode.OK,
