@@ -4,6 +4,9 @@ loopback defaults of every listening socket."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +134,17 @@ def test_the_launcher_forwards_transport_settings(tmp_path: Path) -> None:
     )
     assert spec.cluster_config == expected
     assert len(spec.cluster.cluster_secret) == 64  # made up, since none was given
+
+
+@pytest.mark.parametrize(("given", "seen"), [(None, "false"), ("true", "true")])
+def test_grpc_fork_support_is_off_unless_the_operator_turns_it_on(
+    given: str | None, seen: str
+) -> None:
+    """Every process forks only to exec; gRPC's fork handlers could deadlock it
+    (:mod:`proto.channels`). A fresh interpreter, as each process starts."""
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    if given is not None:
+        env["GRPC_ENABLE_FORK_SUPPORT"] = given
+    code = "import os, proto.channels; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == seen, out.stderr
