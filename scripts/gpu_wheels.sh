@@ -24,7 +24,8 @@ mkdir -p .whl/sys
 # kvserve's own runtime needs that a CUDA image may lack or hold older (its gRPC stubs need
 # this grpcio), at the lock's pins
 runtime=(protobuf grpcio grpcio-health-checking redis pydantic pydantic-core annotated-types
-  typing-inspection typing-extensions openai httpx2 httpcore2 truststore jiter sniffio)
+  typing-inspection typing-extensions openai httpx2 httpcore2 truststore jiter sniffio
+  cryptography cffi pycparser)
 wanted=()
 for name in "${runtime[@]}"; do wanted+=("$name==$(pinned "$name")"); done
 if [ "${KVSERVE_GPU_MOONCAKE:-cuda}" = cpu ]; then
