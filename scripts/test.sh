@@ -6,25 +6,36 @@ cd "$(dirname "$0")/.."
 KVSERVE_VLLM=${KVSERVE_VLLM:-1} bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy
-# the 20 slowest tests are listed at the end: the suite is kept under 15 minutes on 2 cores
 if [ $# -gt 0 ]; then
+  .venv/bin/mypy
   exec .venv/bin/pytest -q --durations=20 "$@"
 fi
-# Two passes, each test once, side by side (most of a pass is waiting on servers, so the two
-# share the 2 cores well): the tests that move KV through the pool (marked kv_path: the pool,
-# landing, hand-off and fault tests) run with every transfer through the host staging slots,
-# the GPU path's code but for the device copies (KVSERVE_KV_STAGING=always,
-# tests/staging.py); everything else with the default, which moves a CPU cache in place.
-# Every test picks free ports and its own temporary directories, so the passes are isolated.
-staged_log=$(mktemp)
-trap 'rm -f "$staged_log"' EXIT
+# Everything else runs side by side, since most of the suite's time is spent waiting on
+# servers: mypy, and two passes of the tests, each test once, each pass on several processes
+# (pytest-xdist; a file's tests stay on one process, so a module's cluster starts once;
+# spreading them test by test ran too many clusters at once on 2 cores).
+# The tests that move KV through the pool (marked kv_path: the pool, landing, hand-off and
+# fault tests) run with every transfer through the host staging slots, the GPU path's code
+# but for the device copies (KVSERVE_KV_STAGING=always, tests/staging.py); everything else
+# with the default, which moves a CPU cache in place. Every test picks free ports and its
+# own temporary directories, so tests on different processes are isolated. The slowest
+# tests of each pass are listed at the end: the suite is kept well under 15 minutes on 2
+# cores. KVSERVE_TEST_PROCS sets the processes of the main pass (3), KVSERVE_KV_PROCS the
+# kv_path pass's (2).
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+.venv/bin/mypy >"$logs/mypy" 2>&1 &
+typing=$!
 KVSERVE_KV_STAGING=always .venv/bin/pytest -q -p no:cacheprovider --durations=10 -m kv_path \
-  >"$staged_log" 2>&1 &
+  -n "${KVSERVE_KV_PROCS:-2}" --dist loadfile >"$logs/staged" 2>&1 &
 staged=$!
 status=0
-.venv/bin/pytest -q --durations=20 -m "not kv_path" || status=$?
+.venv/bin/pytest -q --durations=20 -m "not kv_path" -n "${KVSERVE_TEST_PROCS:-3}" \
+  --dist loadfile || status=$?
 wait "$staged" || status=$?
 echo "=== the kv_path pass (KVSERVE_KV_STAGING=always) ==="
-cat "$staged_log"
+cat "$logs/staged"
+wait "$typing" || status=$?
+echo "=== mypy ==="
+cat "$logs/mypy"
 exit "$status"

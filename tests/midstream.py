@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import openai
@@ -29,8 +30,8 @@ def complete(client: openai.OpenAI, prompt: list[int], n: int) -> str:
 def stream_with_fault(
     client: openai.OpenAI, prompt: list[int], n: int, after: int, fault: threading.Event
 ) -> str:
-    """Stream a greedy completion; set ``fault`` once ``after`` chunks have come and wait
-    for the fault to be injected before reading on."""
+    """Stream a greedy completion; set ``fault`` once ``after`` chunks have come (and read
+    on: the server does not wait for the fault, so whoever injects it must be quick)."""
     chunks = client.completions.create(
         model=MODEL_NAME,
         prompt=prompt,
@@ -61,20 +62,27 @@ def fault_mid_stream(
     client: openai.OpenAI, cluster: Cluster, prompt: list[int], fault: Callable[[str], None]
 ) -> tuple[str, str]:
     """Stream ``prompt``; after a few chunks apply ``fault`` to the decode worker serving
-    it; returns the text the client got and that worker's name."""
+    it; returns the text the client got and that worker's name. The worker is looked for
+    from the stream's start, so that the fault follows the fifth chunk at once, however
+    slowly a loaded machine answers the lookup (the server decodes on meanwhile)."""
     hit: list[str] = []
-
-    def on_serving_decoder() -> None:
-        name = faults.serving_worker(cluster, "decode")
-        assert name is not None, "the stream ended before the fault"
-        fault(name)
-        hit.append(name)
-
     ready = threading.Event()
-    thread = inject_when(ready, on_serving_decoder)
+
+    def find_then_fault() -> None:
+        deadline, name = time.monotonic() + 60, None
+        while time.monotonic() < deadline:
+            name = name or faults.serving_worker(cluster, "decode")
+            if name is not None and ready.is_set():
+                fault(name)
+                hit.append(name)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=find_then_fault, daemon=True)
+    thread.start()
     try:
         text = stream_with_fault(client, prompt, LONG, after=5, fault=ready)
     finally:
-        thread.join(30)
-    assert hit, "no fault was injected"
+        thread.join(60)
+    assert hit, "no fault was injected: no decode worker was seen serving the stream"
     return text, hit[0]
