@@ -197,7 +197,12 @@ class Harness:
         max_model_len: int = 2048,
     ) -> None:
         self.max_model_len = max_model_len
-        self.cluster = ClusterConfig(redis_url=redis_url, cluster=f"rt{uuid.uuid4().hex[:8]}")
+        # a liveness window well past the beat: on a loaded machine (the suite runs several
+        # processes on 2 cores) this loop's beat can come seconds late, and a stub must not
+        # drop out of routing for that
+        self.cluster = ClusterConfig(
+            redis_url=redis_url, cluster=f"rt{uuid.uuid4().hex[:8]}", heartbeat_ttl_s=15.0
+        )
         self.model_dir, self.stubs = model_dir, {s.worker_id: s for s in stubs}
         (self.port,) = free_local_ports(1)
         options = {"disagg_threshold_tokens": 4, "pool_lookup": False,
