@@ -69,7 +69,9 @@ def test_parse_takes_bearer_identity_dot_rest_only() -> None:
 def test_header_round_trips_and_unknown_identities_are_refused() -> None:
     key, value = grpc_auth.header(FULL, MONITOR, ADDRESS)()
     assert key == "authorization" and parse(value) == (MONITOR, grpc_token(SECRET, MONITOR))
-    assert grpc_auth.header(FULL, ROUTER, ADDRESS)() == bearer(SECRET, ROUTER)[0]
+    signed = grpc_auth.header(FULL, ROUTER, ADDRESS)()  # minted now: checked, not compared
+    assert signed[0] == "authorization" and parse(signed[1]) is not None
+    assert authenticator(WORKER_GRANT).refusal(WORKER + "SetRole", [signed]) is None
     with pytest.raises(ValueError, match="unknown gRPC identity"):
         grpc_auth.header(FULL, "prefill", ADDRESS)
     with pytest.raises(ValueError, match="unknown gRPC identity"):
@@ -85,29 +87,37 @@ def test_router_may_call_every_verb_and_monitor_only_observes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("metadata", "method", "code"),
+    ("metadata", "method", "code"),  # metadata made when the test runs: tokens expire
     [
-        ([], WORKER + "GetLoad", UNAUTHENTICATED),
-        ([("authorization", "")], WORKER + "GetLoad", UNAUTHENTICATED),
-        (bearer(new_secret(), ROUTER), WORKER + "SetRole", UNAUTHENTICATED),  # wrong secret
-        (bearer(SECRET, ROUTER, "10.0.0.6:50051"), WORKER + "Abort", UNAUTHENTICATED),  # replay
-        (OLD_ROUTER_BEARER, WORKER + "Abort", UNAUTHENTICATED),
-        (bearer(SECRET, "admin"), WORKER + "SetRole", UNAUTHENTICATED),  # unknown identity
-        ([("authorization", f"Bearer router.{'0' * 64}")], WORKER + "Abort", UNAUTHENTICATED),
-        (bearer(SECRET, ROUTER) * 2, WORKER + "Abort", UNAUTHENTICATED),  # two entries
-        (bearer(SECRET, MONITOR), WORKER + "SetRole", DENIED),
-        (bearer(SECRET, MONITOR), WORKER + "Reserve", DENIED),
-        (bearer(SECRET, ROUTER), "/grpc.reflection.v1.ServerReflection/Info", DENIED),
-        (bearer(SECRET, MONITOR), WORKER + "GetLoad", None),
-        (bearer(SECRET, MONITOR), "/grpc.health.v1.Health/Check", None),
-        (bearer(SECRET, ROUTER), WORKER + "SetRole", None),
+        (lambda: [], WORKER + "GetLoad", UNAUTHENTICATED),
+        (lambda: [("authorization", "")], WORKER + "GetLoad", UNAUTHENTICATED),
+        (lambda: bearer(new_secret(), ROUTER), WORKER + "SetRole", UNAUTHENTICATED),  # wrong secret
+        (
+            lambda: bearer(SECRET, ROUTER, "10.0.0.6:50051"),
+            WORKER + "Abort",
+            UNAUTHENTICATED,
+        ),  # replay
+        (lambda: OLD_ROUTER_BEARER, WORKER + "Abort", UNAUTHENTICATED),
+        (lambda: bearer(SECRET, "admin"), WORKER + "SetRole", UNAUTHENTICATED),  # unknown identity
+        (
+            lambda: [("authorization", f"Bearer router.{'0' * 64}")],
+            WORKER + "Abort",
+            UNAUTHENTICATED,
+        ),
+        (lambda: bearer(SECRET, ROUTER) * 2, WORKER + "Abort", UNAUTHENTICATED),  # two entries
+        (lambda: bearer(SECRET, MONITOR), WORKER + "SetRole", DENIED),
+        (lambda: bearer(SECRET, MONITOR), WORKER + "Reserve", DENIED),
+        (lambda: bearer(SECRET, ROUTER), "/grpc.reflection.v1.ServerReflection/Info", DENIED),
+        (lambda: bearer(SECRET, MONITOR), WORKER + "GetLoad", None),
+        (lambda: bearer(SECRET, MONITOR), "/grpc.health.v1.Health/Check", None),
+        (lambda: bearer(SECRET, ROUTER), WORKER + "SetRole", None),
     ],
 )
 def test_refusals(
-    metadata: list[tuple[str, str]], method: str, code: grpc.StatusCode | None
+    metadata: Callable[[], list[tuple[str, str]]], method: str, code: grpc.StatusCode | None
 ) -> None:
     for credentials in (FULL, WORKER_GRANT):  # a worker's grant verifies exactly the same
-        refusal = authenticator(credentials).refusal(method, metadata)
+        refusal = authenticator(credentials).refusal(method, metadata())
         assert (refusal.code if refusal else None) == code
 
 
