@@ -15,7 +15,9 @@ keep their role; the requests complete on the real decode worker.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -99,12 +101,26 @@ def test_a_broken_into_worker_cannot_replay_the_routers_token(eval_cluster: Clus
     finally:
         registry.delete(keys.worker(EVIL))
         registry.close()
+        gone(cluster)  # the folder's next tests see the cluster as it was
     for name in cluster.worker_names:
         with grpc.insecure_channel(cluster.plan_of(name).address) as channel:
             for token in sorted(set(evil.captured)):
                 for code, details in replayed(WorkerStub(channel), token):
                     assert code == grpc.StatusCode.UNAUTHENTICATED and "addressed to" in details
         assert faults.load_of(cluster, name).role == cluster.plan_of(name).role
+
+
+def gone(cluster: Cluster) -> None:
+    """Wait until the router's view holds the cluster's own workers only (it keeps a worker
+    whose record went away for a while)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(cluster.router_url + "/v1/status", timeout=10) as answer:
+            shown = {w["worker_id"] for w in json.load(answer)["workers"]}
+        if shown == set(cluster.worker_names):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the router still shows {sorted(shown)}")
 
 
 def replayed(stub: WorkerStub, token: str) -> list[tuple[grpc.StatusCode, str]]:
