@@ -26,7 +26,6 @@ a call costs a dictionary lookup, and a signature check only once per window.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import threading
 import time
@@ -34,6 +33,8 @@ from collections.abc import Callable
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from proto.trust import b64url, framed, unb64url
 
 LIFETIME_S = 20.0
 """How long a router token is valid after it is minted."""
@@ -46,17 +47,8 @@ Clock = Callable[[], float]
 """Seconds since the Unix epoch (``time.time``; a test passes its own)."""
 
 
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def _signed(audience: str, expiry_ms: int) -> bytes:
-    parts = (_CONTEXT, audience.encode(), expiry_ms.to_bytes(8, "big"))
-    return b"".join(len(p).to_bytes(8, "big") + p for p in parts)
+    return framed(_CONTEXT, audience.encode(), expiry_ms.to_bytes(8, "big"))
 
 
 def public_key(seed: bytes) -> bytes:
@@ -85,7 +77,7 @@ class Signer:
                 return token
             expiry_ms = int((now + LIFETIME_S) * 1000)
             signature = self._key.sign(_signed(audience, expiry_ms))
-            token = f"{self._identity}.{expiry_ms}.{_b64(audience.encode())}.{_b64(signature)}"
+            token = f"{self._identity}.{expiry_ms}.{b64url(audience.encode())}.{b64url(signature)}"
             if len(self._minted) >= _MEMO_LIMIT:
                 self._minted.clear()
             self._minted[audience] = (now + LIFETIME_S / 2, token)
@@ -142,8 +134,8 @@ def _parse(token: str) -> tuple[int, str, bytes] | None:
     if len(parts) != 4 or not parts[1].isdigit() or len(parts[1]) > 15:
         return None
     try:
-        audience = _unb64(parts[2]).decode()
-        signature = _unb64(parts[3])
+        audience = unb64url(parts[2]).decode()
+        signature = unb64url(parts[3])
     except (binascii.Error, ValueError):
         return None
     return (int(parts[1]), audience, signature) if len(signature) == 64 else None

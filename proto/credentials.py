@@ -8,7 +8,7 @@ The setting :attr:`proto.registry.ClusterConfig.cluster_secret` (env
 - the cluster secret itself (at least :data:`proto.trust.MIN_SECRET_CHARS` printable
   characters): everything can be derived from it; what an operator holds, and what
   ``kvserve up`` and the compose ``secrets`` service keep for themselves;
-- a grant, ``kvgrant1.<base64url JSON>`` (:meth:`Credentials.grant`): only the derived
+- a grant, ``kvgrant2.<base64url JSON>`` (:meth:`Credentials.grant`): only the derived
   material one role needs (:mod:`proto.grants` says which), so a process that is broken
   into gives away that role's powers and no other's. A grant holds plane keys (purpose ->
   key; the router's signing key is one), bearer tokens this process may present (identity
@@ -23,7 +23,6 @@ naming what is missing, at start-up where the process first needs it.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import hmac
@@ -33,7 +32,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from proto.call_tokens import Signer, public_key
-from proto.trust import PURPOSES, ROUTER, ROUTER_SIGN, check_secret, derive, grpc_token
+from proto.trust import (
+    PURPOSES,
+    ROUTER,
+    ROUTER_SIGN,
+    b64url,
+    check_secret,
+    derive,
+    grpc_token,
+    unb64url,
+)
 
 GRANT_PREFIX = "kvgrant2."
 _OLD_GRANT_PREFIXES = ("kvgrant1.",)
@@ -125,7 +133,7 @@ class Credentials:
             "verifiers": {i: _need(self.verifier(i), i).hex() for i in sorted(verifiers)},
         }
         raw = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-        return GRANT_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        return GRANT_PREFIX + b64url(raw)
 
 
 def _need(verifier: bytes | None, identity: str) -> bytes:
@@ -140,7 +148,7 @@ def _parse_grant(setting: str) -> Credentials:
         raise ValueError(f"cluster_secret: a grant is at most {MAX_GRANT_CHARS} characters")
     encoded = setting[len(GRANT_PREFIX) :]
     try:
-        raw = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+        raw = unb64url(encoded)
         body = json.loads(raw)
     except (binascii.Error, ValueError) as exc:
         raise ValueError("cluster_secret: the grant is not base64url JSON") from exc

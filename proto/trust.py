@@ -26,6 +26,7 @@ that they run without one. :func:`check_secret` states what a real secret must l
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import secrets
@@ -78,15 +79,27 @@ def grpc_token(secret: str, identity: str) -> str:
     return f"{identity}.{derive(secret, _GRPC_TOKEN + identity).hex()}"
 
 
+def framed(*parts: bytes) -> bytes:
+    """``parts`` as one string, each after its length (8 bytes, little-endian), so no two
+    part lists give the same bytes: what is MAC'd (:func:`mac`) or signed."""
+    return b"".join(len(part).to_bytes(8, "little") + part for part in parts)
+
+
 def mac(key: bytes, *parts: bytes) -> bytes:
-    """HMAC-SHA256 of ``parts``, each length-prefixed (so no two part lists collide)."""
-    h = hmac.new(key, digestmod=hashlib.sha256)
-    for part in parts:
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part)
-    return h.digest()
+    """HMAC-SHA256 of ``parts``, framed (:func:`framed`: no two part lists collide)."""
+    return hmac.new(key, framed(*parts), hashlib.sha256).digest()
 
 
 def mac_ok(key: bytes, tag: bytes, *parts: bytes) -> bool:
     """Whether ``tag`` is the MAC of ``parts`` (constant-time comparison)."""
     return hmac.compare_digest(tag, mac(key, *parts))
+
+
+def b64url(raw: bytes) -> str:
+    """``raw`` in unpadded base64url (grants, router tokens)."""
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def unb64url(text: str) -> bytes:
+    """The bytes of unpadded base64url ``text`` (:class:`binascii.Error` when it is not)."""
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
