@@ -6,6 +6,8 @@ machine one after the other."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import openai
 
 from kvpool.config import PoolConfig
 from kvserve.cluster.launch import Cluster, ClusterSpec
+from router.status import StatusReport
 from tests.staging import STAGING
 from workers.config import EngineConfig, VllmOptions
 
@@ -61,6 +64,12 @@ def client_at(url: str, timeout: float = 120) -> openai.OpenAI:
     """The official OpenAI client on the router at ``url`` (e.g. one of several:
     ``cluster.routers.urls[name]``), without retries."""
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
+def router_status(cluster: Cluster) -> StatusReport:
+    """``GET /v1/status`` of ``cluster``'s router (no API key), parsed."""
+    with urllib.request.urlopen(cluster.router_url + "/v1/status", timeout=10) as answer:
+        return StatusReport.model_validate(json.load(answer))
 
 
 VLLM_BLOCK = 32

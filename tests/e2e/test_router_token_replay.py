@@ -15,9 +15,7 @@ keep their role; the requests complete on the real decode worker.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -32,7 +30,7 @@ from proto import worker_pb2 as pb
 from proto.grants import grant
 from proto.registry import connect, list_workers, seal_record
 from proto.worker_pb2_grpc import WorkerServicer, WorkerStub, add_WorkerServicer_to_server
-from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of
+from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of, router_status
 
 EVIL = "decode-evil"
 
@@ -96,7 +94,6 @@ def test_a_broken_into_worker_cannot_replay_the_routers_token(eval_cluster: Clus
                     temperature=0,
                 )  # fmt: skip
                 assert done.choices[0].text  # served by the real decode worker
-            registry.delete(keys.worker(EVIL))
         assert evil.captured, "the router never called the registered worker"
     finally:
         registry.delete(keys.worker(EVIL))
@@ -115,8 +112,7 @@ def gone(cluster: Cluster) -> None:
     whose record went away for a while)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        with urllib.request.urlopen(cluster.router_url + "/v1/status", timeout=10) as answer:
-            shown = {w["worker_id"] for w in json.load(answer)["workers"]}
+        shown = {w.worker_id for w in router_status(cluster).workers}
         if shown == set(cluster.worker_names):
             return
         time.sleep(0.2)

@@ -14,16 +14,13 @@ README's screenshot).
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from pathlib import Path
 
 from playwright.sync_api import Locator
 
 from kvserve.cluster.launch import Cluster
-from router.status import StatusReport
 from tests.browser import chromium_page, screenshot
-from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of
+from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of, router_status
 
 SHOWN_REQUESTS = (
     "Number((document.querySelector('#requests tr.total td')?.textContent ?? '0')"
@@ -34,11 +31,6 @@ TTFT samples of the last minute may shrink as older ones leave the window)."""
 LIVE = f"""([workers, above]) => document.querySelectorAll('#workers tbody tr').length === workers
     && {SHOWN_REQUESTS} > above"""
 """Script: the page lists ``workers`` workers and shows more than ``above`` requests."""
-
-
-def status(cluster: Cluster) -> StatusReport:
-    with urllib.request.urlopen(cluster.router_url + "/v1/status", timeout=10) as r:
-        return StatusReport.model_validate(json.load(r))
 
 
 def texts(where: Locator) -> list[str]:
@@ -56,7 +48,7 @@ def test_status_page_shows_the_live_cluster(eval_cluster: Cluster, tmp_path: Pat
         model=MODEL_NAME, prompt=prompt_of(40, 8200), max_tokens=8, stream=True
     )
     assert len(list(stream)) >= 2
-    report = status(eval_cluster)
+    report = router_status(eval_cluster)
     assert sorted(w.role for w in report.workers) == ["decode", "prefill"]
     assert report.requests["ok"] >= 5 and report.latency.ttft.count >= 5
     assert report.latency.itl.count > 0 and report.cache.since_start.token_rates.local
