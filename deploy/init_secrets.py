@@ -7,17 +7,22 @@ a named volume that only those services mount, read-only (:data:`FILES`):
 - ``cluster/``: ``cluster_secret`` and ``redis_password`` themselves, read by this service
   alone (so that a later run keeps them);
 - ``worker/``: ``cluster_secret`` holding a worker's grant (:mod:`proto.grants`: what a
-  worker needs of the secret, never the secret) and ``redis_password``, for the workers
-  (``deploy/with-secrets.sh`` exports them as ``KVSERVE_CLUSTER_SECRET`` and
-  ``KVSERVE_REDIS_PASSWORD``, also for their health checks);
-- ``router/``: the same with a router's grant, and ``api_key``: the router's API keys
-  (``KVSERVE_API_KEY``): the ones given, plus a key of tenant ``prometheus`` for the scrape
-  of ``/metrics``; empty (no keys, the router open) when none are given;
-- ``redis/``: ``redis.conf`` (its ``requirepass``, and the ``masterauth`` it replicates
-  with: the primary and the replica are started with it), ``sentinel.conf`` (the three
-  Sentinels' template: they watch ``redis``, answer with the same password, and each copies
-  it to a file of its own, which Sentinel rewrites) and ``password`` (for health checks);
-- ``exporter/passwords.json``: redis_exporter's ``REDIS_PASSWORD_FILE``;
+  worker needs of the secret, never the secret), ``redis_username`` and ``redis_password``:
+  the ``worker`` Redis user and its password (:mod:`kvserve.cluster.redis_acl`: derived
+  from the Redis password, allowed only what a worker does), for the workers
+  (``deploy/with-secrets.sh`` exports them as ``KVSERVE_CLUSTER_SECRET``,
+  ``KVSERVE_REDIS_USERNAME`` and ``KVSERVE_REDIS_PASSWORD``, also for their health checks);
+- ``router/``: the same with a router's grant and the ``router`` Redis user, and
+  ``api_key``: the router's API keys (``KVSERVE_API_KEY``): the ones given, plus a key of
+  tenant ``prometheus`` for the scrape of ``/metrics``; empty (no keys, the router open)
+  when none are given;
+- ``redis/``: ``redis.conf`` (its ``requirepass``, every role's user, and the ``masteruser``
+  it replicates as: the primary and the replica are started with it), ``sentinel.conf`` (the
+  three Sentinels' template: they watch ``redis``, answer the administrator and the roles,
+  and each copies it to a file of its own, which Sentinel rewrites) and ``password`` (the
+  administrator's, for health checks);
+- ``exporter/passwords.json``: redis_exporter's ``REDIS_PASSWORD_FILE``: the ``exporter``
+  user's password (docker-compose.yml names the user, ``REDIS_USER``);
 - ``prometheus/router_key``: the bearer token of Prometheus's scrape of the router;
 - ``grafana/admin_password``: Grafana's admin password (``GF_SECURITY_ADMIN_PASSWORD__FILE``).
 
@@ -42,11 +47,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kvserve.cluster.redis import RedisConfig, new_password
+from kvserve.cluster.redis_acl import EXPORTER, ROUTER, WORKER, role_password
 from kvserve.cluster.redis_ha import node_auth_conf, sentinel_conf
 from proto.grants import grant
 from proto.trust import check_secret, new_secret
 from router.auth import parse_api_keys
 
+CLUSTER = "kvserve"
+"""The cluster's name (``KVSERVE_CLUSTER`` in docker-compose.yml): its Redis users may use
+only its keys."""
 REDIS_ADDR = "redis://redis:6379"
 """Where redis_exporter scrapes (its ``REDIS_ADDR`` in docker-compose.yml)."""
 PROMETHEUS_TENANT = "prometheus"
@@ -56,8 +65,10 @@ FILES = (
     "cluster/cluster_secret",
     "cluster/redis_password",
     "worker/cluster_secret",
+    "worker/redis_username",
     "worker/redis_password",
     "router/cluster_secret",
+    "router/redis_username",
     "router/redis_password",
     "router/api_key",
     "redis/redis.conf",
@@ -89,22 +100,24 @@ def contents(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
     grafana = environ.get("KVSERVE_GRAFANA_PASSWORD", "")
     grafana = _kept(root, "grafana/admin_password", grafana, new_password())
     check_secret(secret)
-    redis = RedisConfig(password=password)  # raises on line breaks and NUL
+    redis = RedisConfig(password=password, cluster=CLUSTER)  # raises on line breaks and NUL
     keys = environ.get("KVSERVE_API_KEY", "").strip()
     router_keys = f"{keys},{PROMETHEUS_TENANT}={prometheus}" if keys else ""
     parse_api_keys(router_keys)  # raises, naming the entry's position only
     texts = (
         secret,
         password,
-        grant(secret, "worker"),
-        password,
-        grant(secret, "router"),
-        password,
+        grant(secret, WORKER),
+        WORKER,
+        role_password(password, WORKER),
+        grant(secret, ROUTER),
+        ROUTER,
+        role_password(password, ROUTER),
         router_keys,
         node_auth_conf(redis),
         sentinel_conf(dataclasses.replace(redis, host="redis"), SENTINEL_PORT, "0.0.0.0", True),
         password,
-        json.dumps({REDIS_ADDR: password}),
+        json.dumps({REDIS_ADDR: role_password(password, EXPORTER)}),
         prometheus,
         grafana,
     )

@@ -13,10 +13,13 @@ load() { # load VARIABLE FILE
   fi
 }
 # A worker mounts worker/, the router router/; cluster_secret holds their role's grant,
-# never the secret itself (deploy/init_secrets.py).
+# never the secret itself, and redis_username/redis_password their role's own Redis user,
+# never the administrator's (deploy/init_secrets.py).
 load KVSERVE_CLUSTER_SECRET worker/cluster_secret
+load KVSERVE_REDIS_USERNAME worker/redis_username
 load KVSERVE_REDIS_PASSWORD worker/redis_password
 load KVSERVE_CLUSTER_SECRET router/cluster_secret
+load KVSERVE_REDIS_USERNAME router/redis_username
 load KVSERVE_REDIS_PASSWORD router/redis_password
 load KVSERVE_API_KEY router/api_key
 exec "$@"

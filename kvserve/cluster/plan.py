@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kvserve.cluster.redis_acl import as_role
 from kvserve.settings import env_name
 from proto.grants import grant
+from proto.registry import ClusterConfig
 
 if TYPE_CHECKING:
     from kvserve.cluster.spec import ClusterSpec
@@ -138,11 +140,16 @@ def plan_cluster(spec: ClusterSpec, cores: Sequence[int]) -> ClusterPlan:
     return ClusterPlan(tuple(workers), _router_plans(spec), shared, tuple(notes))
 
 
-def _own_env(spec: ClusterSpec, holder: str, *own: tuple[str, str]) -> tuple[tuple[str, str], ...]:
-    """A worker's or the router's own environment: unbuffered output, the cluster's
-    secrets with the secret cut down to ``holder``'s grant, then ``own``."""
-    granted = grant(spec.cluster.cluster_secret, holder)
-    cluster = dataclasses.replace(spec.cluster_config, cluster_secret=granted)
+def role_cluster(spec: ClusterSpec, role: str) -> ClusterConfig:
+    """The cluster settings a ``role`` process gets: the secret cut down to the role's grant
+    (:mod:`proto.grants`) and the role's own Redis user (:mod:`kvserve.cluster.redis_acl`)."""
+    cluster = as_role(spec.cluster_config, role)
+    return dataclasses.replace(cluster, cluster_secret=grant(spec.cluster.cluster_secret, role))
+
+
+def _own_env(cluster: ClusterConfig, *own: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    """A worker's or the router's own environment: unbuffered output, the secrets of its
+    ``cluster`` settings (:func:`role_cluster`), then ``own``."""
     return (("PYTHONUNBUFFERED", "1"), *secret_env(cluster), *own)
 
 
@@ -156,11 +163,12 @@ def worker_plan(
     host = spec.host_of(name)
     argv = [spec.python, "-m", "kvserve", "worker", "--role", role]
     argv += ["--worker-host", host, "--worker-port", str(port), "--worker-id", name]
-    argv += [*config_argv(engine), *pool, *config_argv(spec.cluster_config)]
+    cluster = role_cluster(spec, "worker")
+    argv += [*config_argv(engine), *pool, *config_argv(cluster)]
     if spec.worker_engine != "kvserve":
         argv += ["--engine", spec.worker_engine, *config_argv(spec.vllm)]
     argv += spec.worker_args
-    env = _own_env(spec, "worker", ("OMP_NUM_THREADS", str(threads)))
+    env = _own_env(cluster, ("OMP_NUM_THREADS", str(threads)))
     return ProcessPlan(name, role, tuple(argv), host, port, cores, env, spec.prefix_of(name))
 
 
@@ -178,7 +186,8 @@ def _router_plan(spec: ClusterSpec, name: str, port: int) -> ProcessPlan:
     front = spec.host_of("router")  # never every interface: the spec checks refuse that
     if front != host:  # behind the balancer elsewhere: clients' Host headers name the front
         argv += ["--allowed-hosts", front]
-    argv += config_argv(spec.cluster_config)
+    cluster = role_cluster(spec, "router")
+    argv += config_argv(cluster)
     if spec.use_pool:
         argv += config_argv(spec.pool_config(name))
     else:
@@ -188,6 +197,6 @@ def _router_plan(spec: ClusterSpec, name: str, port: int) -> ProcessPlan:
     if spec.disagg_threshold_tokens is not None:
         argv += ["--disagg-threshold-tokens", str(spec.disagg_threshold_tokens)]
     argv += ["--tokenizer-dir", spec.model_dir]  # its own setting, never the registry's
-    env = _own_env(spec, "router", (env_name("api_key"), spec.api_key))
+    env = _own_env(cluster, (env_name("api_key"), spec.api_key))
     argv += spec.router_args
     return ProcessPlan(name, "router", tuple(argv), host, port, (), env, spec.prefix_of(name))

@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 from kvserve.cluster.processes import ManagedProcess, Readiness, debian_binary
+from kvserve.cluster.redis_acl import ROLES, check_cluster_name, conf_quoted, node_users
 from proto.registry import ClusterConfig, connect
 
 _REDIS_USER = re.compile(r"[A-Za-z0-9_.@-]+")
@@ -52,8 +53,15 @@ class RedisConfig:
     port: int = 6379
     password: str = field(default="", repr=False)
     username: str = ""
+    cluster: str = "kvserve"
 
     def __post_init__(self) -> None:
+        check_cluster_name(self.cluster)
+        if self.username in ROLES:
+            raise ValueError(
+                f"Redis user {self.username!r} is a role's own user (kvserve.cluster."
+                f"redis_acl); name the administrator otherwise, or leave it empty"
+            )
         if self.username and not self.password:
             raise ValueError(f"Redis user {self.username!r} needs a password (redis_password)")
         if self.username and not _REDIS_USER.fullmatch(self.username):
@@ -99,15 +107,17 @@ def redis_command(cfg: RedisConfig, binary: str = "redis-server") -> list[str]:
     return [*argv, "-"] if cfg.password else argv
 
 
-def conf_quoted(text: str) -> str:
-    """A redis.conf argument that keeps every character (double quotes, escapes)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def redis_auth_conf(cfg: RedisConfig) -> str:
-    """The redis.conf lines that set ``cfg``'s credentials ('' without a password)."""
+def redis_auth_conf(cfg: RedisConfig, ha: bool = False) -> str:
+    """The redis.conf lines that set ``cfg``'s credentials, the administrator's and each
+    role's, ('' without a password); ``ha``: the replication and Sentinel users too."""
     if not cfg.password:
         return ""
+    return admin_conf(cfg) + node_users(cfg.password, cfg.cluster, ha)
+
+
+def admin_conf(cfg: RedisConfig) -> str:
+    """The administrator's lines: ``requirepass`` (the ``default`` user), or ``username``
+    with every command and ``default`` switched off."""
     if not cfg.username:
         return f"requirepass {conf_quoted(cfg.password)}\n"
     lines = [] if cfg.username == "default" else ["user default off"]

@@ -9,13 +9,16 @@ dies is failed over by the Sentinels within about ``DOWN_AFTER_MS`` plus an elec
 ``stop()`` stops the Sentinels first (no failover during the shutdown), then the nodes.
 
 Credentials: the data nodes read theirs from standard input, as :class:`RedisProcess` does
-(:func:`~kvserve.cluster.redis.redis_auth_conf`, plus ``masterauth`` so each can replicate
-from the other). A Sentinel must be able to rewrite its configuration file, so its
-credentials are in that file: written with mode 0600 into the launcher's log directory.
+(:func:`~kvserve.cluster.redis.redis_auth_conf`, with the ``replica`` and ``sentinel`` users
+of :mod:`kvserve.cluster.redis_acl`, and ``masteruser``/``masterauth`` so each can replicate
+from the other as ``replica``). The Sentinels reach the nodes and each other as
+``sentinel``. A Sentinel must be able to rewrite its configuration file, so its credentials
+are in that file: written with mode 0600 into the launcher's log directory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -26,12 +29,19 @@ import redis
 from kvserve.cluster.processes import ManagedProcess, Readiness
 from kvserve.cluster.redis import (
     RedisConfig,
+    admin_conf,
     answers_ping,
     ask,
-    conf_quoted,
     redis_auth_conf,
     redis_binary,
     redis_command,
+)
+from kvserve.cluster.redis_acl import (
+    REPLICA,
+    SENTINEL,
+    conf_quoted,
+    role_password,
+    sentinel_users,
 )
 from proto.registry import ClusterConfig
 from proto.sentinel import SentinelURL
@@ -66,13 +76,12 @@ def node_command(
 
 
 def node_auth_conf(cfg: RedisConfig) -> str:
-    """A data node's credential lines: its own, and those it replicates with."""
+    """A data node's credential lines: the administrator's and every role's (the
+    replication and Sentinel users too), and the ``replica`` user it replicates as."""
     if not cfg.password:
         return ""
-    lines = [redis_auth_conf(cfg), f"masterauth {conf_quoted(cfg.password)}\n"]
-    if cfg.username:
-        lines.append(f"masteruser {cfg.username}\n")
-    return "".join(lines)
+    secret = conf_quoted(role_password(cfg.password, REPLICA))
+    return redis_auth_conf(cfg, ha=True) + f"masteruser {REPLICA}\nmasterauth {secret}\n"
 
 
 def sentinel_conf(cfg: RedisConfig, port: int, bind: str = "", hostnames: bool = False) -> str:
@@ -87,13 +96,13 @@ def sentinel_conf(cfg: RedisConfig, port: int, bind: str = "", hostnames: bool =
         f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
         f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}",
     ]
-    if cfg.password:
-        secret = conf_quoted(cfg.password)
-        lines += [f"sentinel auth-pass {SERVICE} {secret}", f"sentinel sentinel-pass {secret}"]
-        if cfg.username:
-            lines += [f"sentinel auth-user {SERVICE} {cfg.username}"]
-            lines += [f"sentinel sentinel-user {cfg.username}"]
-    return "\n".join(lines) + "\n" + redis_auth_conf(cfg)
+    if cfg.password:  # the Sentinels reach the data nodes, and each other, as SENTINEL
+        secret = conf_quoted(role_password(cfg.password, SENTINEL))
+        lines += [f"sentinel auth-user {SERVICE} {SENTINEL}"]
+        lines += [f"sentinel auth-pass {SERVICE} {secret}"]
+        lines += [f"sentinel sentinel-user {SENTINEL}", f"sentinel sentinel-pass {secret}"]
+    users = admin_conf(cfg) + sentinel_users(cfg.password) if cfg.password else ""
+    return "\n".join(lines) + "\n" + users
 
 
 def in_sync(cfg: RedisConfig) -> bool:
@@ -141,7 +150,7 @@ class RedisHA:
         )
 
     def _at(self, port: int) -> RedisConfig:
-        return RedisConfig(self.cfg.host, port, self.cfg.password, self.cfg.username)
+        return dataclasses.replace(self.cfg, port=port)
 
     def _node(self, port: int, primary_port: int | None) -> ManagedProcess:
         cfg = self._at(port)

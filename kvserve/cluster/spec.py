@@ -232,6 +232,7 @@ class ClusterSpec:
             port=self.redis_port,
             username=self.cluster.redis_username,
             password=self.cluster.redis_password,
+            cluster=self.cluster.cluster,
         )
 
     @property

@@ -122,9 +122,10 @@ def test_up_with_api_keys_asks_with_one_and_hands_secrets_out_by_need(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """``kvserve up --ask`` with ``KVSERVE_API_KEY`` set answers (it presents a key the
-    router accepts); the router alone has the keys, every worker and the router have the
-    made-up Redis password and a grant of their role cut from the made-up cluster secret
-    in their environment (never the secret), and no command line holds a secret."""
+    router accepts); the router alone has the keys, every worker and the router have their
+    role's own Redis user (its password derived from the made-up one) and a grant of their
+    role cut from the made-up cluster secret in their environment (never the secret), and no
+    command line holds a secret."""
     argv = [*KVSERVE, "up", "--free-ports", "--prefill", "0", "--decode", "0", "--mixed", "1"]
     argv += ["--no-use-pool", "--no-pin-cores", "--model", str(tiny_model_dir)]
     argv += ["--kv-cache-mib", "16", "--block-tokens", "16", "--log-dir", str(tmp_path)]
@@ -144,8 +145,11 @@ def test_up_with_api_keys_asks_with_one_and_hands_secrets_out_by_need(
             assert "KVSERVE_API_KEY" not in worker
             grants = [worker["KVSERVE_CLUSTER_SECRET"], router["KVSERVE_CLUSTER_SECRET"]]
             assert all(g.startswith(GRANT_PREFIX) for g in grants) and len(set(grants)) == 2
-            assert worker["KVSERVE_REDIS_PASSWORD"] == router["KVSERVE_REDIS_PASSWORD"]
-            secrets = [*grants, worker["KVSERVE_REDIS_PASSWORD"]]
+            passwords = [worker["KVSERVE_REDIS_PASSWORD"], router["KVSERVE_REDIS_PASSWORD"]]
+            assert len(set(passwords)) == 2  # each role its own Redis user (redis_acl)
+            named = {role: [c for c, _ in children if f" {role} " in c] for role in roles}
+            assert all(f"--redis-username {role} " in named[role][0] for role in roles)
+            secrets = [*grants, *passwords]
             assert not any(s in c for c, _ in children for s in [*secrets, "k-test-1"])
             assert not any("KVSERVE_API_KEY" in e for c, e in children if "redis-server" in c)
         finally:

@@ -13,16 +13,21 @@ from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvserve.cluster.plan import ProcessPlan, config_argv, split_cores
 from kvserve.cluster.redis import RedisConfig, redis_auth_conf, redis_command
+from kvserve.cluster.redis_acl import node_users, role_password
 from kvserve.cluster.spec import ClusterSpec, new_cluster_config
 from kvserve.settings import config_from_args
 from proto.grants import grant
 from proto.registry import ClusterConfig
 from workers.config import EngineConfig
 
-REGISTRY = ["--redis-url", "redis://127.0.0.1:6379/0", "--cluster", "kvserve"]
-REGISTRY += ["--heartbeat-s", "1.0", "--heartbeat-ttl-s", "3.0", "--redis-username", ""]
-REGISTRY += ["--peer-timeout-s", "5.0", "--grpc-tls-cert", "", "--grpc-tls-key", ""]
-REGISTRY += ["--grpc-tls-ca", "", "--hash-algorithm", "sha256"]  # secrets: the environment
+
+def registry(role: str) -> list[str]:
+    """The registry flags of a ``role`` process: its own Redis user (redis_acl); secrets
+    travel in the environment."""
+    flags = ["--redis-url", "redis://127.0.0.1:6379/0", "--cluster", "kvserve"]
+    flags += ["--heartbeat-s", "1.0", "--heartbeat-ttl-s", "3.0", "--redis-username", role]
+    flags += ["--peer-timeout-s", "5.0", "--grpc-tls-cert", "", "--grpc-tls-key", ""]
+    return [*flags, "--grpc-tls-ca", "", "--hash-algorithm", "sha256"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +62,7 @@ def worker_argv(role: str, port: int, name: str, threads: int) -> list[str]:
     head = ["py", "-m", "kvserve", "worker", "--role", role, "--worker-host", "127.0.0.1"]
     head += ["--worker-port", str(port), "--worker-id", name]
     engine = config_argv(EngineConfig(model="/m", threads=threads))
-    return [*head, *engine, *config_argv(spec().pool_config(name)), *REGISTRY]
+    return [*head, *engine, *config_argv(spec().pool_config(name)), *registry("worker")]
 
 
 def test_config_argv_spells_every_field_as_its_flag() -> None:
@@ -80,13 +85,13 @@ def test_two_cores_one_prefill_one_decode_pins_one_core_each() -> None:
     assert (prefill.cores, decode.cores) == ((0,), (1,))
     assert dict(decode.env) == {
         **{"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
-        "KVSERVE_REDIS_PASSWORD": s.cluster.redis_password,
+        "KVSERVE_REDIS_PASSWORD": role_password(s.cluster.redis_password, "worker"),
         "KVSERVE_CLUSTER_SECRET": grant(s.cluster.cluster_secret, "worker"),
     }
     assert decode.address == "127.0.0.1:50062"
     assert not plan.shared_cores and plan.notes == ()
     router = ["py", "-m", "kvserve", "router", "--router-host", "127.0.0.1"]
-    router += ["--router-port", "8000", "--router-id", "router", *REGISTRY]
+    router += ["--router-port", "8000", "--router-id", "router", *registry("router")]
     router += config_argv(spec().pool_config("router"))
     router += ["--tokenizer-dir", "/m"]
     assert list(plan.router.argv) == router
@@ -152,8 +157,9 @@ def test_pool_and_registry_point_at_this_clusters_services() -> None:
     assert s.cluster_config.redis_password == "pw" and "pw" not in repr(s.cluster_config)
     assert s.cluster_config.cluster == "c1"
     for p in (*s.plan([0, 1]).workers, s.plan([0, 1]).router):  # never on a command line
-        assert "pw" not in p.argv and ("KVSERVE_REDIS_PASSWORD", "pw") in p.env
-        assert "pw" not in repr(p)
+        role = "router" if p.role == "router" else "worker"  # its own user, not the admin's
+        assert ("KVSERVE_REDIS_PASSWORD", role_password("pw", role)) in p.env
+        assert "pw" not in p.argv and "pw" not in repr(p) and "pw" not in dict(p.env).values()
 
 
 def test_free_ports_are_distinct_and_cover_every_process() -> None:
@@ -193,10 +199,16 @@ def test_redis_command() -> None:
         RedisConfig(port=7001, password="s3"), "r"
     )  # credentials from stdin
     assert with_password == ["r", *argv[1:], "-"] and "s3" not in " ".join(with_password)
-    assert redis_auth_conf(RedisConfig(password='a"b')) == 'requirepass "a\\"b"\n'
+    roles = node_users('a"b', "kvserve", ha=False)  # each role's user (test_redis_roles.py)
+    assert redis_auth_conf(RedisConfig(password='a"b')) == 'requirepass "a\\"b"\n' + roles
     assert redis_auth_conf(RedisConfig(password="p", username="u")) == (
-        'user default off\nuser u on ">p" ~* &* +@all\n'
+        'user default off\nuser u on ">p" ~* &* +@all\n' + node_users("p", "kvserve", False)
     )
+    assert redis_auth_conf(RedisConfig(port=7001)) == ""
+    with pytest.raises(ValueError, match="role"):
+        RedisConfig(password="p", username="worker")
+    with pytest.raises(ValueError, match="cluster name"):
+        RedisConfig(cluster="a b*")
 
 
 @pytest.mark.parametrize(
@@ -279,9 +291,12 @@ def test_argv_round_trips_through_the_real_cli(monkeypatch: pytest.MonkeyPatch) 
 
 
 def granted(s: ClusterSpec, holder: str) -> ClusterConfig:
-    """``s``'s cluster settings as ``holder`` is given them."""
+    """``s``'s cluster settings as ``holder`` is given them: its grant, its Redis user."""
     return dataclasses.replace(
-        s.cluster_config, cluster_secret=grant(s.cluster.cluster_secret, holder)
+        s.cluster_config,
+        cluster_secret=grant(s.cluster.cluster_secret, holder),
+        redis_username=holder,
+        redis_password=role_password(s.cluster.redis_password, holder),
     )
 
 
@@ -301,7 +316,8 @@ def test_secrets_are_made_up_per_spec_and_travel_only_in_the_environment() -> No
         env = dict(p.env)
         holder = "router" if p is plan.router else "worker"
         assert env["KVSERVE_CLUSTER_SECRET"] == grant(a.cluster.cluster_secret, holder)
-        assert env["KVSERVE_REDIS_PASSWORD"] == a.cluster.redis_password
+        assert env["KVSERVE_REDIS_PASSWORD"] == role_password(a.cluster.redis_password, holder)
+        assert flag(p.argv, "--redis-username") == holder
         text = " ".join(p.argv) + repr(p) + repr(a) + repr(a.cluster_config)
         assert not any(secret in text for secret in secrets)
     assert all("KVSERVE_API_KEY" not in dict(w.env) for w in plan.workers)

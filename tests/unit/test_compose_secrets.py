@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kvserve.cluster.redis_acl import EXPORTER, REPLICA, SENTINEL, role_password
 from kvserve.settings import config_from_args
 from proto.grants import grant
 from proto.registry import ClusterConfig
@@ -59,8 +60,9 @@ def test_rdma_machines_must_be_given_the_shared_secrets(
     for name in ("prefill", "decode", "router"):
         ns = parse(RDMA_SERVICES[name], monkeypatch, secrets_roots["rdma"])
         cluster = config_from_args(ClusterConfig, ns)
-        assert cluster.redis_password == RDMA_ENV["KVSERVE_REDIS_PASSWORD"]
         holder = "router" if name == "router" else "worker"
+        assert cluster.redis_username == holder
+        assert cluster.redis_password == role_password(RDMA_ENV["KVSERVE_REDIS_PASSWORD"], holder)
         assert cluster.cluster_secret == grant(RDMA_ENV["KVSERVE_CLUSTER_SECRET"], holder)
 
 
@@ -83,16 +85,17 @@ def test_secrets_are_made_up_once_kept_and_given_ones_win(tmp_path: Path) -> Non
     assert (tmp_path / "cluster/cluster_secret").read_text() == "g" * 40
     for holder in ("worker", "router"):
         given = (tmp_path / f"{holder}/cluster_secret").read_text()
-        assert (
-            given == grant("g" * 40, holder)
-            and (tmp_path / f"{holder}/redis_password").read_text() == "pw"
-        )
-    assert (tmp_path / "redis/redis.conf").read_text() == 'requirepass "pw"\nmasterauth "pw"\n'
+        assert given == grant("g" * 40, holder)
+        assert (tmp_path / f"{holder}/redis_username").read_text() == holder
+        assert (tmp_path / f"{holder}/redis_password").read_text() == role_password("pw", holder)
+    conf = (tmp_path / "redis/redis.conf").read_text()
+    assert conf.startswith('requirepass "pw"\n') and conf.count('"pw"') == 1
+    assert f'masteruser {REPLICA}\nmasterauth "{role_password("pw", REPLICA)}"\n' in conf
     assert (tmp_path / "grafana/admin_password").read_text() == first["grafana/admin_password"]
     module.write(tmp_path, {"KVSERVE_GRAFANA_PASSWORD": "gp"})
     assert (tmp_path / "grafana/admin_password").read_text() == "gp"
     assert json.loads((tmp_path / "exporter/passwords.json").read_text()) == {
-        environment(SERVICES["redis-exporter"])["REDIS_ADDR"]: "pw"
+        environment(SERVICES["redis-exporter"])["REDIS_ADDR"]: role_password("pw", EXPORTER)
     }
     bad = subprocess.run(
         [sys.executable, str(INIT), str(tmp_path)],
@@ -103,25 +106,29 @@ def test_secrets_are_made_up_once_kept_and_given_ones_win(tmp_path: Path) -> Non
 
 
 def test_each_secret_is_mounted_only_where_it_is_read(secrets_roots: dict[str, Path]) -> None:
-    """Redis (primary and replica) starts with its requirepass and masterauth file and
-    checks health with the password, the Sentinels with their template holding it;
-    redis_exporter and Prometheus read theirs by their own file settings; workers get a
-    worker's grant and the Redis password, the router a router's grant, the password and
-    the API keys, through deploy/with-secrets.sh; no service mounts the volume that holds
+    """Redis (primary and replica) starts with its file of users (the administrator's
+    requirepass, each role's user, the replication user) and checks health with the
+    administrator's password, the Sentinels with their template; redis_exporter reads its
+    own user's password by its file setting, Prometheus its key; workers get a worker's
+    grant and the ``worker`` Redis user, the router a router's grant, the ``router`` user
+    and the API keys, through deploy/with-secrets.sh; no service mounts the volume that holds
     the secret itself, and no other service mounts any secrets volume."""
     root = secrets_roots["base"]
     redis = SERVICES["redis"]
     conf = secret_file(redis, redis["command"][1], root)
     password = secret_file(redis, f"{SECRETS_DIR}/redis/password", root)
-    assert conf == f'requirepass "{password}"\nmasterauth "{password}"\n'
+    assert conf.startswith(f'requirepass "{password}"\n') and "user worker on " in conf
     assert "/run/kvserve/redis/password" in str(redis["healthcheck"]["test"])
     replica = SERVICES["redis-replica"]
     assert secret_file(replica, replica["command"][1], root) == conf
     sentinel = secret_file(SERVICES["sentinel-1"], f"{SECRETS_DIR}/redis/sentinel.conf", root)
-    assert f'sentinel auth-pass kvserve "{password}"' in sentinel
+    assert f'sentinel auth-pass kvserve "{role_password(password, SENTINEL)}"' in sentinel
+    assert f"sentinel auth-user kvserve {SENTINEL}" in sentinel
     assert f'requirepass "{password}"' in sentinel
     exporter = SERVICES["redis-exporter"]
-    assert password in secret_file(exporter, environment(exporter)["REDIS_PASSWORD_FILE"], root)
+    passwords = secret_file(exporter, environment(exporter)["REDIS_PASSWORD_FILE"], root)
+    assert role_password(password, EXPORTER) in passwords and password not in passwords
+    assert environment(exporter)["REDIS_USER"] == EXPORTER
     readers: dict[str, set[str]] = {}
     for name, service in SERVICES.items():
         for target, (volume, _) in mounts(service).items():
@@ -139,8 +146,9 @@ def test_each_secret_is_mounted_only_where_it_is_read(secrets_roots: dict[str, P
     assert secret_file(grafana, environment(grafana)["GF_SECURITY_ADMIN_PASSWORD__FILE"], root)
     for name in ("prefill", "decode", "router"):
         exported = secret_env(SERVICES[name], root)
-        assert exported["KVSERVE_REDIS_PASSWORD"] == password
         holder = "router" if name == "router" else "worker"
+        assert exported["KVSERVE_REDIS_USERNAME"] == holder
+        assert exported["KVSERVE_REDIS_PASSWORD"] == role_password(password, holder)
         secret = (root / "cluster/cluster_secret").read_text()
         assert exported["KVSERVE_CLUSTER_SECRET"] == grant(secret, holder)
         assert ("KVSERVE_API_KEY" in exported) == (name == "router")
