@@ -24,13 +24,19 @@ a named volume that only those services mount, read-only (:data:`FILES`):
 - ``exporter/passwords.json``: redis_exporter's ``REDIS_PASSWORD_FILE``: the ``exporter``
   user's password (docker-compose.yml names the user, ``REDIS_USER``);
 - ``prometheus/router_key``: the bearer token of Prometheus's scrape of the router;
-- ``grafana/admin_password``: Grafana's admin password (``GF_SECURITY_ADMIN_PASSWORD__FILE``).
+  ``web.yml``: its ``--web.config.file``, every request signed in with basic auth as
+  :data:`PROMETHEUS_USER` (a bcrypt hash of the reader password); ``health_auth``: that
+  login as a ``Basic`` credential, for its health check;
+- ``grafana/admin_password``: Grafana's admin password (``GF_SECURITY_ADMIN_PASSWORD__FILE``);
+  ``prometheus_password``: the reader password Grafana's data source signs in to Prometheus
+  with (also yours: ``docker compose exec grafana cat /run/kvserve/grafana/prometheus_password``).
 
 The cluster secret and the Redis password are the ones given in this service's environment
 (``KVSERVE_CLUSTER_SECRET``, ``KVSERVE_REDIS_PASSWORD``), else the ones written by an
 earlier run (so a service recreated later still agrees with the others), else new ones
 (:func:`proto.trust.new_secret`, :func:`kvserve.cluster.redis.new_password`); Grafana's
-password likewise (``KVSERVE_GRAFANA_PASSWORD``); the Prometheus key likewise, never
+password likewise (``KVSERVE_GRAFANA_PASSWORD``), and Prometheus's reader password
+(``KVSERVE_PROMETHEUS_PASSWORD``); the Prometheus key likewise, never
 given. Every file is replaced atomically, mode 0444 (the readers run as different users;
 each volume is mounted only where it is read). Invalid
 input (a short secret, a malformed key list) exits non-zero, naming the setting, and then
@@ -39,12 +45,15 @@ no other service starts.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+
+import bcrypt
 
 from kvserve.cluster.redis import RedisConfig, new_password
 from kvserve.cluster.redis_acl import EXPORTER, ROUTER, WORKER, role_password
@@ -59,6 +68,9 @@ only its keys."""
 REDIS_ADDR = "redis://redis:6379"
 """Where redis_exporter scrapes (its ``REDIS_ADDR`` in docker-compose.yml)."""
 PROMETHEUS_TENANT = "prometheus"
+PROMETHEUS_USER = "kvserve"
+"""Who may read Prometheus (basic auth; deploy/grafana's data source signs in as it)."""
+BCRYPT_ROUNDS = 10
 SENTINEL_PORT = 26379
 """Where each Sentinel listens (its container's; KVSERVE_REDIS_URL in docker-compose.yml)."""
 FILES = (
@@ -76,7 +88,10 @@ FILES = (
     "redis/password",
     "exporter/passwords.json",
     "prometheus/router_key",
+    "prometheus/web.yml",
+    "prometheus/health_auth",
     "grafana/admin_password",
+    "grafana/prometheus_password",
 )
 """Every file written, relative to the root (tests/unit/test_compose.py checks that each
 is where its reader looks)."""
@@ -92,6 +107,20 @@ def _kept(root: Path, name: str, given: str, new: str) -> str:
     return new
 
 
+def web_config(path: Path, password: str) -> str:
+    """Prometheus's web configuration (``--web.config.file``, YAML written as JSON): basic
+    auth, one user, :data:`PROMETHEUS_USER`, whose bcrypt hash is ``password``'s: the one in
+    ``path`` if it still matches (so a later run writes the same file), else a new one."""
+    try:
+        hashed = str(json.loads(path.read_text())["basic_auth_users"][PROMETHEUS_USER])
+        if bcrypt.checkpw(password.encode(), hashed.encode()):
+            return path.read_text()
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or not one of ours: a new one
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(BCRYPT_ROUNDS)).decode()
+    return json.dumps({"basic_auth_users": {PROMETHEUS_USER: hashed}}) + "\n"
+
+
 def contents(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
     """What each of :data:`FILES` is to hold (module docstring); ValueError on bad input."""
     secret = _kept(root, FILES[0], environ.get("KVSERVE_CLUSTER_SECRET", ""), new_secret())
@@ -99,6 +128,8 @@ def contents(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
     prometheus = _kept(root, "prometheus/router_key", "", new_password())
     grafana = environ.get("KVSERVE_GRAFANA_PASSWORD", "")
     grafana = _kept(root, "grafana/admin_password", grafana, new_password())
+    given = environ.get("KVSERVE_PROMETHEUS_PASSWORD", "")
+    reader = _kept(root, "grafana/prometheus_password", given, new_password())
     check_secret(secret)
     redis = RedisConfig(password=password, cluster=CLUSTER)  # raises on line breaks and NUL
     keys = environ.get("KVSERVE_API_KEY", "").strip()
@@ -119,7 +150,10 @@ def contents(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
         password,
         json.dumps({REDIS_ADDR: role_password(password, EXPORTER)}),
         prometheus,
+        web_config(root / "prometheus/web.yml", reader),
+        base64.b64encode(f"{PROMETHEUS_USER}:{reader}".encode()).decode(),
         grafana,
+        reader,
     )
     return dict(zip(FILES, texts, strict=True))
 

@@ -32,10 +32,20 @@ class Prometheus:
     """``with Prometheus(config, workdir) as prom:`` -> :meth:`query` -> stopped on exit.
 
     ``config``: the scrape configuration (a dict, written as YAML); data and log live in
-    ``workdir``; it listens on a free loopback port."""
+    ``workdir``; it listens on a free loopback port. ``web_config``: its
+    ``--web.config.file`` (none by default); ``authorization``: the header every request of
+    this object carries then (e.g. ``Basic ...``)."""
 
-    def __init__(self, config: dict[str, Any], workdir: Path) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        workdir: Path,
+        web_config: Path | None = None,
+        authorization: str = "",
+    ) -> None:
         self.workdir = workdir
+        self.web_config = web_config
+        self.authorization = authorization
         (self.port,) = free_local_ports(1)
         self.url = f"http://127.0.0.1:{self.port}"
         self.config_path = workdir / "prometheus.yml"
@@ -50,6 +60,7 @@ class Prometheus:
                 f"--config.file={self.config_path}",
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
+                *([f"--web.config.file={self.web_config}"] if self.web_config else []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -73,9 +84,18 @@ class Prometheus:
                 self._proc.kill()
                 self._proc.wait(10)
 
+    def get(self, path: str, authorization: str | None = None, timeout: float = 30) -> Any:
+        """``GET path`` with ``authorization`` (default: this object's); the open reply
+        (``urllib.error.HTTPError`` on a status of 400 or more)."""
+        request = urllib.request.Request(self.url + path)
+        header = self.authorization if authorization is None else authorization
+        if header:
+            request.add_header("Authorization", header)
+        return urllib.request.urlopen(request, timeout=timeout)
+
     def _ready(self) -> bool:
         try:
-            with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as reply:
+            with self.get("/-/ready", timeout=2) as reply:
                 return bool(reply.status == 200)
         except OSError:
             return False
@@ -85,8 +105,8 @@ class Prometheus:
 
     def query(self, promql: str) -> Result:
         """The instant vector (or scalar, as one sample) ``promql`` gives now."""
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=30) as reply:
+        path = "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with self.get(path) as reply:
             body = json.load(reply)
         assert body["status"] == "success", (promql, body)
         data = body["data"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +29,7 @@ COMPOSE = ROOT / "docker-compose.yml"
 RDMA = ROOT / "docker-compose.rdma.yml"
 HA = ROOT / "docker-compose.ha.yml"
 PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
+DATASOURCES = ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml"
 INIT = ROOT / "deploy" / "init_secrets.py"
 WRAPPER = ROOT / "deploy" / "with-secrets.sh"
 RDMA_ENV = {
@@ -192,3 +194,24 @@ def write_secrets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     module.write(roots["base"], {"KVSERVE_API_KEY": "alice=k1"})
     module.write(roots["rdma"], RDMA_ENV)
     return {**roots, "ha": roots["base"]}
+
+
+def prometheus_login(root: Path) -> dict[str, Any]:
+    """The compose Prometheus's login as each reader finds it: the bcrypt hash in the web
+    config its command names, the user and the password file of Grafana's data source, the
+    credential its own health check sends (each file checked to be mounted read-only where
+    it is read)."""
+    prometheus, grafana = SERVICES["prometheus"], SERVICES["grafana"]
+    (flag,) = [a for a in prometheus["command"] if a.startswith("--web.config.file=")]
+    users = json.loads(secret_file(prometheus, flag.split("=", 1)[1], root))["basic_auth_users"]
+    (source,) = yaml.safe_load(DATASOURCES.read_text())["datasources"]
+    path = re.fullmatch(r"\$__file\{(.+)\}", source["secureJsonData"]["basicAuthPassword"])
+    assert path and source["basicAuth"] is True
+    health = re.search(r"\$\(cat (\S+)\)", str(prometheus["healthcheck"]["test"]))
+    assert health and "Authorization: Basic" in str(prometheus["healthcheck"]["test"])
+    return {
+        "user": source["basicAuthUser"],
+        "hash": users[source["basicAuthUser"]].encode(),
+        "password": secret_file(grafana, path.group(1), root).encode(),
+        "health": secret_file(prometheus, health.group(1), root),
+    }

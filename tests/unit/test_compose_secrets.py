@@ -9,12 +9,14 @@ files as compose does; no container runs)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import bcrypt
 import pytest
 
 from kvserve.cluster.redis_acl import EXPORTER, REPLICA, SENTINEL, role_password
@@ -36,6 +38,7 @@ from tests.unit.compose_files import (
     init_secrets,
     mounts,
     parse,
+    prometheus_login,
     secret_env,
     secret_file,
     write_secrets,
@@ -144,6 +147,9 @@ def test_each_secret_is_mounted_only_where_it_is_read(secrets_roots: dict[str, P
     }
     grafana = SERVICES["grafana"]
     assert secret_file(grafana, environment(grafana)["GF_SECURITY_ADMIN_PASSWORD__FILE"], root)
+    web = prometheus_login(root)
+    assert web["user"] == "kvserve" and bcrypt.checkpw(web["password"], web["hash"])
+    assert base64.b64decode(web["health"]) == b"kvserve:" + web["password"]
     for name in ("prefill", "decode", "router"):
         exported = secret_env(SERVICES[name], root)
         holder = "router" if name == "router" else "worker"
