@@ -1,5 +1,9 @@
 """Writing blocks to the pool one layer at a time (see :meth:`kvpool.pool.KVPool.begin_write`).
 
+Owns :class:`PendingBlock` (one block to write), :class:`BlockWrite` (the write of several,
+layer by layer, then their metas) and :class:`WriteTarget`, what a write needs of its pool:
+the pool imports this module, never the other way round.
+
 Commit rule: every layer object of a block is put first, each digested as it is put; the
 meta object (digests and MAC: :mod:`kvpool.meta`) goes last, only for a block whose every
 layer put succeeded.
@@ -8,12 +12,42 @@ layer put succeeded.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
-from kvpool.span_io import CacheSpan
+from kvpool.evictor import ChainEvictor
+from kvpool.layout import KVLayout
+from kvpool.meta import MetaCodec
+from kvpool.span_io import CacheSpan, SpanIO
+from kvpool.stats import PoolStats
+from kvpool.store import MooncakeStore
 
-if TYPE_CHECKING:
-    from kvpool.pool import KVPool
+
+class WriteTarget(Protocol):
+    """What a :class:`BlockWrite` uses of its pool (:class:`kvpool.pool.KVPool` is one): the
+    layout, the span transfers, the meta codec, the store the metas go to, the eviction
+    that settles claimed blocks (None: off) and the counters."""
+
+    @property
+    def layout(self) -> KVLayout: ...
+
+    @property
+    def io(self) -> SpanIO: ...
+
+    @property
+    def codec(self) -> MetaCodec: ...
+
+    @property
+    def store(self) -> MooncakeStore: ...
+
+    @property
+    def evictor(self) -> ChainEvictor | None: ...
+
+    @property
+    def stats(self) -> PoolStats: ...
+
+
+PoolT = TypeVar("PoolT", bound=WriteTarget)
+"""The pool a write goes to (its type kept, so a caller reads its own pool back)."""
 
 
 class PendingBlock(NamedTuple):
@@ -30,7 +64,7 @@ class PendingBlock(NamedTuple):
         return self.extra["expires"]
 
 
-class BlockWrite:
+class BlockWrite(Generic[PoolT]):
     """Blocks being written to the pool, one layer at a time.
 
     Lifecycle: ``write_layer(i)`` for every layer (each puts that layer's span of every
@@ -40,7 +74,7 @@ class BlockWrite:
     """
 
     def __init__(
-        self, pool: KVPool, blocks: list[PendingBlock], indexed: frozenset[str] = frozenset()
+        self, pool: PoolT, blocks: list[PendingBlock], indexed: frozenset[str] = frozenset()
     ) -> None:
         self.pool = pool
         self.blocks = blocks

@@ -148,7 +148,7 @@ class KVPool:
 
     def begin_write(
         self, blocks: list[PendingBlock], indexed: frozenset[str] = frozenset()
-    ) -> BlockWrite:
+    ) -> BlockWrite[KVPool]:
         """Start writing blocks given as ``(meta key, page, extra meta fields)``; those
         whose meta keys are in ``indexed`` were admitted (:meth:`admit`) and are settled in
         the chain index by the commit.

@@ -76,7 +76,7 @@ class StepWrite:
 
     def __init__(
         self,
-        write: BlockWrite,
+        write: BlockWrite[KVPool],
         executor: ThreadPoolExecutor | None,
         owners: dict[str, int],
         leases: list[Lease],

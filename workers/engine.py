@@ -45,7 +45,7 @@ from workers.config import EngineConfig
 from workers.engine_info import EngineInfo, EngineLoad
 from workers.engine_parts import load_parts
 from workers.handoff import Reservations
-from workers.kv_push import Pusher
+from workers.kv_push import Pusher, push_state
 from workers.kv_transfer import KVStreamer
 from workers.model_runner import describe
 from workers.offline import generate
@@ -326,8 +326,9 @@ class Engine:
         except Exception as exc:
             log.exception("finishing the step failed for %s; it fails alone", seq.request_id)
             return self._fail(seq, describe(exc))
-        if seq.push is not None and self.pusher is not None:
-            out.push = self.pusher.outcome(seq.push)
+        state = push_state(seq)
+        if state is not None and self.pusher is not None:
+            out.push = self.pusher.outcome(state)
             seq.push = None  # answered once
         if out.finish_reason is not None:
             self._end(seq, out.finish_reason)

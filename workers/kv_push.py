@@ -1,9 +1,10 @@
 """Prefill side of a direct push: each layer of a hand-off's prompt written straight into
 the decode worker's reserved pages as it is computed, the pool written in the background.
 
-A request that came with a :class:`kvpool.push.PushTarget` gets a :class:`PushState` on its
-sequence (:meth:`Pusher.state_for`; a target that fails :func:`kvpool.push.target_error`,
-or a KV cache the pool does not move in place, fails the push at once). Then, per step:
+A request that came with a :class:`kvpool.push.PushTarget` gets a :class:`PushState` in its
+sequence's opaque ``push`` slot (:meth:`Pusher.state_for`, read back by :func:`push_state`;
+a target that fails :func:`kvpool.push.target_error`, or a KV cache the pool does not move
+in place, fails the push at once). Then, per step:
 
 1. :meth:`Pusher.plan` (engine thread, before the model runs) names the prompt blocks the
    step completes that are not pushed yet (on the prompt's last step, every block left,
@@ -80,6 +81,12 @@ class PushState:
             self.error = why
 
 
+def push_state(seq: Sequence) -> PushState | None:
+    """The push ``seq`` carries (its :attr:`~workers.sequence.Sequence.push` slot, which only
+    this module fills: :meth:`Pusher.state_for`), if any."""
+    return seq.push if isinstance(seq.push, PushState) else None
+
+
 class PushJob(NamedTuple):
     """One step's share of a push: prompt blocks ``start``..``end`` from ``src`` pages here
     to ``dst`` pages there; ``final``: the prompt's last step."""
@@ -145,7 +152,7 @@ class Pusher:
         jobs: list[PushJob] = []
         bt = self.blocks.block_tokens
         for seq, n in entries:
-            state = seq.push
+            state = push_state(seq)
             final = seq.num_computed_tokens + n >= seq.num_prompt_tokens
             if state is None or state.done or (state.error and not final):
                 continue  # (a failed push's last step still comes: it waits for the pool)
@@ -205,7 +212,9 @@ class Pusher:
             state.bytes += size * len(srcs)
             state.seconds += time.perf_counter() - t0
 
-    def publish(self, write: BlockWrite, in_flight: set[str], pins: list[int]) -> Future[int]:
+    def publish(
+        self, write: BlockWrite[KVPool], in_flight: set[str], pins: list[int]
+    ) -> Future[int]:
         """Write ``write``'s blocks to the pool on the kv-publish thread (their meta keys in
         ``in_flight`` meanwhile: see :attr:`workers.kv_transfer.KVStreamer.in_flight`), then
         hand ``pins`` back for :meth:`unpin`."""
@@ -318,7 +327,7 @@ class PushStepWrite(StepWrite):
         self.pusher.release(self.pins)
 
 
-class KnownSumsWrite(BlockWrite):
+class KnownSumsWrite(BlockWrite[KVPool]):
     """A :class:`~kvpool.block_write.BlockWrite` from a slab the pool moves in place whose
     blocks' layer digests may be known already (``known``, by meta key: taken as they were
     pushed, over the same pinned pages): their layers are put without being digested

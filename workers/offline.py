@@ -1,21 +1,42 @@
 """Driving an engine to completion on the calling thread: offline use (``kvserve generate``,
 warm-up, benchmarks, chaos checks) and tests. Nothing served uses it: a served engine is
 stepped by :class:`workers.engine_loop.EngineLoop`.
+
+Owns :class:`OfflineEngine`, what :func:`generate` drives: :class:`workers.engine.Engine`
+is one (and calls :func:`generate` from :meth:`~workers.engine.Engine.generate`), so this
+module imports no engine.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from workers.outputs import RequestOutput
 from workers.sequence import SamplingParams
 
-if TYPE_CHECKING:
-    from workers.engine import Engine
+
+class Flushes(Protocol):
+    """Queued pool writes that can be waited for (:class:`kvpool.stream.StreamWriter`)."""
+
+    def flush(self) -> None: ...
+
+
+class OfflineEngine(Protocol):
+    """What :func:`generate` uses of an engine: queue a request, run one step, and its pool
+    writer (None without a pool), flushed at the end."""
+
+    @property
+    def streamer(self) -> Flushes | None: ...
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> str: ...
+
+    def step(self) -> list[RequestOutput]: ...
 
 
 def generate(
-    engine: Engine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    engine: OfflineEngine,
+    prompts: list[list[int]],
+    params: SamplingParams | list[SamplingParams],
 ) -> list[RequestOutput]:
     """Add ``prompts`` (one ``params`` for all, or one each) and step ``engine`` until all of
     them finished; their final outputs, in prompt order. Other requests the engine holds

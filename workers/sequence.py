@@ -7,6 +7,9 @@ A decode worker's request may instead start ``RESERVED``: it holds pages for its
 before a remote prefill ran, then enters ``RUNNING`` with the prompt's KV pulled from the
 pool (or gives the pages back when its lease ends).
 The scheduler owns the status and the page fields; the engine appends sampled tokens.
+
+The innermost bookkeeping of a worker: it imports only :mod:`proto.limits`; what other
+modules hang on a sequence (the direct push's state) it holds as an opaque slot.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from proto.limits import (
     MIN_TEMPERATURE,
@@ -25,9 +27,6 @@ from proto.limits import (
     stop_error,
     stop_token_ids_count_error,
 )
-
-if TYPE_CHECKING:
-    from workers.kv_push import PushState
 
 
 @dataclass(frozen=True)
@@ -168,9 +167,10 @@ class Sequence:
     """When it was queued (``time.perf_counter``), until first scheduled; then None."""
     handoff: bool = False
     """Prefill only: end after the first token and leave the prompt's KV in the pool."""
-    push: PushState | None = None
+    push: object | None = None
     """Prefill only: the direct push of its prompt's KV into a decode worker's pages, if
-    it came with a target (:mod:`workers.kv_push`)."""
+    it came with a target. Opaque here: :mod:`workers.kv_push` fills and reads it (its
+    ``PushState``, through ``push_state``), so the sequence imports nothing of the push."""
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     """Logprobs of prompt tokens 2.. (``params.prompt_logprobs``), filled as the prefill's
     chunks run; index ``i`` is the token at position ``i + 1``."""

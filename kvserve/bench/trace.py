@@ -38,8 +38,8 @@ from kvpool.config import EVICTION
 from kvserve.bench.tracecluster import EVENTS_SUFFIX, HINT_SUFFIX, ClusterSettings
 from kvserve.bench.traceevents import EventTiming
 from kvserve.bench.tracepolicies import SESSION_POLICIES
-from kvserve.bench.traceset import Trace, capacity_rows, cluster_row, load_traces
-from kvserve.bench.tracesim import BLOCK_TOKENS
+from kvserve.bench.traceset import capacity_rows, cluster_row, load_traces
+from kvserve.bench.tracesim import BLOCK_TOKENS, Trace
 from kvserve.bench.tracesweep import SWEEP_POLICY, policy_worst, ratio, sweep_rows
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.report import emit, log

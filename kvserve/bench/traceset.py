@@ -13,13 +13,12 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvserve.bench.tracecluster import ClusterSettings, cluster_replay
 from kvserve.bench.tracegen import SHAPES, session_trace
-from kvserve.bench.tracesim import TraceRequest, block_chain, load_trace, lru_replay
+from kvserve.bench.tracesim import Trace, block_chain, load_trace, lru_replay
 from kvserve.bench.tracesweep import ratio
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.report import log
@@ -34,18 +33,6 @@ UNBOUNDED = 1 << 62
 """The capacity of the LRU that gives a trace's ceiling."""
 POOL_ROWS = {"master": "pool", "chain": "pool_chain"}
 """The row key of each eviction's real-pool replay."""
-
-
-@dataclass(frozen=True)
-class Trace:
-    """One replayed trace: its ``name``, ``requests``, their block ``chains``
-    (:func:`~kvserve.bench.tracesim.block_chain`) and where it comes from (``source``: a
-    path, or a generated shape's settings and seed)."""
-
-    name: str
-    requests: list[TraceRequest]
-    chains: list[list[int]]
-    source: dict[str, Any]
 
 
 def trace_names(names: Sequence[str]) -> list[str]:

@@ -63,6 +63,18 @@ class TraceRequest(TraceEntry):
         return [BLOCK_TOKENS] * (n - 1) + [self.input_length - BLOCK_TOKENS * (n - 1)]
 
 
+@dataclass(frozen=True)
+class Trace:
+    """One replayed trace: its ``name``, ``requests``, their block ``chains``
+    (:func:`block_chain`) and where it comes from (``source``: a path, or a generated
+    shape's settings and seed). Loaded by :func:`kvserve.bench.traceset.load_traces`."""
+
+    name: str
+    requests: list[TraceRequest]
+    chains: list[list[int]]
+    source: dict[str, Any]
+
+
 def parse_trace(lines: Iterable[str], max_requests: int | None = None) -> list[TraceRequest]:
     """Requests of the non-blank JSONL ``lines``, in file order, at most ``max_requests``."""
     return mooncake_trace.parse_trace(lines, max_requests, TraceRequest)

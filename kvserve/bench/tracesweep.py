@@ -18,13 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvserve.bench.tracecluster import ClusterSettings, cluster_replay, split_policy
+from kvserve.bench.tracesim import Trace
 from router.conductor import LocalityWeights
-
-if TYPE_CHECKING:
-    from kvserve.bench.traceset import Trace
 
 SWEEP_POLICY = "cache_aware+events"
 """The policy whose weights the sweep chooses by default (the live router's)."""

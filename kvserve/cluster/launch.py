@@ -34,7 +34,7 @@ from types import TracebackType
 from kvpool.master import MasterConfig
 from kvpool.net import port_open
 from kvserve.cluster.health import grpc_serving
-from kvserve.cluster.plan import ClusterPlan, ProcessPlan
+from kvserve.cluster.plan import ClusterPlan, ProcessPlan, plan_cluster
 from kvserve.cluster.pool import MASTER, METADATA, PoolProcesses
 from kvserve.cluster.pool_ha import ha_services, wait_leader
 from kvserve.cluster.processes import ManagedProcess
@@ -74,7 +74,7 @@ class Cluster:
 
     def __init__(self, spec: ClusterSpec, available_cores: Sequence[int] | None = None) -> None:
         self.spec = spec
-        self.plan = spec.plan(available_cores)
+        self.plan = plan_cluster(spec, available_cores)
         self.log_dir = spec.log_dir or Path(tempfile.mkdtemp(prefix="kvserve-cluster-"))
         self._pool: PoolProcesses | None = None
         self._redis: RedisProcess | RedisHA | None = None

@@ -13,7 +13,7 @@ Lifecycle of :class:`NetHosts`:
 2. ``create()`` first removes leftovers of an earlier run with the same tag, then makes
    the bridge, the namespaces (loopback up) and the links, and brings all up; on any
    failure it removes what it made;
-3. :meth:`hosts` gives each name its :class:`~kvserve.cluster.plan.Host` (address, and the
+3. :meth:`hosts` gives each name its :class:`~kvserve.cluster.host.Host` (address, and the
    ``ip netns exec`` prefix that runs a command there, as the
    :class:`~kvserve.cluster.runas.RunAs` account when one is given: ``kvserve up --hosts``
    always gives one, so no process runs as root) for a
@@ -41,7 +41,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
 
-from kvserve.cluster.plan import Host
+from kvserve.cluster.host import Host
 from kvserve.cluster.redis import new_password
 from kvserve.cluster.runas import PREFLIGHT, RunAs
 from kvserve.cluster.spec import ClusterSpec

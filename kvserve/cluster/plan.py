@@ -1,33 +1,23 @@
-"""What one process of a cluster is: where it runs (:class:`Host`), its exact command
-(:class:`ProcessPlan`), the pure helpers that build commands from settings dataclasses,
-and :func:`plan_cluster`, which turns a :class:`~kvserve.cluster.spec.ClusterSpec` into
-every worker's and the router's :class:`ProcessPlan`.
+"""What one process of a cluster is: its exact command (:class:`ProcessPlan`; where it
+runs: :class:`kvserve.cluster.host.Host`), the pure helpers that build commands from
+settings dataclasses, and :func:`plan_cluster`, which turns a
+:class:`~kvserve.cluster.spec.ClusterSpec` into every worker's and the router's
+:class:`ProcessPlan`. The spec knows nothing of its plan: this module imports the spec.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvserve.cluster.redis_acl import as_role
+from kvserve.cluster.spec import ClusterSpec
 from kvserve.settings import env_name
 from proto.grants import grant
 from proto.registry import ClusterConfig
-
-if TYPE_CHECKING:
-    from kvserve.cluster.spec import ClusterSpec
-
-
-@dataclass(frozen=True)
-class Host:
-    """Where a process runs: the address it binds to and advertises, and the argv prefix
-    that starts a command there (empty: this machine's own network, e.g.
-    ``("ip", "netns", "exec", "kvs-redis")`` for a network namespace)."""
-
-    address: str
-    prefix: tuple[str, ...] = ()
 
 
 def config_argv(config: Any) -> list[str]:
@@ -108,14 +98,15 @@ class ClusterPlan:
         return self.routers[0]
 
 
-def plan_cluster(spec: ClusterSpec, cores: Sequence[int]) -> ClusterPlan:
-    """Exact argv, port, cores and own environment of every worker and of the router:
-    each worker gets a disjoint slice of ``cores`` when there are at least as many cores
-    as workers (else all share all, and a note says so). Every setting is a flag; the
-    secrets go in the environment (:func:`secret_env`): each worker and the router a grant
-    of its role cut from the cluster secret (:mod:`proto.grants`), never the secret itself;
-    the API keys to the router alone."""
-    ordered = list(cores)
+def plan_cluster(spec: ClusterSpec, cores: Sequence[int] | None = None) -> ClusterPlan:
+    """Exact argv, port, cores and own environment of every worker and of the router (pure
+    given the cores: ``cores`` defaults to ``spec.cores``, then to this process's
+    affinity): each worker gets a disjoint slice of the cores when there are at least as
+    many cores as workers (else all share all, and a note says so). Every setting is a
+    flag; the secrets go in the environment (:func:`secret_env`): each worker and the
+    router a grant of its role cut from the cluster secret (:mod:`proto.grants`), never
+    the secret itself; the API keys to the router alone."""
+    ordered = list(cores or spec.cores or sorted(os.sched_getaffinity(0)))
     slices, shared = split_cores(ordered, spec.num_workers)
     auto_threads = max(1, len(ordered) // spec.num_workers)
     notes = []

@@ -1,10 +1,12 @@
-"""What a one-machine cluster runs: :class:`ClusterSpec` -> :class:`ClusterPlan`, purely.
+"""What a one-machine cluster runs: :class:`ClusterSpec`, purely.
 
-1. A :class:`ClusterSpec` is validated in ``__post_init__`` (counts, ports, timings);
+1. A :class:`ClusterSpec` is validated in ``__post_init__`` (counts, ports, timings:
+   :func:`kvserve.cluster.spec_checks.check_spec`, over what it reads of a spec);
 2. ``spec.with_free_ports()`` optionally swaps every port for a free loopback port;
-3. ``spec.plan(cores)`` gives each worker a disjoint slice of the CPU cores when there are
-   at least as many cores as workers (otherwise all share all cores) and builds the exact
-   argv of every worker and of the router; :mod:`kvserve.cluster.launch` runs the plan.
+3. :func:`kvserve.cluster.plan.plan_cluster` gives each worker a disjoint slice of the CPU
+   cores when there are at least as many cores as workers (otherwise all share all cores)
+   and builds the exact argv of every worker and of the router (that module imports this
+   one, never the other way round); :mod:`kvserve.cluster.launch` runs the plan.
 
 Workers are named ``<role>-<i>`` (``prefill-0``, ``decode-0``, ...), in the order prefill,
 decode, mixed, and take ports ``worker_base_port + i`` in that order unless
@@ -19,9 +21,8 @@ Of the launcher's environment a child gets only an allow-list
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvpool.net import free_local_ports
-from kvserve.cluster.plan import ClusterPlan, Host, plan_cluster
+from kvserve.cluster.host import Host
 from kvserve.cluster.pool_ha import PoolHA
 from kvserve.cluster.redis import RedisConfig, new_password
 from kvserve.cluster.redis_ha import sentinel_url
@@ -301,12 +302,4 @@ class ClusterSpec:
             master=master,
             worker_ports=tuple(workers[:n]),
             worker_metrics_ports=tuple(workers[n:]),
-        )
-
-    def plan(self, available_cores: Sequence[int] | None = None) -> ClusterPlan:
-        """Exact argv, port and cores of every worker and the router (pure given the cores;
-        ``available_cores`` defaults to ``cores``, then to this process's affinity;
-        :func:`kvserve.cluster.plan.plan_cluster`)."""
-        return plan_cluster(
-            self, list(available_cores or self.cores or sorted(os.sched_getaffinity(0)))
         )

@@ -1,23 +1,81 @@
 """What a :class:`~kvserve.cluster.spec.ClusterSpec` must satisfy: :func:`check_spec`,
-called as it is built (every count, port, host and credential, and the ways they combine)."""
+called as it is built (every count, port, host and credential, and the ways they combine).
+
+Owns :class:`CheckedSpec`, what the checks read of a spec: the spec calls them from its
+``__post_init__``, so this module imports no spec.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
+from kvpool.master import MasterConfig
+from kvserve.cluster.host import Host
 from kvserve.cluster.pool_ha import ha_ports_needed
 from kvserve.cluster.redis import is_loopback
 from kvserve.cluster.redis_ha import HA_PORTS
 from kvserve.cluster.router_names import ROUTER
+from proto.registry import ClusterConfig
 from router.auth import parse_api_keys
 from router.edge import WILDCARD_BINDS, bare_host
 from workers.config import ENGINES
 
-if TYPE_CHECKING:
-    from kvserve.cluster.spec import ClusterSpec
+
+class CheckedSpec(Protocol):
+    """The fields and derived values of a :class:`~kvserve.cluster.spec.ClusterSpec` that
+    :func:`check_spec` reads (there, each is documented)."""
+
+    @property
+    def prefill(self) -> int: ...
+    @property
+    def decode(self) -> int: ...
+    @property
+    def mixed(self) -> int: ...
+    @property
+    def num_workers(self) -> int: ...
+    @property
+    def worker_engine(self) -> str: ...
+    @property
+    def use_pool(self) -> bool: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def hosts(self) -> Mapping[str, Host]: ...
+    @property
+    def router_ports(self) -> tuple[int, ...]: ...
+    @property
+    def worker_ports(self) -> tuple[int, ...]: ...
+    @property
+    def worker_metrics_ports(self) -> tuple[int, ...]: ...
+    @property
+    def redis_ha_ports(self) -> tuple[int, ...]: ...
+    @property
+    def pool_masters(self) -> int: ...
+    @property
+    def pool_ha_ports(self) -> tuple[int, ...]: ...
+    @property
+    def pool_master(self) -> MasterConfig: ...
+    @property
+    def cluster_config(self) -> ClusterConfig: ...
+    @property
+    def api_key(self) -> str: ...
+    @property
+    def threads_per_worker(self) -> int: ...
+    @property
+    def cores(self) -> tuple[int, ...]: ...
+    @property
+    def disagg_threshold_tokens(self) -> int | None: ...
+    @property
+    def startup_timeout_s(self) -> float: ...
+    @property
+    def stop_grace_s(self) -> float: ...
+    def named_ports(self) -> dict[str, int]: ...
+    def process_names(self) -> list[str]: ...
+    def host_of(self, name: str) -> str: ...
 
 
-def check_spec(spec: ClusterSpec) -> None:
+def check_spec(spec: CheckedSpec) -> None:
     """Raise ValueError naming what is wrong with ``spec`` (every field and their mix)."""
     counts = {"prefill": spec.prefill, "decode": spec.decode, "mixed": spec.mixed}
     if min(counts.values()) < 0:
@@ -68,7 +126,7 @@ def check_spec(spec: ClusterSpec) -> None:
     parse_api_keys(spec.api_key)  # raises, without the key, when malformed
 
 
-def _check_hosts(spec: ClusterSpec) -> None:
+def _check_hosts(spec: CheckedSpec) -> None:
     unknown = set(spec.hosts) - {*spec.process_names(), ROUTER}  # router: all of them
     if unknown:
         raise ValueError(f"hosts names {sorted(unknown)}: not in {spec.process_names()}")

@@ -27,6 +27,7 @@ from kvserve.bench.peer import ENGINE_FIELDS, add_arguments
 from kvserve.bench.peer_models import model_shape, safetensors_parameters
 from kvserve.bench.peer_servers import cluster_options, engine_config
 from kvserve.cluster.deployment import parse_deployment
+from kvserve.cluster.plan import plan_cluster
 
 DATA = Path(__file__).parent / "data"
 
@@ -130,7 +131,7 @@ def test_the_single_core_server_is_one_worker_on_one_core_with_one_thread() -> N
     prefill, decode, mixed = parse_deployment(pr.SERVERS["mixed1-1t"].deployment)
     options = cluster_options(pr.SERVERS["mixed1-1t"], 60.0)
     spec = ClusterSpec(prefill=prefill, decode=decode, mixed=mixed, **options)
-    (worker,) = spec.plan().workers
+    (worker,) = plan_cluster(spec).workers
     assert len(worker.cores) == 1 and ("OMP_NUM_THREADS", "1") in worker.env
     assert "--threads 1" in " ".join(worker.argv)
     assert cluster_options(pr.SERVERS["mixed2"], 60.0) == {"startup_timeout_s": 60.0}

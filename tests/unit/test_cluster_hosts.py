@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.cluster.plan import Host
+from kvserve.cluster.host import Host
+from kvserve.cluster.plan import plan_cluster
 from tests.unit.test_cluster_spec import flag, spec
 
 
@@ -19,7 +20,7 @@ def test_hosts_place_each_process_on_its_own_address_and_prefix() -> None:
         "router": Host("10.9.0.5", ("ns", "r")),
     }
     s = spec(hosts=hosts, redis_password="pw")
-    plan = s.plan([0, 1])
+    plan = plan_cluster(s, [0, 1])
     prefill, decode = plan.workers
     assert (prefill.host, prefill.prefix) == ("127.0.0.1", ())
     assert (decode.address, decode.prefix) == ("10.9.0.4:50062", ("ns", "d"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.cluster.plan import Host
+from kvserve.cluster.host import Host
+from kvserve.cluster.plan import plan_cluster
 from kvserve.cluster.router_names import host_group, is_router, router_names
 from tests.unit.test_cluster_spec import flag, spec
 
@@ -21,7 +22,7 @@ def test_router_names() -> None:
 
 def test_two_routers_each_on_its_port_behind_the_balancer() -> None:
     s = spec(router_ports=(8001, 8002))
-    plan = s.plan([0, 1])
+    plan = plan_cluster(s, [0, 1])
     assert [r.name for r in plan.routers] == ["router-0", "router-1"]
     assert plan.router is plan.routers[0]
     for router, port in zip(plan.routers, ("8001", "8002"), strict=True):
@@ -42,7 +43,7 @@ def test_two_routers_each_on_its_port_behind_the_balancer() -> None:
 
 def test_one_router_is_router_on_router_port() -> None:
     s = spec()
-    (router,) = s.plan([0, 1]).routers
+    (router,) = plan_cluster(s, [0, 1]).routers
     assert (router.name, router.port, flag(router.argv, "--router-id")) == (
         "router",
         8000,
@@ -54,7 +55,7 @@ def test_one_router_is_router_on_router_port() -> None:
 
 def test_routers_and_the_balancer_run_on_the_routers_host() -> None:
     s = spec(router_ports=(8001, 8002), hosts={"router": Host("10.9.0.5", ("ns", "r"))})
-    for router in s.plan([0, 1]).routers:
+    for router in plan_cluster(s, [0, 1]).routers:
         assert (router.host, router.prefix) == ("10.9.0.5", ("ns", "r"))
         assert flag(router.argv, "--pool-local-hostname") == "10.9.0.5"
     assert s.host_of("balancer") == "10.9.0.5" and s.router_url == "http://10.9.0.5:8000"

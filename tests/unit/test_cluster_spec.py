@@ -11,7 +11,7 @@ import pytest
 import kvserve.cli as cli
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
-from kvserve.cluster.plan import ProcessPlan, config_argv, split_cores
+from kvserve.cluster.plan import ProcessPlan, config_argv, plan_cluster, split_cores
 from kvserve.cluster.redis import RedisConfig, redis_auth_conf, redis_command
 from kvserve.cluster.redis_acl import node_users, role_password
 from kvserve.cluster.spec import ClusterSpec, new_cluster_config
@@ -73,7 +73,7 @@ def test_config_argv_spells_every_field_as_its_flag() -> None:
 
 def test_two_cores_one_prefill_one_decode_pins_one_core_each() -> None:
     s = spec()
-    plan = s.plan([0, 1])
+    plan = plan_cluster(s, [0, 1])
     prefill, decode = plan.workers
     assert list(prefill.argv) == worker_argv("prefill", 50061, "prefill-0", 1)
     assert list(decode.argv) == worker_argv("decode", 50062, "decode-0", 1)
@@ -101,7 +101,7 @@ def test_two_cores_one_prefill_one_decode_pins_one_core_each() -> None:
 
 
 def test_more_workers_than_cores_share_all_cores() -> None:
-    plan = spec(prefill=2).plan([0, 1])
+    plan = plan_cluster(spec(prefill=2), [0, 1])
     assert [w.name for w in plan.workers] == ["prefill-0", "prefill-1", "decode-0"]
     assert [w.port for w in plan.workers] == [50061, 50062, 50063]
     assert plan.shared_cores and all(w.cores == (0, 1) for w in plan.workers)
@@ -110,25 +110,27 @@ def test_more_workers_than_cores_share_all_cores() -> None:
 
 
 def test_sixteen_cores_are_split_into_contiguous_slices() -> None:
-    plan = spec().plan(range(16))
+    plan = plan_cluster(spec(), range(16))
     assert [w.cores for w in plan.workers] == [tuple(range(8)), tuple(range(8, 16))]
     assert all(flag(w.argv, "--threads") == "8" for w in plan.workers)
-    plan = spec(prefill=3, decode=2).plan(range(16))
+    plan = plan_cluster(spec(prefill=3, decode=2), range(16))
     assert [len(w.cores) for w in plan.workers] == [4, 3, 3, 3, 3]
     assert sorted(c for w in plan.workers for c in w.cores) == list(range(16))
 
 
 def test_threads_and_pinning_overrides() -> None:
-    unpinned = spec(pin_cores=False).plan(range(16))
+    unpinned = plan_cluster(spec(pin_cores=False), range(16))
     assert all(w.cores == () for w in unpinned.workers)
     assert flag(unpinned.workers[0].argv, "--threads") == "8"
     for kw in ({"threads_per_worker": 3}, {"engine": EngineConfig(model="/m", threads=3)}):
-        w = spec(**kw).plan(range(16)).workers[0]
+        w = plan_cluster(spec(**kw), range(16)).workers[0]
         assert flag(w.argv, "--threads") == "3" and len(w.cores) == 8
 
 
 def test_mixed_only_without_pool() -> None:
-    plan = spec(prefill=0, decode=0, mixed=2, use_pool=False, policy="round_robin").plan([0, 1])
+    plan = plan_cluster(
+        spec(prefill=0, decode=0, mixed=2, use_pool=False, policy="round_robin"), [0, 1]
+    )
     assert [w.name for w in plan.workers] == ["mixed-0", "mixed-1"]
     assert "--no-use-pool" in plan.workers[0].argv
     assert "--pool-master" not in plan.workers[0].argv
@@ -137,7 +139,7 @@ def test_mixed_only_without_pool() -> None:
 
 def test_router_options_and_extra_args_come_last() -> None:
     s = spec(disagg_threshold_tokens=0, router_args=("--x",), worker_args=("--y",))
-    plan = s.plan([0, 1])
+    plan = plan_cluster(s, [0, 1])
     assert plan.router.argv[-5:] == (
         "--disagg-threshold-tokens",
         "0",
@@ -156,7 +158,8 @@ def test_pool_and_registry_point_at_this_clusters_services() -> None:
     assert s.cluster_config.redis_url == "redis://127.0.0.1:7000/0"
     assert s.cluster_config.redis_password == "pw" and "pw" not in repr(s.cluster_config)
     assert s.cluster_config.cluster == "c1"
-    for p in (*s.plan([0, 1]).workers, s.plan([0, 1]).router):  # never on a command line
+    plan = plan_cluster(s, [0, 1])
+    for p in (*plan.workers, plan.router):  # never on a command line
         role = "router" if p.role == "router" else "worker"  # its own user, not the admin's
         assert ("KVSERVE_REDIS_PASSWORD", role_password("pw", role)) in p.env
         assert "pw" not in p.argv and "pw" not in repr(p) and "pw" not in dict(p.env).values()
@@ -168,20 +171,24 @@ def test_free_ports_are_distinct_and_cover_every_process() -> None:
     m = s.master
     ports += [m.master_port, m.master_metadata_port, m.master_metrics_port]
     assert len(set(ports)) == 9 and len(s.worker_ports) == 4
-    assert [w.port for w in s.plan([0]).workers] == list(s.worker_ports)
-    assert not s.worker_metrics_ports and all(not w.metrics_port for w in s.plan([0]).workers)
+    assert [w.port for w in plan_cluster(s, [0]).workers] == list(s.worker_ports)
+    assert not s.worker_metrics_ports and all(
+        not w.metrics_port for w in plan_cluster(s, [0]).workers
+    )
 
 
 def test_worker_metrics_ports() -> None:
     s = spec(prefill=1, decode=2, worker_metrics_base_port=9100)
-    workers = s.plan([0]).workers
+    workers = plan_cluster(s, [0]).workers
     assert [w.metrics_port for w in workers] == [9100, 9101, 9102]
     assert workers[2].argv[-2:] == ("--worker-metrics-port", "9102")
     assert workers[0].metrics_url == "http://127.0.0.1:9100/metrics"
     free = s.with_free_ports()
     ports = [*free.worker_ports, *free.worker_metrics_ports, free.router_port]
     assert len(free.worker_metrics_ports) == 3 and len(set(ports)) == 7
-    assert [w.metrics_port for w in free.plan([0]).workers] == list(free.worker_metrics_ports)
+    assert [w.metrics_port for w in plan_cluster(free, [0]).workers] == list(
+        free.worker_metrics_ports
+    )
 
 
 def test_split_cores() -> None:
@@ -244,7 +251,7 @@ def test_only_the_front_leaves_loopback_whatever_host_says() -> None:
     of several routers; the workers' gRPC and /metrics, the routers behind nginx, Redis and
     the pool stay on loopback (issue 38: nothing internal on the LAN)."""
     s = spec(host="10.0.0.9")
-    plan = s.plan([0, 1])
+    plan = plan_cluster(s, [0, 1])
     decode = plan.workers[1]
     assert (flag(decode.argv, "--worker-host"), s.router_url) == (
         "127.0.0.1",
@@ -255,7 +262,7 @@ def test_only_the_front_leaves_loopback_whatever_host_says() -> None:
     assert s.redis_config.host == s.pool_master.master_host == s.host_of("redis") == "127.0.0.1"
     (router,) = plan.routers
     assert flag(router.argv, "--router-host") == "10.0.0.9" and "--allowed-hosts" not in router.argv
-    several = spec(host="10.0.0.9", router_ports=(8001, 8002)).plan([0, 1])
+    several = plan_cluster(spec(host="10.0.0.9", router_ports=(8001, 8002)), [0, 1])
     for behind in several.routers:
         assert flag(behind.argv, "--router-host") == "127.0.0.1"
         assert flag(behind.argv, "--allowed-hosts") == "10.0.0.9"  # clients name the front
@@ -263,7 +270,7 @@ def test_only_the_front_leaves_loopback_whatever_host_says() -> None:
 
 def test_no_pool_ports_are_checked_without_the_pool() -> None:
     s = spec(prefill=0, mixed=1, decode=0, use_pool=False, master=MasterConfig(master_port=8000))
-    assert s.plan([0]).workers[0].name == "mixed-0"
+    assert plan_cluster(s, [0]).workers[0].name == "mixed-0"
 
 
 def _parse(p: ProcessPlan, monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
@@ -278,7 +285,7 @@ def test_argv_round_trips_through_the_real_cli(monkeypatch: pytest.MonkeyPatch) 
     """Once ``worker`` and ``router`` are verbs of kvserve.cli, the argv and the environment
     mean the spec (its secrets included, the cluster secret as each role's grant)."""
     s = spec(disagg_threshold_tokens=64, policy="cache_aware")
-    plan = s.plan([0, 1])
+    plan = plan_cluster(s, [0, 1])
     ns = _parse(plan.workers[1], monkeypatch)
     assert (ns.role, ns.worker_port, ns.worker_id) == ("decode", 50062, "decode-0")
     assert config_from_args(EngineConfig, ns) == dataclasses.replace(s.engine, threads=1)
@@ -311,7 +318,7 @@ def test_secrets_are_made_up_per_spec_and_travel_only_in_the_environment() -> No
     assert len(a.cluster.cluster_secret) == 64 and len(a.cluster.redis_password) >= 32
     assert spec(cluster_secret="x" * 40).cluster_config.cluster_secret == "x" * 40
     secrets = (a.cluster.cluster_secret, a.cluster.redis_password, "k1", "k2")
-    plan = a.plan([0, 1])
+    plan = plan_cluster(a, [0, 1])
     for p in (*plan.workers, plan.router):
         env = dict(p.env)
         holder = "router" if p is plan.router else "worker"
@@ -322,7 +329,7 @@ def test_secrets_are_made_up_per_spec_and_travel_only_in_the_environment() -> No
         assert not any(secret in text for secret in secrets)
     assert all("KVSERVE_API_KEY" not in dict(w.env) for w in plan.workers)
     assert dict(plan.router.env)["KVSERVE_API_KEY"] == "t1=k1,k2"
-    assert dict(b.plan([0, 1]).router.env)["KVSERVE_API_KEY"] == ""
+    assert dict(plan_cluster(b, [0, 1]).router.env)["KVSERVE_API_KEY"] == ""
     with pytest.raises(ValueError, match="repeats"):
         spec(api_key="k1,k1")
     with pytest.raises(ValueError, match="cluster_secret"):

@@ -13,12 +13,16 @@ lazy import inside a function counts the same as one at the top).
 - the pure bookkeeping modules import nothing that computes on tensors or does I/O;
 - ``router``, ``workers`` and ``proto`` take the tokenizer from :mod:`proto.tokenization`
   only (the one wrapper both sides share): no other module imports ``tokenizers`` or a
-  transformers tokenizer class, apart from the GGUF conversion (:data:`TOKENIZER_HOMES`).
+  transformers tokenizer class, apart from the GGUF conversion (:data:`TOKENIZER_HOMES`);
+- no import circles among the project's modules (:data:`CIRCLE_FREE`): the module-level
+  import graph has no strongly connected component of more than one module.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -79,6 +83,15 @@ ONE_TOKENIZER = ("router", "workers", "proto", "vllm_backend")
 TOKENIZER_HOMES = ("proto/tokenization.py", "workers/model/prepare.py")
 """The shared wrapper, and the conversion that reads the GGUF's vocabulary to write the
 ``tokenizer.json`` the wrapper loads."""
+CIRCLE_FREE = PACKAGES
+"""Packages whose modules form no import circle, among themselves or with each other.
+
+An edge is every import the AST walk sees: at the top, inside a function, and under
+``if TYPE_CHECKING:`` too (a typing-only import still couples the two modules; the lower
+module owns a Protocol instead). ``from pkg import name`` is an edge to ``pkg.name`` where
+that is a module, to ``pkg`` (its ``__init__``) otherwise. Importing ``a.b.c`` is an edge to
+``a.b.c`` only: the parents' ``__init__`` modules run first, but a package that re-exports
+its own submodules is no circle."""
 
 
 def imports(path: Path, root: Path = ROOT) -> set[str]:
@@ -134,8 +147,107 @@ def within(module: str, allowed: tuple[str, ...]) -> bool:
     return any(module == a or module.startswith(a + ".") for a in allowed)
 
 
-def sources(package: str) -> list[Path]:
-    return sorted(p for p in (ROOT / package).rglob("*.py") if "_pb2" not in p.name)
+def sources(package: str, root: Path = ROOT) -> list[Path]:
+    return sorted(p for p in (root / package).rglob("*.py") if "_pb2" not in p.name)
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    """``workers/sequence.py`` -> ``workers.sequence``; a package's ``__init__.py`` -> its name."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(packages: tuple[str, ...], root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` it imports (edges as :data:`CIRCLE_FREE` says)."""
+    paths = {module_name(p, root): p for package in packages for p in sources(package, root)}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        targets = set()
+        for imported, name in imported_names(path, root):
+            submodule = f"{imported}.{name}" if name else imported
+            target = submodule if submodule in paths else imported
+            if target in paths and target != module:
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def strongly_connected(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of ``graph`` (iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            step = next((t for t in edges if t not in index or t in on_stack), None)
+            if step is not None and step not in index:
+                index[step] = low[step] = len(index)
+                stack.append(step)
+                on_stack.add(step)
+                work.append((step, iter(sorted(graph.get(step, ())))))
+                continue
+            if step is not None:
+                low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                found.append(sorted(component))
+    return sorted(found)
+
+
+def circles(graph: Mapping[str, set[str]]) -> list[str]:
+    """Each component of more than one module, as its shortest circle through each member
+    (``a -> b -> a``), so that every import to break is named."""
+    lines: list[str] = []
+    for component in strongly_connected(graph):
+        if len(component) < 2:
+            continue
+        members = set(component)
+        paths = {shortest_circle(graph, start, members) for start in component}
+        lines += sorted(" -> ".join(path) for path in paths)
+    return lines
+
+
+def shortest_circle(
+    graph: Mapping[str, set[str]], start: str, members: set[str]
+) -> tuple[str, ...]:
+    """The shortest path ``start -> ... -> start`` within ``members``, rotated to begin at
+    its smallest module (so one circle reads the same from each of its members)."""
+    came_from: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for target in sorted(graph[node] & members):
+            if target == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                ring = path[::-1]
+                first = ring.index(min(ring))
+                ring = ring[first:] + ring[:first]
+                return (*ring, ring[0])
+            if target not in came_from:
+                came_from[target] = node
+                queue.append(target)
+    raise ValueError(f"{start} is on no circle")
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -239,3 +351,47 @@ def test_only_the_modules_run_inside_vllm_import_its_libraries() -> None:
             if any(m in in_vllm for m in mine) and relative != "kvserve/verbs/worker.py":
                 broken.add(f"{relative} imports a module that runs inside vLLM")
     assert not broken, sorted(broken)
+
+
+def test_the_project_has_no_import_circles() -> None:
+    """No module reaches itself through imports (:data:`CIRCLE_FREE`): where two modules
+    need each other, the shared type moves down to the module both depend on, or the lower
+    module owns a Protocol the upper one satisfies."""
+    found = circles(import_graph(CIRCLE_FREE))
+    assert not found, "\n".join(found)
+
+
+def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
+    """The checker itself, on a tiny project: a circle through a lazy import, a
+    ``TYPE_CHECKING`` import and ``from pkg import submodule`` is found and named; an import
+    of a package's ``__init__`` is an edge to it; a chain without a circle passes."""
+    files = {
+        "workers/__init__.py": "from workers.c import C\n",
+        "workers/a.py": "from workers import b\n",
+        "workers/b.py": "def f():\n    from . import c\n",
+        "workers/c.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import workers.a\n"
+        ),
+        "workers/d.py": "import workers.c\nfrom workers import C\n",
+        "kvpool/e.py": "from workers.d import f\n",
+    }
+    for relative, text in files.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text)
+    graph = import_graph(("workers", "kvpool"), tmp_path)
+    assert graph["workers.d"] == {"workers", "workers.c"}
+    assert graph["workers"] == {"workers.c"}
+    assert circles(graph) == ["workers.a -> workers.b -> workers.c -> workers.a"]
+    (tmp_path / "workers/c.py").write_text("")
+    assert circles(import_graph(("workers", "kvpool"), tmp_path)) == []
+    (tmp_path / "workers/c.py").write_text("import kvpool.e\n")
+    assert circles(import_graph(("workers", "kvpool"), tmp_path)) == [
+        "kvpool.e -> workers.d -> workers -> workers.c -> kvpool.e",
+        "kvpool.e -> workers.d -> workers.c -> kvpool.e",
+    ]
+
+
+def test_strongly_connected_components_of_a_small_graph() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}, "f": {"f"}}
+    assert strongly_connected(graph) == [["a", "b", "c"], ["d", "e"], ["f"]]
+    assert circles(graph) == ["a -> b -> c -> a", "d -> e -> d"]

@@ -17,6 +17,7 @@ import pytest
 
 import kvserve.cli as cli
 from kvserve.cluster.netns import PREFLIGHT, NetHosts, RunAs
+from kvserve.cluster.plan import plan_cluster
 from kvserve.cluster.processes import ManagedProcess, child_environment
 from kvserve.cluster.up import client_key, net_hosts, spec_from_args
 
@@ -78,7 +79,7 @@ def test_up_makes_up_secrets_unless_given(monkeypatch: pytest.MonkeyPatch) -> No
     given = spec_from_args(ns)
     assert (given.cluster.cluster_secret, given.cluster.redis_password) == ("s" * 32, "pw")
     assert (given.api_key, given.cluster.hash_algorithm) == ("alice=k1", "xxh3")
-    router = given.plan([0, 1]).router.argv
+    router = plan_cluster(given, [0, 1]).router.argv
     assert router[router.index("--hash-algorithm") + 1] == "xxh3"
     assert [client_key(k) for k in ("alice=k1,k2", "k2, alice=k1", "")] == ["k1", "k2", ""]
 

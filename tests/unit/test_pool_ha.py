@@ -11,6 +11,7 @@ import pytest
 
 from kvpool.config import PoolConfig, etcd_endpoints
 from kvpool.master import MasterConfig, master_stats_at
+from kvserve.cluster.plan import plan_cluster
 from kvserve.cluster.pool import master_command, pool_services
 from kvserve.cluster.pool_ha import PoolHA, ha_ports_needed, ha_services, master_names
 from tests.http_stub import text_server
@@ -67,7 +68,7 @@ def test_members_address_ha_masters_through_etcd() -> None:
     assert config.ha_master and config.pool_master.startswith("etcd://127.0.0.1:7001;")
     assert config.metadata_server == "P2PHANDSHAKE"
     assert config.master_metrics_url.count(",") == 1
-    argv = s.plan([0, 1]).routers[0].argv
+    argv = plan_cluster(s, [0, 1]).routers[0].argv
     assert flag(argv, "--pool-master") == config.pool_master
     assert len(set(s.named_ports().values())) == len(s.named_ports())
     freed = spec(pool_masters=2, pool_ha_ports=PORTS).with_free_ports()
