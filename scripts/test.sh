@@ -18,7 +18,9 @@ fi
 # fault tests) run with every transfer through the host staging slots, the GPU path's code
 # but for the device copies (KVSERVE_KV_STAGING=always, tests/staging.py); everything else
 # with the default, which moves a CPU cache in place. Every test picks free ports and its
-# own temporary directories, so tests on different processes are isolated. The slowest
+# own temporary directories, so tests on different processes are isolated; each pass hands
+# out ports from a span of its own below the ephemeral range, split among its processes
+# (KVSERVE_TEST_PORTS, tests/conftest.py), so no two processes pick the same free port. The slowest
 # tests of each pass are listed at the end: the suite is kept well under 15 minutes on 2
 # cores. KVSERVE_TEST_PROCS sets the processes of the main pass (3), KVSERVE_KV_PROCS the
 # kv_path pass's (2).
@@ -26,12 +28,12 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 .venv/bin/mypy >"$logs/mypy" 2>&1 &
 typing=$!
-KVSERVE_KV_STAGING=always .venv/bin/pytest -q -p no:cacheprovider --durations=10 -m kv_path \
-  -n "${KVSERVE_KV_PROCS:-2}" --dist loadfile >"$logs/staged" 2>&1 &
+KVSERVE_TEST_PORTS=26000-32000 KVSERVE_KV_STAGING=always .venv/bin/pytest -q -p no:cacheprovider \
+  --durations=10 -m kv_path -n "${KVSERVE_KV_PROCS:-2}" --dist loadfile >"$logs/staged" 2>&1 &
 staged=$!
 status=0
-.venv/bin/pytest -q --durations=20 -m "not kv_path" -n "${KVSERVE_TEST_PROCS:-3}" \
-  --dist loadfile || status=$?
+KVSERVE_TEST_PORTS=20000-26000 .venv/bin/pytest -q --durations=20 -m "not kv_path" \
+  -n "${KVSERVE_TEST_PROCS:-3}" --dist loadfile || status=$?
 wait "$staged" || status=$?
 echo "=== the kv_path pass (KVSERVE_KV_STAGING=always) ==="
 cat "$logs/staged"

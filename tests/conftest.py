@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from kvpool.net import PORTS_ENV
 from workers.model.prepare import make_tiny_model, prepare_default_model
+
+PORT_SPAN_ENV = "KVSERVE_TEST_PORTS"
+"""``LOW-HIGH``: the ports this pass of the suite may hand out (scripts/test.sh gives each
+pass its own), split evenly among its xdist processes (:func:`pytest_configure`)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On an xdist process of a pass that has a port span, give this process its share of
+    the span as :data:`kvpool.net.PORTS_ENV`, so processes running side by side never pick
+    the same free port (outside that, ports are the OS's choice)."""
+    span, worker = os.environ.get(PORT_SPAN_ENV, ""), os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not (span and worker):
+        return
+    low, high = (int(x) for x in span.split("-"))
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    share = (high - low) // count
+    start = low + int(worker.removeprefix("gw")) * share
+    os.environ[PORTS_ENV] = f"{start}-{start + share}"
 
 
 @pytest.fixture(scope="session")
