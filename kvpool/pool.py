@@ -182,10 +182,14 @@ class KVPool:
         """The meta object ``raw`` of the block named ``meta_key``, checked (format,
         namespace, layout, then MAC: :meth:`kvpool.meta.MetaCodec.decode`), or its fault,
         counted (``bad_meta`` / ``forged_blocks``). A forged block is removed here (every
-        reader of it would refuse it), so the next writer can publish the real one."""
+        reader of it would refuse it), so the next writer can publish the real one. A MAC
+        that fails on bytes the block no longer holds when read again was a read racing an
+        eviction (the memory reused under it): refused too, but counted as a short read."""
         meta = self.codec.decode(raw, meta_key)
         if meta is MetaFault.BAD:
             self.stats.bad_meta += 1
+        elif meta is MetaFault.FORGED and self.store.get_bytes([meta_key])[0] != raw:
+            self.stats.short_reads += 1
         elif meta is MetaFault.FORGED:
             self.stats.forged_blocks += 1
             self.heal(meta_key)

@@ -22,6 +22,7 @@ import pytest
 from kvpool.hashing import PrefixHasher
 from kvpool.landing import Lander, Landing
 from kvpool.master import MasterConfig
+from kvpool.meta import BlockMeta
 from kvpool.pool import KVPool, PendingBlock, PoolStats
 from kvpool.store import MooncakeStore
 from proto.trust import POOL_BLOCK, PREFIX_ROOT, derive
@@ -133,6 +134,26 @@ def test_a_genuine_block_moved_under_another_name_is_forged(members: Members) ->
     assert m.reader.lookup([b]) == 1
     assert m.reader.load([b], [7]) == 0
     assert m.reader.stats.forged_blocks == 1 and untouched(m, [7])
+
+
+def test_a_meta_read_racing_a_reuse_is_a_short_read_not_a_forgery(members: Members) -> None:
+    """A reader that fetched a block's meta while an eviction removed it and another
+    block's meta took its memory holds bytes that fit but whose MAC fails under this name.
+    Read again, the name holds something else: a race, not a forgery (the forged-block
+    counter is what operators watch); the block is refused this time and not removed."""
+    m = members
+    (a,), (b,) = m.chain(6, 1), m.chain(7, 1)
+    assert m.writer.save([a], [0]) == 1 and m.writer.save([b], [1]) == 1
+    key_a, key_b = m.writer.keys.meta_key(a), m.writer.keys.meta_key(b)
+    (other,) = m.reader.store.get_bytes([key_b])  # what the reused memory held
+    assert not isinstance(m.reader.parse_meta(other, key_a), BlockMeta)
+    assert (m.reader.stats.forged_blocks, m.reader.stats.short_reads) == (0, 1)
+    assert m.reader.load([a], [7]) == 1  # still there: nothing was removed
+    assert np.array_equal(m.target[:, 7], m.source[:, 0])
+    m.forge(key_a, page=5)  # a forgery reads the same twice: counted and removed
+    (forged,) = m.reader.store.get_bytes([key_a])
+    assert not isinstance(m.reader.parse_meta(forged, key_a), BlockMeta)
+    assert m.reader.stats.forged_blocks == 1 and m.reader.lookup([a]) == 0
 
 
 def test_swapped_layer_data_under_a_genuine_meta_fails_its_digest(members: Members) -> None:
