@@ -29,19 +29,22 @@ from typing import NamedTuple
 
 from kvpool.hashing import PrefixHasher
 from workers.block_manager import BlockManager, RemotePrefix
+from workers.config import EngineConfig
 from workers.sequence import FinishReason, SeqStatus, Sequence
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Budgets of one engine; see :class:`workers.config.EngineConfig` for their meaning."""
+    """Budgets of one engine; see :class:`workers.config.EngineConfig` for their meaning
+    and defaults. ``max_model_len`` is the resolved one (the engine's config may say 0:
+    the model's own)."""
 
     num_blocks: int
     block_tokens: int
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int = 2048
-    prefix_caching: bool = True
+    max_model_len: int
+    max_num_seqs: int = EngineConfig.max_num_seqs
+    max_num_batched_tokens: int = EngineConfig.max_num_batched_tokens
+    prefix_caching: bool = EngineConfig.prefix_caching
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_tokens", "max_num_seqs", "max_num_batched_tokens"):

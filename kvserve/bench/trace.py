@@ -39,7 +39,7 @@ from kvserve.bench.tracecluster import EVENTS_SUFFIX, HINT_SUFFIX, ClusterSettin
 from kvserve.bench.traceevents import EventTiming
 from kvserve.bench.tracepolicies import SESSION_POLICIES
 from kvserve.bench.traceset import capacity_rows, cluster_row, load_traces
-from kvserve.bench.tracesim import BLOCK_TOKENS, Trace
+from kvserve.bench.tracesim import BLOCK_TOKENS, PoolReplaySettings, Trace
 from kvserve.bench.tracesweep import SWEEP_POLICY, policy_worst, ratio, sweep_rows
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.report import emit, log
@@ -108,18 +108,18 @@ class TraceBenchConfig:
     traces: list[str] = setting([])
     max_requests: int = 0
     capacities: list[int] = setting([1000, 4000, 16000])
-    block_bytes: int = 65536
-    layers: int = 0
-    eviction_high_watermark: float = 0.9
-    eviction_ratio: float = 0.05
-    put_retries: int = 5
+    block_bytes: int = PoolReplaySettings.block_bytes
+    layers: int = PoolReplaySettings.layers
+    eviction_high_watermark: float = PoolReplaySettings.eviction_high_watermark
+    eviction_ratio: float = PoolReplaySettings.eviction_ratio
+    put_retries: int = PoolReplaySettings.put_retries
     evictions: list[str] = setting(list(EVICTION), choices=EVICTION)
-    evict_at: float = 0.85
+    evict_at: float = PoolReplaySettings.evict_at
     pool: bool = True
     workers: list[int] = setting([2, 4])
     policies: list[str] = setting(list(POLICIES), choices=ALL_POLICIES)
-    prefill_tokens_per_s: float = 50000.0
-    decode_s_per_token: float = 0.03
+    prefill_tokens_per_s: float = ClusterSettings.prefill_tokens_per_s
+    decode_s_per_token: float = ClusterSettings.decode_s_per_token
     event_lag_s: float = 0.0
     sweep_overlap_weights: list[float] = setting([])
     sweep_home_slacks: list[float] = setting([])
@@ -188,8 +188,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _replay_settings(args: argparse.Namespace) -> list[Any]:
     """One real-pool replay's settings per eviction asked for."""
-    from kvserve.bench.tracepool import PoolReplaySettings
-
     return [
         PoolReplaySettings(
             args.block_bytes,

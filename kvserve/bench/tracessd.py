@@ -42,12 +42,11 @@ from kvpool.store import MooncakeStore
 from kvpool.tiers import TierStats, receive_by_tier
 from kvserve.bench.tracepool import (
     PoolReplay,
-    PoolReplaySettings,
     _Writer,
     replay_member,
     segment_mib,
 )
-from kvserve.bench.tracesim import TRACE_NAMESPACE, HitCount, TraceRequest
+from kvserve.bench.tracesim import TRACE_NAMESPACE, HitCount, PoolReplaySettings, TraceRequest
 
 TIERS = ("dram", "ssd")
 

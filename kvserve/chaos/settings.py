@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvpool.config import STAGING_SETTINGS, PoolConfig
+from kvserve.cluster.up_settings import UpConfig
 from kvserve.settings import add_config_args, setting
 from workers.config import VllmOptions, WorkerConfig
 
@@ -61,15 +62,15 @@ class ChaosConfig:
     hang_s: float = 120.0
     faults: list[str] = setting(list(DEFAULT_FAULTS), choices=FAULTS)
     fault_order: str = setting("random", choices=("random", "cycle"))
-    prefill: int = 1
+    prefill: int = UpConfig.prefill
     decode: int = 2
-    routers: int = 1
-    pool_masters: int = 1
-    redis_ha: bool = False
+    routers: int = UpConfig.routers
+    pool_masters: int = UpConfig.pool_masters
+    redis_ha: bool = UpConfig.redis_ha
     model: str = ""
     block_tokens: int = 0
     seed: int = 0
-    log_dir: str = ""
+    log_dir: str = UpConfig.log_dir
     json: str = ""
 
     def __post_init__(self) -> None:

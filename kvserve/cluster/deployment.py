@@ -24,6 +24,11 @@ def parse_deployment(text: str) -> tuple[int, int, int]:
     return prefill, decode, mixed
 
 
+SEGMENT_MIB = 256
+"""Pool memory each worker of a cluster started here contributes (``kvserve up``, the
+benchmarks' clusters): with 2 workers and their KV caches it fits a 2-core, 24 GiB machine."""
+
+
 @dataclass(frozen=True)
 class SegmentConfig:
     """The pool of the clusters a benchmark starts (``bench compare``, ``shift``,
@@ -33,4 +38,4 @@ class SegmentConfig:
     """
 
     env_prefix: ClassVar[str] = BENCH_ENV
-    segment_mib: int = 256
+    segment_mib: int = SEGMENT_MIB

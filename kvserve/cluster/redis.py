@@ -53,7 +53,7 @@ class RedisConfig:
     port: int = 6379
     password: str = field(default="", repr=False)
     username: str = ""
-    cluster: str = "kvserve"
+    cluster: str = ClusterConfig.cluster
 
     def __post_init__(self) -> None:
         check_cluster_name(self.cluster)

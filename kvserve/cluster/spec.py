@@ -30,6 +30,7 @@ from typing import Any
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
 from kvpool.net import free_local_ports
+from kvserve.cluster.deployment import SEGMENT_MIB
 from kvserve.cluster.host import Host
 from kvserve.cluster.pool_ha import PoolHA
 from kvserve.cluster.redis import RedisConfig, new_password
@@ -38,7 +39,8 @@ from kvserve.cluster.router_names import BALANCER, ROUTER, host_group, is_router
 from kvserve.cluster.spec_checks import check_spec
 from proto.registry import ClusterConfig
 from proto.trust import new_secret
-from workers.config import EngineConfig, VllmOptions
+from router.config import RouterConfig
+from workers.config import EngineConfig, VllmOptions, WorkerConfig
 from workers.model.prepare import default_model_dir
 
 ROLE_ORDER = ("prefill", "decode", "mixed")
@@ -110,9 +112,9 @@ class ClusterSpec:
     prefill: int = 1
     decode: int = 1
     mixed: int = 0
-    host: str = "127.0.0.1"
+    host: str = RouterConfig.router_host
     hosts: Mapping[str, Host] = field(default_factory=dict)
-    router_port: int = 8000
+    router_port: int = RouterConfig.router_port
     router_ports: tuple[int, ...] = ()
     worker_base_port: int = 50061
     worker_ports: tuple[int, ...] = ()
@@ -123,13 +125,13 @@ class ClusterSpec:
     pool_masters: int = 1
     pool_ha_ports: tuple[int, ...] = ()
     cluster: ClusterConfig = field(default_factory=new_cluster_config)
-    api_key: str = field(default="", repr=False)
+    api_key: str = field(default=RouterConfig.api_key, repr=False)
     master: MasterConfig = field(default_factory=MasterConfig)
-    use_pool: bool = True
+    use_pool: bool = WorkerConfig.use_pool
     engine: EngineConfig = field(default_factory=EngineConfig)
     worker_engine: str = "kvserve"
     vllm: VllmOptions = field(default_factory=VllmOptions)
-    pool: PoolConfig = field(default_factory=lambda: PoolConfig(pool_segment_mib=256))
+    pool: PoolConfig = field(default_factory=lambda: PoolConfig(pool_segment_mib=SEGMENT_MIB))
     policy: str = ""
     disagg_threshold_tokens: int | None = None
     router_args: tuple[str, ...] = ()

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from kvpool.config import PoolConfig
 from kvpool.master import MasterConfig
+from kvserve.cluster.deployment import SEGMENT_MIB
 from kvserve.cluster.netns import DEFAULT_SUBNET, DEFAULT_TAG
 from kvserve.cluster.pool_ha import ha_ports_needed
 from kvserve.cluster.spec import ClusterSpec, new_cluster_config
@@ -20,7 +21,6 @@ from proto.registry import ClusterConfig
 from router.config import RouterConfig
 from workers.config import EngineConfig, VllmOptions, WorkerConfig
 
-UP_POOL_SEGMENT_MIB = 256  # per worker: 2 workers + KV caches fit a 2-core, 24 GiB machine
 ROUTER_SETTINGS = ("policy", "disagg_threshold_tokens", "api_key")
 """The router's settings ``kvserve up`` takes (:class:`RouterConfig`'s own flags and variables)."""
 TRANSPORT_SETTINGS = (
@@ -75,26 +75,26 @@ class UpConfig:
     """
 
     env_prefix: ClassVar[str] = "KVSERVE_UP_"
-    prefill: int = 1
-    decode: int = 1
-    mixed: int = 0
-    host: str = "127.0.0.1"
-    router_port: int = 8000
+    prefill: int = ClusterSpec.prefill
+    decode: int = ClusterSpec.decode
+    mixed: int = ClusterSpec.mixed
+    host: str = ClusterSpec.host
+    router_port: int = ClusterSpec.router_port
     routers: int = 1
-    worker_base_port: int = 50061
+    worker_base_port: int = ClusterSpec.worker_base_port
     worker_metrics_base_port: int = 9100
-    redis_port: int = 6379
+    redis_port: int = ClusterSpec.redis_port
     redis_ha: bool = False
-    pool_masters: int = 1
+    pool_masters: int = ClusterSpec.pool_masters
     free_ports: bool = False
     log_dir: str = ""
-    pin_cores: bool = True
-    use_pool: bool = True
+    pin_cores: bool = ClusterSpec.pin_cores
+    use_pool: bool = ClusterSpec.use_pool
     hosts: bool = False
     hosts_subnet: str = DEFAULT_SUBNET
     hosts_tag: str = DEFAULT_TAG
     hosts_user: str = ""
-    startup_timeout_s: float = 300.0
+    startup_timeout_s: float = ClusterSpec.startup_timeout_s
     ask: str = ""
     exit_after_ask: bool = False
 
@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_args(parser, EngineConfig)
     add_config_args(parser, WorkerConfig, only=("engine",))
     add_config_args(parser, VllmOptions)
-    add_config_args(parser, PoolConfig, defaults={"pool_segment_mib": UP_POOL_SEGMENT_MIB})
+    add_config_args(parser, PoolConfig, defaults={"pool_segment_mib": SEGMENT_MIB})
     add_config_args(parser, MasterConfig)
 
 

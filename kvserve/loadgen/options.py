@@ -35,6 +35,7 @@ from kvserve.loadgen.workloads import (
     trace_requests,
 )
 from kvserve.settings import BENCH_ENV, add_config_args, setting
+from router.config import RouterConfig
 
 CONVERSATION = "conversation"
 WORKLOADS = (*SYNTHETIC_KINDS, "shared-prefix", "trace", CONVERSATION)
@@ -50,7 +51,7 @@ class ServerConfig:
     """
 
     env_prefix: ClassVar[str] = BENCH_ENV
-    url: str = "http://127.0.0.1:8000"
+    url: str = f"http://{RouterConfig.router_host}:{RouterConfig.router_port}"
     model: str = ""
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvserve.loadgen.metrics import RequestRecord, summarize
+from kvserve.loadgen.options import WorkloadConfig
 from kvserve.loadgen.shift import Phase, attainment_over_time, parse_phase, phase_starts
 from kvserve.loadgen.slo import AbsoluteSlo, SloTargets
 from kvserve.settings import BENCH_ENV, add_config_args, config_from_args, setting
@@ -48,11 +49,11 @@ class ShiftConfig:
 
     env_prefix: ClassVar[str] = BENCH_ENV
     phases: list[str] = setting(DEFAULT_PHASES)
-    spread: float = 0.25
+    spread: float = WorkloadConfig.spread
     seed: int = 0
     vocab: int = 49152
     modes: list[str] = setting(list(MODES), choices=MODES)
-    window_s: float = 30.0
+    window_s: float = RatioConfig.window_s
     tick_s: float = 5.0
     out: Path | None = None
 

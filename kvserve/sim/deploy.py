@@ -21,12 +21,13 @@ from typing import Any, ClassVar
 from kvserve.cluster.deployment import parse_deployment
 from kvserve.settings import add_config_args
 from kvserve.sim import SIM_ENV
-from kvserve.sim.analysis_common import GB, CostSetup, resolve_cost
+from kvserve.sim.analysis_common import GB, CostConfig, CostSetup, resolve_cost
 from kvserve.sim.cluster import SimCluster
 from kvserve.sim.engine import KVCosts, SimEngine, SimPool
 from kvserve.sim.link import Link
 from kvserve.sim.request import Timing
 from router.conductor import make_policy
+from router.config import RouterConfig
 from router.ratio import RatioController
 from workers.config import EngineConfig
 from workers.scheduler import SchedulerConfig
@@ -58,13 +59,13 @@ class SimDeployConfig:
     workers: str = "1p1d"
     cost: str = DEFAULT_COST
     decode_cost: str = ""
-    tp: int = 1
-    policy: str = "cache_aware"
-    disagg_threshold_tokens: int = 256
+    tp: int = CostConfig.tp
+    policy: str = RouterConfig.policy
+    disagg_threshold_tokens: int = RouterConfig.disagg_threshold_tokens
     link_gbps: float = 12.5
     link_latency_s: float = 1e-5
-    hop_s: float = 1e-3
-    heartbeat_s: float = 1.0
+    hop_s: float = Timing.hop_s
+    heartbeat_s: float = Timing.heartbeat_s
     pool_capacity_blocks: int = 0
 
 

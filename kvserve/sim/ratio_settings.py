@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from kvserve.loadgen.options import ReportConfig, WorkloadConfig
 from kvserve.settings import add_config_args, setting
 from kvserve.sim import SIM_ENV, deploy
 
@@ -61,13 +62,13 @@ class RatioSimConfig:
     env_prefix: ClassVar[str] = SIM_ENV
     instances: int = 8
     mixes: list[Mix] = setting(DEFAULT_MIXES, parse=parse_mix)
-    spread: float = 0.25
+    spread: float = WorkloadConfig.spread
     rates: list[float] = setting(DEFAULT_RATES)
     num_requests: int = 128
     seed: int = 0
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.03
-    goodput_threshold: float = 0.9
+    goodput_threshold: float = ReportConfig.goodput_threshold
     band_share: float = 0.9
     colocated: bool = True
     out: Path | None = None

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from kvserve.loadgen.metrics import RequestRecord
 from kvserve.loadgen.workloads import RequestSpec
+from proto.registry import ClusterConfig
+from router.config import RouterConfig
 from router.ratio import RoleChange
 
 
@@ -14,8 +16,8 @@ class Timing:
     """Router-side delays: one message between processes, and the load view's staleness."""
 
     hop_s: float = 0.001
-    heartbeat_s: float = 1.0
-    controller_interval_s: float = 5.0
+    heartbeat_s: float = ClusterConfig.heartbeat_s
+    controller_interval_s: float = RouterConfig.controller_interval_s
 
     def __post_init__(self) -> None:
         if self.hop_s < 0 or self.heartbeat_s <= 0 or self.controller_interval_s <= 0:

@@ -11,8 +11,14 @@ from pathlib import Path
 import pytest
 
 from kvserve.bench import trace
-from kvserve.bench.tracepool import PoolReplaySettings, pool_replay
-from kvserve.bench.tracesim import TraceRequest, block_chain, load_trace, lru_replay
+from kvserve.bench.tracepool import pool_replay
+from kvserve.bench.tracesim import (
+    PoolReplaySettings,
+    TraceRequest,
+    block_chain,
+    load_trace,
+    lru_replay,
+)
 from kvserve.loadgen.mooncake_trace import SHIPPED
 
 TRACE = SHIPPED

@@ -85,7 +85,9 @@ def test_pull_never_takes_more_pages_than_are_free() -> None:
 def test_scheduler_admits_with_pool_hits_and_reports_new_blocks() -> None:
     tokens = list(range(10))
     remote = FakePool(HASHER.chain(tokens, BT))
-    sched = Scheduler(SchedulerConfig(num_blocks=8, block_tokens=BT), HASHER, remote=remote)
+    sched = Scheduler(
+        SchedulerConfig(num_blocks=8, block_tokens=BT, max_model_len=2048), HASHER, remote=remote
+    )
     s = seq(tokens)
     sched.add(s)
     batch = sched.schedule()

@@ -77,7 +77,7 @@ def run_steps(sched: Scheduler, k: int) -> list[list[tuple[str, int]]]:
     "field", ["num_blocks", "block_tokens", "max_num_seqs", "max_num_batched_tokens"]
 )
 def test_config_rejects_non_positive(field: str) -> None:
-    kwargs: dict[str, int] = {"num_blocks": 4, "block_tokens": 4, field: 0}
+    kwargs: dict[str, int] = {"num_blocks": 4, "block_tokens": 4, "max_model_len": 64, field: 0}
     with pytest.raises(ValueError, match=field):
         SchedulerConfig(**kwargs)  # type: ignore[arg-type]
 
@@ -339,7 +339,9 @@ def test_no_zero_token_entries_when_decodes_outnumber_the_budget() -> None:
     for rid in "abc":
         sched.add(make_seq(rid, [1, 2], max_tokens=4))
     assert ids(step(sched)) == [("a", 2), ("b", 2), ("c", 2)]
-    sched.config = SchedulerConfig(num_blocks=16, block_tokens=4, max_num_batched_tokens=2)
+    sched.config = SchedulerConfig(
+        num_blocks=16, block_tokens=4, max_model_len=2048, max_num_batched_tokens=2
+    )
     assert ids(step(sched)) == [("a", 1), ("b", 1)]
     assert ids(step(sched)) == [("a", 1), ("b", 1)]
 

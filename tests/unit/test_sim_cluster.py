@@ -27,7 +27,9 @@ class PerStep:
 
 
 def engines(roles: str, blocks: int = 256, pool: SimPool | None = None) -> list[SimEngine]:
-    config = SchedulerConfig(num_blocks=blocks, block_tokens=4, max_num_batched_tokens=512)
+    config = SchedulerConfig(
+        num_blocks=blocks, block_tokens=4, max_model_len=2048, max_num_batched_tokens=512
+    )
     pool = pool or SimPool()
     return [
         SimEngine(
@@ -51,7 +53,9 @@ def cluster(roles: str, threshold: int = 8, **kw: object) -> SimCluster:
 
 
 def test_shape_of_a_mixed_batch_names_decodes_and_prefill_chunks() -> None:
-    config = SchedulerConfig(num_blocks=16, block_tokens=4, max_num_batched_tokens=8)
+    config = SchedulerConfig(
+        num_blocks=16, block_tokens=4, max_model_len=2048, max_num_batched_tokens=8
+    )
     sched = Scheduler(config, SIM_HASHER)
     long, short = (
         Sequence(n, list(range(100, 100 + k)), SamplingParams())
