@@ -33,7 +33,7 @@ import dataclasses
 import os
 import re
 import typing
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, TypeVar
 
 from kvserve.settings_file import FileLayer
@@ -222,23 +222,3 @@ def config_from_args(cls: type[T], ns: argparse.Namespace, prefix: str = "") -> 
         else:
             values[f.name] = config_from_args(hints[f.name], ns, prefix + nested)
     return cls(**values)
-
-
-def settings_from_env(cls: type[T]) -> T:
-    """``cls`` from its variables alone (the defaults where unset), for a process that
-    has no command line of its own to parse."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_config_args(parser, cls)
-    return config_from_args(cls, parser.parse_args([]))
-
-
-def add_verb(
-    verbs: argparse._SubParsersAction[argparse.ArgumentParser],
-    name: str,
-    run: Callable[[argparse.Namespace], int],
-    text: str,
-) -> argparse.ArgumentParser:
-    """A verb's parser under ``verbs``, described by ``text``, that runs ``run``."""
-    parser = verbs.add_parser(name, help=text, description=text)
-    parser.set_defaults(func=run)
-    return parser

@@ -1,4 +1,4 @@
-"""KV events (issue 19): what a worker tells the router about its local prefix cache.
+"""KV events: what a worker tells the router about its local prefix cache.
 
 A worker publishes, once per engine step that changed its prefix cache, one
 :class:`EventBatch`: the blocks it indexed (:class:`Stored`: the block's chained name and

@@ -1,4 +1,4 @@
-"""Worker records and the contract in Redis, each with a MAC (issue 17: the registry is
+"""Worker records and the contract in Redis, each with a MAC (the registry is
 not believed blindly). :mod:`proto.registry` re-exports everything here.
 
 Wire forms (JSON only; ``<name>`` is the Redis key a value is stored under; MACs are

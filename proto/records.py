@@ -1,7 +1,7 @@
 """The schema of a worker record: what a record read from (or written to) the registry
 must be, in one place.
 
-The registry is not believed blindly (issue 17): a record is a :class:`WorkerRecord` only
+The registry is not believed blindly: a record is a :class:`WorkerRecord` only
 if every field has its type and lies within its bounds (constructing one checks them:
 :meth:`WorkerRecord.__post_init__`, :func:`check_load`); anything else raises
 :class:`RecordError`. Whether a record was written by a holder of the cluster secret (its

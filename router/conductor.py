@@ -52,7 +52,7 @@ OVERLAP_WEIGHT = 4.0
 """Seconds of prefill queue that one second of prefill saved by a worker's local cache
 (beyond the pool and the other candidates) outweighs, over what it saves the request
 itself (:meth:`CacheAwarePolicy.prefill_cost`). Measured with :data:`HOME_SLACK` over a
-trace set (issue 37; the command and whole table in docs/benchmarks.md, section 4.3):
+trace set (the command and whole table in docs/benchmarks.md, section 4.3):
 ``cache_aware+events`` on the Mooncake trace and generated chats, long chats and tool
 agents, at 2, 4 and 8 workers and 4k, 10k, 30k blocks, chosen by the worst point
 (:func:`kvserve.bench.tracesweep.choose`): local hits at least 0.95 of a shared pool's and
@@ -200,7 +200,7 @@ def affinity_key(chain: Sequence[int]) -> int | None:
     """A prompt's :attr:`PlacementRequest.prefix_key`: the name of the last block of its
     chain of block names (:mod:`kvpool.hashing`), naming the whole prompt up to there; None
     without a full block. Not a leading block, which a system prompt or a template makes
-    alike in nearly every prompt, sending all cold prompts to one home (issue 37); a prefix
+    alike in nearly every prompt, sending all cold prompts to one home; a prefix
     seen before is found by the local hints (``local_tokens``), not by the key."""
     return chain[-1] if chain else None
 
@@ -236,7 +236,7 @@ class CacheAwarePolicy(Policy):
     (:func:`rendezvous`; the key is the prompt's own, :func:`affinity_key`): prompts cached
     nowhere spread by a stable hash, the same prompt again goes where it went. A prefix
     that two candidates hold (a system prompt, a template) thus pulls to neither, so a
-    worker that lacks it is not passed over for it and comes to hold it too (issue 37).
+    worker that lacks it is not passed over for it and comes to hold it too.
     Without a key, the cheapest (first by worker id on ties).
 
     Decode: ascending :meth:`decode_cost` (running + waiting requests minus

@@ -1,4 +1,4 @@
-"""The prefix index's metrics (issue 19): KV event batches by outcome, refused stream
+"""The prefix index's metrics: KV event batches by outcome, refused stream
 entries, blocks indexed per worker, and the index's predicted local hits against the
 workers' actual ones, so index drift is visible on ``/metrics``."""
 

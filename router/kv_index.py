@@ -1,4 +1,4 @@
-"""The router's per-worker prefix index, kept current from the workers' KV events (issue 19).
+"""The router's per-worker prefix index, kept current from the workers' KV events.
 
 Lifecycle of :class:`KVIndex`:
 

@@ -1,4 +1,4 @@
-"""The router's view of each worker's local prefix cache, built from KV events (issue 19).
+"""The router's view of each worker's local prefix cache, built from KV events.
 
 Pure bookkeeping, no I/O: the caller reads :class:`proto.kv_events.EventBatch`\\ es (from
 Redis, :func:`proto.kv_events.read_batches`) and hands each to :meth:`PrefixIndex.apply`;

@@ -1,4 +1,4 @@
-"""This worker's KV events, published to the cluster's stream (issue 19).
+"""This worker's KV events, published to the cluster's stream.
 
 The engine's :class:`~workers.block_pool.BlockPool` logs a :class:`proto.kv_events.Stored`
 or :class:`~proto.kv_events.Removed` event for every change of its prefix-cache index; this

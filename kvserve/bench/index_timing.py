@@ -1,4 +1,4 @@
-"""How long the router's prefix index takes to answer (issue 19), as
+"""How long the router's prefix index takes to answer, as
 ``python -m kvserve.bench.index_timing``: 4 workers of 100k blocks each, a 2048-block chain
 (a 32k-token prompt of 16-token blocks). Prints the medians in microseconds."""
 

@@ -27,9 +27,9 @@ from router.conductor import LocalityWeights
 SWEEP_POLICY = "cache_aware+events"
 """The policy whose weights the sweep chooses by default (the live router's)."""
 TARGET = 0.95
-"""Local hits over shared hits the weights are chosen to reach at every point (issue 19)."""
+"""Local hits over shared hits the weights are chosen to reach at every point."""
 TTFT_TARGET = 1.02
-"""The most a point's modelled TTFT p90 may be over :data:`BASELINE`'s (issue 37)."""
+"""The most a point's modelled TTFT p90 may be over :data:`BASELINE`'s."""
 BASELINE = "round_robin"
 """The policy whose TTFT p90 each point is compared with."""
 
