@@ -55,7 +55,7 @@ itself (:meth:`CacheAwarePolicy.prefill_cost`). Measured with :data:`HOME_SLACK`
 trace set (the command and whole table in docs/benchmarks.md, section 4.3):
 ``cache_aware+events`` on the Mooncake trace and generated chats, long chats and tool
 agents, at 2, 4 and 8 workers and 4k, 10k, 30k blocks, chosen by the worst point
-(:func:`kvserve.bench.tracesweep.choose`): local hits at least 0.95 of a shared pool's and
+(:func:`kvserve.sim.trace.sweep.choose`): local hits at least 0.95 of a shared pool's and
 TTFT p90 within 2% of round_robin's at every point, then the largest worst ratio, over the
 set and Mooncake's published conversation trace together: 4 (worst 0.951 there, 0.956 on
 the set; 0.959 on both with the second key of :meth:`CacheAwarePolicy.pick_prefill`); 2

@@ -1,9 +1,9 @@
 """``kvserve bench trace``: prefix hit rates of a Mooncake-format trace, without a model.
 
 1. Read the trace (``--trace``), or the traces of ``--traces`` (a trace set:
-   :mod:`kvserve.bench.traceset`, generated shapes :mod:`kvserve.bench.tracegen`), at most
+   :mod:`kvserve.bench.traceset`, generated shapes :mod:`kvserve.sim.trace.gen`), at most
    ``--max-requests`` each, and name every block in the pool's key space
-   (:func:`kvserve.bench.tracesim.block_chain`). Every step below runs on each trace.
+   (:func:`kvserve.sim.trace.replay.block_chain`). Every step below runs on each trace.
 2. Per capacity (``--capacities``, in blocks): an offline exact LRU replay (the baseline),
    an offline leaf-first LRU (evicting only chain tails) and, unless ``--no-pool``, replays
    through a real ``mooncake_master`` holding that many blocks, once per ``--evictions``:
@@ -12,12 +12,12 @@
    own ceiling.
 3. Per capacity C, worker count N (``--workers``) and router policy (``--policies``): N
    prefill workers with local caches of C/N blocks against one shared cache of C blocks,
-   requests placed by ``router.conductor`` (:mod:`kvserve.bench.tracecluster`), each also
+   requests placed by ``router.conductor`` (:mod:`kvserve.sim.trace.cluster`), each also
    decoded on one of N decode workers with local caches of C/N blocks; then per policy its
    worst point over every trace and point against ``round_robin`` (``policy_worst``).
 4. With ``--sweep-overlap-weights`` and ``--sweep-home-slacks`` (and/or
    ``--sweep-decode-weights``): the sweep that measures ``cache_aware``'s locality weights
-   (:mod:`kvserve.bench.tracesweep`) over the same traces, capacities and worker counts,
+   (:mod:`kvserve.sim.trace.sweep`) over the same traces, capacities and worker counts,
    choosing by the worst point.
 5. Print one JSON object; with ``--out``, also PNG plots (:mod:`.trace_plot`).
 
@@ -35,15 +35,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvpool.config import EVICTION
-from kvserve.bench.tracecluster import EVENTS_SUFFIX, HINT_SUFFIX, ClusterSettings
-from kvserve.bench.traceevents import EventTiming
-from kvserve.bench.tracepolicies import SESSION_POLICIES
+from kvserve.bench.tracepool import PoolReplaySettings
 from kvserve.bench.traceset import capacity_rows, cluster_row, load_traces
-from kvserve.bench.tracesim import BLOCK_TOKENS, PoolReplaySettings, Trace
-from kvserve.bench.tracesweep import SWEEP_POLICY, policy_worst, ratio, sweep_rows
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.report import emit, log
 from kvserve.settings import BENCH_ENV, add_config_args, setting
+from kvserve.sim.trace.cluster import EVENTS_SUFFIX, HINT_SUFFIX, ClusterSettings
+from kvserve.sim.trace.events import EventTiming
+from kvserve.sim.trace.policies import SESSION_POLICIES
+from kvserve.sim.trace.replay import BLOCK_TOKENS, Trace
+from kvserve.sim.trace.sweep import SWEEP_POLICY, policy_worst, ratio, sweep_rows
 
 POLICIES = (
     "random",
@@ -59,7 +60,7 @@ ALL_POLICIES = (
     *(name + suffix for name in SESSION_POLICIES for suffix in ("", EVENTS_SUFFIX)),
 )
 """Every policy ``--policies`` and ``--sweep-policies`` take: also the session policies of
-:mod:`kvserve.bench.tracepolicies` (``+events``: with the same hints as ``cache_aware``)."""
+:mod:`kvserve.sim.trace.policies` (``+events``: with the same hints as ``cache_aware``)."""
 
 
 @dataclass(frozen=True)

@@ -41,15 +41,15 @@ from typing import Any
 import numpy as np
 
 from kvpool.chain_index import ChainIndex
-from kvpool.config import PoolConfig
+from kvpool.config import EVICTION, PoolConfig
 from kvpool.evictor import ChainEvictor, chain_parents
 from kvpool.keys import KeySpace, longest_prefix
 from kvpool.master import MasterConfig, MasterStats, master_stats
 from kvpool.net import free_local_ports
 from kvpool.store import MooncakeStore
-from kvserve.bench.tracesim import TRACE_NAMESPACE, HitCount, PoolReplaySettings, TraceRequest
 from kvserve.cluster.pool import MasterProcess
 from kvserve.cluster.redis import RedisConfig, RedisProcess
+from kvserve.sim.trace.replay import TRACE_NAMESPACE, HitCount, TraceRequest
 from proto.registry import connect
 
 MIN_SEGMENT_MIB = 16
@@ -63,6 +63,35 @@ def segment_mib(capacity: int, objects_per_block: int, block_bytes: int, fill: f
     pool's minimum)."""
     need = int(capacity * objects_per_block * block_bytes / fill + 0.5)
     return max(MIN_SEGMENT_MIB, -(-need // (1 << 20)))
+
+
+@dataclass(frozen=True)
+class PoolReplaySettings:
+    """How the real-pool replay runs (every field goes into the benchmark's conditions)."""
+
+    block_bytes: int = 65536
+    layers: int = 0
+    eviction_high_watermark: float = MasterConfig.master_eviction_high_watermark
+    eviction_ratio: float = MasterConfig.master_eviction_ratio
+    put_retries: int = 5
+    eviction: str = "master"
+    evict_at: float = 0.85
+
+    def __post_init__(self) -> None:
+        if self.block_bytes < 1 or self.layers < 0 or self.put_retries < 0:
+            raise ValueError("block_bytes must be positive, layers and put_retries >= 0")
+        if self.eviction not in EVICTION:
+            raise ValueError(f"eviction must be one of {EVICTION}, got {self.eviction!r}")
+        if not 0 < self.evict_at < self.eviction_high_watermark:
+            raise ValueError("evict_at must be in (0, eviction_high_watermark)")
+        MasterConfig(
+            master_eviction_high_watermark=self.eviction_high_watermark,
+            master_eviction_ratio=self.eviction_ratio,
+        )  # validates the eviction settings with the master's own messages
+
+    @property
+    def objects_per_block(self) -> int:
+        return 1 + self.layers
 
 
 @dataclass
@@ -210,7 +239,7 @@ def pool_replay(
     settings: PoolReplaySettings,
     log_dir: Path,
 ) -> PoolReplay:
-    """Replay ``requests`` (with their :func:`~kvserve.bench.tracesim.block_chain`) through
+    """Replay ``requests`` (with their :func:`~kvserve.sim.trace.replay.block_chain`) through
     a fresh master whose pool holds about ``capacity`` blocks; see the module docstring."""
     keys = KeySpace.of(TRACE_NAMESPACE, settings.layers)
     fill = settings.evict_at if settings.eviction == "chain" else 1.0

@@ -3,7 +3,7 @@ over all of them.
 
 A trace is named: ``mooncake`` (the shipped synthetic Mooncake trace,
 :data:`~kvserve.loadgen.mooncake_trace.SHIPPED`), a generated shape of
-:data:`~kvserve.bench.tracegen.SHAPES` (``chat``, ``conv-short``, ``conv-long``, ``agent``: drawn
+:data:`~kvserve.sim.trace.gen.SHAPES` (``chat``, ``conv-short``, ``conv-long``, ``agent``: drawn
 from the run's seed), or a Mooncake-format file's path. ``set`` names the default trace
 set, :data:`TRACE_SET`. Without ``--traces`` the run replays ``--trace`` alone, as before.
 """
@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.tracecluster import ClusterSettings, cluster_replay
-from kvserve.bench.tracegen import SHAPES, session_trace
-from kvserve.bench.tracesim import Trace, block_chain, load_trace, lru_replay
-from kvserve.bench.tracesweep import ratio
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.report import log
+from kvserve.sim.trace.cluster import ClusterSettings, cluster_replay
+from kvserve.sim.trace.gen import SHAPES, session_trace
+from kvserve.sim.trace.replay import Trace, block_chain, load_trace, lru_replay
+from kvserve.sim.trace.sweep import ratio
 
 MOONCAKE = "mooncake"
 """The name of the shipped trace."""
@@ -77,7 +77,7 @@ def cluster_row(
     trace: Trace, capacity: int, workers: int, policy: str, model: ClusterSettings
 ) -> dict[str, Any]:
     """``policy`` on ``workers`` local caches of ``capacity // workers`` blocks against one
-    shared cache of ``capacity`` (:func:`~kvserve.bench.tracecluster.cluster_replay`)."""
+    shared cache of ``capacity`` (:func:`~kvserve.sim.trace.cluster.cluster_replay`)."""
     local = cluster_replay(trace.requests, trace.chains, workers, capacity, policy, False, model)
     shared = cluster_replay(trace.requests, trace.chains, workers, capacity, policy, True, model)
     return {

@@ -42,11 +42,12 @@ from kvpool.store import MooncakeStore
 from kvpool.tiers import TierStats, receive_by_tier
 from kvserve.bench.tracepool import (
     PoolReplay,
+    PoolReplaySettings,
     _Writer,
     replay_member,
     segment_mib,
 )
-from kvserve.bench.tracesim import TRACE_NAMESPACE, HitCount, PoolReplaySettings, TraceRequest
+from kvserve.sim.trace.replay import TRACE_NAMESPACE, HitCount, TraceRequest
 
 TIERS = ("dram", "ssd")
 

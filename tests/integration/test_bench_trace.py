@@ -11,15 +11,14 @@ from pathlib import Path
 import pytest
 
 from kvserve.bench import trace
-from kvserve.bench.tracepool import pool_replay
-from kvserve.bench.tracesim import (
-    PoolReplaySettings,
+from kvserve.bench.tracepool import PoolReplaySettings, pool_replay
+from kvserve.loadgen.mooncake_trace import SHIPPED
+from kvserve.sim.trace.replay import (
     TraceRequest,
     block_chain,
     load_trace,
     lru_replay,
 )
-from kvserve.loadgen.mooncake_trace import SHIPPED
 
 TRACE = SHIPPED
 REQUESTS = 200

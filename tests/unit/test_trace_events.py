@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvserve.bench.tracecluster import ClusterResult, ClusterSettings, cluster_replay, split_policy
-from kvserve.bench.traceevents import EventFeed, EventTiming
-from kvserve.bench.tracesim import TraceRequest, block_chain, load_trace
-from kvserve.bench.traceworkers import SimWorker
 from kvserve.loadgen.mooncake_trace import SHIPPED
+from kvserve.sim.trace.cluster import ClusterResult, ClusterSettings, cluster_replay, split_policy
+from kvserve.sim.trace.events import EventFeed, EventTiming
+from kvserve.sim.trace.replay import TraceRequest, block_chain, load_trace
+from kvserve.sim.trace.workers import SimWorker
 from proto.kv_events import MAX_EVENTS
 from router.conductor import LocalityWeights
 from workers.block_pool import BlockPool

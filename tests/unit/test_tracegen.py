@@ -1,15 +1,15 @@
-"""Generated session traces (kvserve/bench/tracegen.py): deterministic by seed, the turns'
+"""Generated session traces (kvserve/sim/trace/gen.py): deterministic by seed, the turns'
 times and lengths of their shape, hash ids naming exactly the shared prefixes."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvserve.bench.tracegen import SHAPES, SessionShape, session_trace
-from kvserve.bench.tracesim import TraceRequest
 from kvserve.loadgen.arrivals import poisson_arrivals
 from kvserve.loadgen.conversation import ConversationShape
 from kvserve.loadgen.workloads import Lengths
+from kvserve.sim.trace.gen import SHAPES, SessionShape, session_trace
+from kvserve.sim.trace.replay import TraceRequest
 
 TALK = ConversationShape(
     turns=3, first=Lengths(1000), user=Lengths(100), answer=Lengths(50), think_s=2.0

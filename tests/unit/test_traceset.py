@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from kvserve.bench import trace
-from kvserve.bench.tracecluster import ClusterSettings, cluster_replay
-from kvserve.bench.tracepolicies import HomeSpillPolicy, SessionAffinityPolicy, session_key
 from kvserve.bench.traceset import MOONCAKE, TRACE_SET, load_traces, trace_names
-from kvserve.bench.tracesim import TraceRequest, block_chain
-from kvserve.bench.tracesweep import choose, policy_worst, swept_pairs, worst_point
 from kvserve.loadgen.mooncake_trace import SHIPPED
+from kvserve.sim.trace.cluster import ClusterSettings, cluster_replay
+from kvserve.sim.trace.policies import HomeSpillPolicy, SessionAffinityPolicy, session_key
+from kvserve.sim.trace.replay import TraceRequest, block_chain
+from kvserve.sim.trace.sweep import choose, policy_worst, swept_pairs, worst_point
 from router.conductor import LocalityWeights, PlacementRequest, WorkerLoad, rendezvous
 
 # -- naming and loading ----------------------------------------------------------------------

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from kvpool.keys import KeySpace
-from kvserve.bench.tracecluster import ClusterSettings, cluster_replay
-from kvserve.bench.tracesim import (
+from kvserve.loadgen.mooncake_trace import SHIPPED
+from kvserve.sim.lru import LeafFirstLRU, LRUCache
+from kvserve.sim.trace.cluster import ClusterSettings, cluster_replay
+from kvserve.sim.trace.replay import (
     TRACE_HASHER,
     TRACE_NAMESPACE,
     HitCount,
@@ -20,8 +22,6 @@ from kvserve.bench.tracesim import (
     lru_replay,
     parse_trace,
 )
-from kvserve.loadgen.mooncake_trace import SHIPPED
-from kvserve.sim.lru import LeafFirstLRU, LRUCache
 from router.conductor import LocalityWeights
 
 

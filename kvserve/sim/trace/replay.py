@@ -27,9 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpool.config import EVICTION
 from kvpool.hashing import Namespace, PrefixHasher
-from kvpool.master import MasterConfig
 from kvserve.loadgen import mooncake_trace
 from kvserve.loadgen.mooncake_trace import TraceEntry
 from kvserve.sim.lru import LeafFirstLRU, LRUCache, leading
@@ -47,7 +45,7 @@ TRACE_HASHER = PrefixHasher(TRACE_NAMESPACE, root_key=b"kvserve trace replay (pu
 class TraceRequest(TraceEntry):
     """A trace line whose hash ids are 512-token blocks (checked on construction);
     ``session``: the session it belongs to where the trace knows it (a generated trace:
-    :mod:`kvserve.bench.tracegen`), else -1 (a Mooncake trace names none)."""
+    :mod:`kvserve.sim.trace.gen`), else -1 (a Mooncake trace names none)."""
 
     session: int = -1
 
@@ -147,32 +145,3 @@ def lru_replay(
         count.add(request, leading(chain, cache.__contains__))
         cache.touch(chain)
     return count, cache
-
-
-@dataclass(frozen=True)
-class PoolReplaySettings:
-    """How the real-pool replay runs (every field goes into the benchmark's conditions)."""
-
-    block_bytes: int = 65536
-    layers: int = 0
-    eviction_high_watermark: float = MasterConfig.master_eviction_high_watermark
-    eviction_ratio: float = MasterConfig.master_eviction_ratio
-    put_retries: int = 5
-    eviction: str = "master"
-    evict_at: float = 0.85
-
-    def __post_init__(self) -> None:
-        if self.block_bytes < 1 or self.layers < 0 or self.put_retries < 0:
-            raise ValueError("block_bytes must be positive, layers and put_retries >= 0")
-        if self.eviction not in EVICTION:
-            raise ValueError(f"eviction must be one of {EVICTION}, got {self.eviction!r}")
-        if not 0 < self.evict_at < self.eviction_high_watermark:
-            raise ValueError("evict_at must be in (0, eviction_high_watermark)")
-        MasterConfig(
-            master_eviction_high_watermark=self.eviction_high_watermark,
-            master_eviction_ratio=self.eviction_ratio,
-        )  # validates the eviction settings with the master's own messages
-
-    @property
-    def objects_per_block(self) -> int:
-        return 1 + self.layers

@@ -2,16 +2,16 @@
 real placement policies, replayed over a trace without running any model. Pure.
 
 Each worker's cache is the engine's own :class:`~workers.block_pool.BlockPool` (refcounts,
-LRU free list, hash index; :class:`~kvserve.bench.traceworkers.SimWorker`); placement is
+LRU free list, hash index; :class:`~kvserve.sim.trace.workers.SimWorker`); placement is
 :mod:`router.conductor`'s policies (``pick_prefill`` and ``rank_decode``: every request
 to a prefill worker) with the loads of a simple queue model (see :func:`cluster_replay`),
-or a session policy of :mod:`kvserve.bench.tracepolicies`. Block hashes and hit
-semantics are those of :mod:`kvserve.bench.tracesim`.
+or a session policy of :mod:`kvserve.sim.trace.policies`. Block hashes and hit
+semantics are those of :mod:`kvserve.sim.trace.replay`.
 
 A policy name may carry a suffix saying where the policy's local-cache hints
 (``PlacementRequest.local_tokens``) come from: :data:`HINT_SUFFIX`, the caches themselves
 (ideal hints: always right, never late); :data:`EVENTS_SUFFIX`, a real router index fed by
-the workers' KV events, late as in the live system (:mod:`kvserve.bench.traceevents`).
+the workers' KV events, late as in the live system (:mod:`kvserve.sim.trace.events`).
 Without a suffix the policy has no hints.
 """
 
@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvserve.bench.traceevents import EventFeed, EventTiming
-from kvserve.bench.tracepolicies import SESSION_POLICIES, SessionPolicy, session_key
-from kvserve.bench.tracesim import HitCount, TraceRequest
-from kvserve.bench.traceworkers import SimWorker
+from kvserve.sim.trace.events import EventFeed, EventTiming
+from kvserve.sim.trace.policies import SESSION_POLICIES, SessionPolicy, session_key
+from kvserve.sim.trace.replay import HitCount, TraceRequest
+from kvserve.sim.trace.workers import SimWorker
 from router.conductor import (
     CacheAwarePolicy,
     LocalityWeights,
@@ -68,7 +68,7 @@ class ClusterSettings:
 
     def policy(self, name: str) -> Policy:
         """The policy ``name`` (no suffix): a conductor policy, or one of
-        :data:`~kvserve.bench.tracepolicies.SESSION_POLICIES` (with ``weights``, as
+        :data:`~kvserve.sim.trace.policies.SESSION_POLICIES` (with ``weights``, as
         ``cache_aware``)."""
         if name in SESSION_POLICIES:
             return SESSION_POLICIES[name](disagg_threshold_tokens=-1, weights=self.weights)
@@ -139,7 +139,7 @@ def cluster_replay(
     worker holds the prompt's pages from arrival until ``output_length *
     decode_s_per_token`` after the prefill ends. The loads the policy sees are those at
     arrival time; the request's ``prefix_key`` is :func:`router.conductor.affinity_key`
-    of its chain (for a session policy, its :func:`~.tracepolicies.session_key`).
+    of its chain (for a session policy, its :func:`~.policies.session_key`).
     """
     settings = settings or ClusterSettings()
     base, hints = split_policy(policy)

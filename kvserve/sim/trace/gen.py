@@ -13,7 +13,7 @@ Each turn's prompt is the previous prompt, the previous answer and a new message
 (:func:`~kvserve.loadgen.conversation.grow`, by lengths only: no token is drawn), so the
 whole session is one growing token string ``S`` (system prompt, first message, answer,
 message, ...) and turn ``t``'s prompt is ``S[:n_t]``. Its trace line is in the Mooncake
-form the replay reads (:class:`~kvserve.bench.tracesim.TraceRequest`): one hash id per
+form the replay reads (:class:`~kvserve.sim.trace.replay.TraceRequest`): one hash id per
 512-token block, block ``i`` named by (owner, ``i``, its end ``min(512 (i + 1), n_t)``),
 where the owner is the system prompt when the block ends within it, else the session. So
 equal ids mean equal prefixes, exactly: a full block of a system prompt is shared by every
@@ -26,10 +26,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from kvserve.bench.tracesim import BLOCK_TOKENS, TraceRequest
 from kvserve.loadgen.arrivals import poisson_arrivals
 from kvserve.loadgen.conversation import ConversationShape, ready_s, uniform_s
 from kvserve.loadgen.workloads import Lengths
+from kvserve.sim.trace.replay import BLOCK_TOKENS, TraceRequest
 
 
 @dataclass(frozen=True)

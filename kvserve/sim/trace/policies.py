@@ -2,7 +2,7 @@
 with (``kvserve bench trace --policies session_affinity home_spill``). Pure.
 
 Both key a request by its session: the session the trace names
-(:attr:`~kvserve.bench.tracesim.TraceRequest.session`, known for generated traces), else
+(:attr:`~kvserve.sim.trace.replay.TraceRequest.session`, known for generated traces), else
 the name of the prompt's first block (a Mooncake trace names no session: its prompts
 sharing a first block stand for one).
 The router sees no session today (an API field would have to carry one, as OpenAI's
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvserve.bench.tracesim import TraceRequest
+from kvserve.sim.trace.replay import TraceRequest
 from router.conductor import (
     CacheAwarePolicy,
     PlacementRequest,

@@ -1,4 +1,4 @@
-"""The simulated workers of the cluster replay (:mod:`kvserve.bench.tracecluster`). Pure.
+"""The simulated workers of the cluster replay (:mod:`kvserve.sim.trace.cluster`). Pure.
 
 A :class:`SimWorker` is a prefill or decode worker reduced to what placement and prefix
 hits depend on: the engine's own :class:`~workers.block_pool.BlockPool` (its local prefix

@@ -1,6 +1,6 @@
 """KV events from the simulated workers to a real router index, late as in the live system.
 
-The cluster replay's ``+events`` policies (:mod:`kvserve.bench.tracecluster`) take their
+The cluster replay's ``+events`` policies (:mod:`kvserve.sim.trace.cluster`) take their
 local-cache hints from a :class:`router.prefix_index.PrefixIndex` fed the way the live
 router's is: each worker's :class:`~workers.block_pool.BlockPool` logs its KV events
 (``log_events`` when the feed starts), the worker drains them after each admission
@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvserve.bench.traceworkers import SimWorker
+from kvserve.sim.trace.workers import SimWorker
 from proto.kv_events import MAX_EVENTS, EventBatch
 from router.expected_blocks import ExpectedBlocks
 from router.prefix_index import Outcome, PrefixIndex

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from kvserve.bench.tracecluster import ClusterSettings, cluster_replay, split_policy
-from kvserve.bench.tracesim import Trace
+from kvserve.sim.trace.cluster import ClusterSettings, cluster_replay, split_policy
+from kvserve.sim.trace.replay import Trace
 from router.conductor import LocalityWeights
 
 SWEEP_POLICY = "cache_aware+events"
