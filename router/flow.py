@@ -36,7 +36,8 @@ to every worker the request touched (:mod:`router.involved`, shielded from the
 cancellation) before the flow re-raises. RPC failures become
 :class:`router.errors.APIError` with a status to show. The last chunk carries
 ``finish_reason`` and :class:`Usage`; the observer gets a :class:`FlowResult` when the flow
-ends, however it ends.
+ends, however it ends (what the flow saw and the ``Generate`` stream itself:
+:mod:`router.flow_stream`).
 """
 
 from __future__ import annotations
@@ -48,16 +49,14 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import grpc
 
 from proto import worker_pb2 as pb
-from proto.finish import openai_finish
 from router.candidates import Candidates, Renew
-from router.errors import APIError, unavailable
+from router.errors import unavailable
 from router.flow_plan import FlowPlan
+from router.flow_stream import FlowTally, generate_chunks
 from router.flow_types import (
     TRY_ELSEWHERE,
     Chunk,
     FlowObserver,
-    FlowResult,
-    Usage,
     checked_logprobs,
     rpc_error,
     status_of,
@@ -91,12 +90,7 @@ class RequestFlow:
         self._candidates = Candidates(plan.decode, renew)
         self._decoder: LiveWorker | None = self._candidates.first
         self._reserver = Reserver(plan, self._candidates, self._involved, self._kv_wait)
-        self._cached_tokens = 0
-        self._completion_tokens = 0
-        self._mode = plan.mode
-        self._ttft_s: float | None = None
-        self._migrations = 0
-        self._finish: str | None = None
+        self._tally = FlowTally(plan, observer)
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         plan = self.plan
@@ -117,18 +111,7 @@ class RequestFlow:
             raise
         finally:
             worker = self._decoder.worker_id if self._decoder else ""
-            result = FlowResult(
-                self._mode,
-                worker,
-                status,
-                self.plan.elapsed(),
-                self._ttft_s,
-                self._completion_tokens,
-                self._migrations,
-                len(self.plan.prompt_token_ids),
-                self._finish,
-            )
-            self.observer.on_finish(result)
+            self.observer.on_finish(self._tally.result(worker, status))
             self._kv_wait.wake()
 
     async def _disaggregated(self, prefill: LiveWorker) -> AsyncGenerator[Chunk, None]:
@@ -150,23 +133,24 @@ class RequestFlow:
             log.info("prefill worker %s did not take %s (%s): the decode side prefills it",
                      prefill.worker_id, self.plan.request_id, exc.code().name)  # fmt: skip
             await self._involved.leave([prefill, decoder])  # a local Generate reuses the request id
-            self._mode = "local"
+            self._tally.mode = "local"
             async for chunk in self._generate_anywhere(decoder, None):
                 yield chunk
             return
-        self._prefilled(prefill.worker_id, reply.usage)
+        tally = self._tally
+        tally.prefilled(prefill.worker_id, reply.usage)
         pushed = self._pushed(reply, decoder)
         if reply.HasField("transfer"):
             self.observer.on_transfer("write", reply.transfer)
-        self._first_token("disagg", prefill.worker_id)
-        self._completion_tokens = 1
-        finish = self._finish_reason(reply.finish_reason)
+        tally.first_token("disagg", prefill.worker_id)
+        tally.completion_tokens = 1
+        finish = tally.finish_reason(reply.finish_reason)
         got = (reply.logprob,) if reply.HasField("logprob") else ()
         params, pid = self.plan.params, prefill.worker_id
         logprobs = checked_logprobs(got, 1, params, "logprobs", pid)
         if finish is not None:
             await self._involved.abort([decoder])  # nothing to decode: free the reservation now
-            yield Chunk(reply.text, (reply.first_token,), finish, self._usage(), logprobs)
+            yield Chunk(reply.text, (reply.first_token,), finish, tally.usage(), logprobs)
             return
         yield Chunk(reply.text, (reply.first_token,), logprobs=logprobs)
         async for chunk in self._generate_anywhere(decoder, reply.first_token, pushed):
@@ -235,7 +219,7 @@ class RequestFlow:
             log.info("decode worker %s did not take %s (%s): trying %s",
                      old.worker_id, rid, code, new.worker_id)  # fmt: skip
             return
-        self._migrations += 1
+        self._tally.migrations += 1
         self.observer.on_migrate(old.worker_id, new.worker_id)
         log.warning("decode worker %s failed on %s after %d tokens (%s): resuming on %s",
                     old.worker_id, rid, sent, code, new.worker_id)  # fmt: skip
@@ -268,70 +252,9 @@ class RequestFlow:
         resume: list[int] | None = None,
         pushed: list[bytes] | None = None,
     ) -> AsyncIterator[Chunk]:
-        """Chunks of ``Generate`` on ``worker``: after a remote prefill (``first_token``),
-        resumed after the outputs the client has (``resume``, non-empty), or from the
-        prompt (its first chunk is then the TTFT)."""
-        plan = self.plan
+        """:func:`router.flow_stream.generate_chunks` on ``worker``, now the flow's decoder
+        and among the workers it touched."""
         self._involved.add(worker)
         self._decoder = worker
-        request = pb.GenerateRequest(
-            request_id=plan.request_id,
-            prompt_token_ids=plan.prompt_token_ids,
-            params=plan.params,
-            cache_salt=plan.cache_salt,
-        )
-        if resume:
-            request.resume_token_ids.extend(resume)
-        elif first_token is not None:
-            request.first_token = first_token
-            request.pushed_metas.extend(pushed or ())
-        call = worker.stub.Generate(request, timeout=self.plan.time_left())
-        prompt, wid = len(plan.prompt_token_ids), worker.worker_id
-        last = plan.clock()
-        awaiting_prefill = first_token is None and not resume
-        try:
-            async for msg in call:
-                now = plan.clock()
-                prompt_logprobs: tuple[pb.TokenLogprob, ...] = ()
-                if awaiting_prefill:
-                    awaiting_prefill = False
-                    prompt_logprobs = checked_logprobs(
-                        msg.prompt_logprobs, prompt - 1, plan.params, "prompt_logprobs", wid
-                    )
-                    self._prefilled(wid, msg.usage)
-                    self._first_token("local", wid)
-                elif msg.token_ids:
-                    self.observer.on_chunk(self._mode, wid, now - last, len(msg.token_ids))
-                last = now
-                if msg.HasField("transfer") and msg.transfer.bytes:
-                    self.observer.on_transfer("read", msg.transfer)
-                self._completion_tokens += len(msg.token_ids)
-                finish = self._finish_reason(msg.finish_reason)
-                usage = self._usage() if finish else None
-                ids = tuple(msg.token_ids)
-                logprobs = checked_logprobs(msg.logprobs, len(ids), plan.params, "logprobs", wid)
-                yield Chunk(msg.text, ids, finish, usage, logprobs, prompt_logprobs)
-                if finish is not None:
-                    return
-        finally:
-            call.cancel()  # a no-op once the stream has ended
-        raise APIError(502, f"worker {worker.worker_id} ended the stream before finishing")
-
-    def _first_token(self, mode: str, worker_id: str) -> None:
-        self._ttft_s = self.plan.elapsed()
-        self.observer.on_first_token(mode, worker_id, self._ttft_s)
-
-    def _prefilled(self, worker_id: str, usage: pb.PromptUsage) -> None:
-        self._cached_tokens = usage.local_tokens + usage.pool_tokens
-        self.observer.on_prefill(worker_id, usage, self.plan.predicted_local.get(worker_id))
-
-    def _finish_reason(self, reason: pb.FinishReason.ValueType) -> str | None:
-        """The client's finish reason (:func:`proto.finish.openai_finish`: None while the
-        request runs); 503 when the worker aborted it."""
-        if reason == pb.FINISH_REASON_ABORT:
-            raise unavailable("a worker aborted the request (draining or out of memory)")
-        self._finish = openai_finish(reason)
-        return self._finish
-
-    def _usage(self) -> Usage:
-        return Usage(len(self.plan.prompt_token_ids), self._completion_tokens, self._cached_tokens)
+        async for chunk in generate_chunks(self._tally, worker, first_token, resume, pushed):
+            yield chunk
