@@ -38,21 +38,21 @@ import time
 from kvpool.chain_index import ChainIndex
 from kvpool.config import PoolConfig
 from kvpool.keyring import Keyring
-from kvpool.landing import Landing
 from kvpool.push import PushTarget
 from kvpool.stream import Transfer
 from workers.config import EngineConfig
+from workers.engine_handoff import DecodeHandoff
 from workers.engine_info import EngineInfo, EngineLoad
 from workers.engine_parts import load_parts
 from workers.handoff import Reservations
-from workers.kv_push import Pusher, push_state
+from workers.kv_push import Pusher
 from workers.kv_transfer import KVStreamer
 from workers.model_runner import describe
 from workers.offline import generate
 from workers.outputs import EngineStats, RequestOutput
-from workers.push_receive import PushCheck, PushVerdict
+from workers.push_state import push_state
 from workers.request_book import RequestBook
-from workers.request_checks import check_params, check_resumed, check_token_ids
+from workers.request_checks import check_params, check_resumed
 from workers.request_table import RequestTable
 from workers.scheduler import Scheduler
 from workers.sequence import FinishReason, SamplingParams, Sequence, TokenLogprob
@@ -62,7 +62,10 @@ from workers.step_log import StepLog
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(DecodeHandoff):
+    """One engine (module docstring); the decode side of a hand-off is
+    :class:`workers.engine_handoff.DecodeHandoff`'s."""
+
     def __init__(
         self,
         config: EngineConfig,
@@ -161,86 +164,6 @@ class Engine:
         self._requests.track(seq)
         self.stats.requests += 1
         return seq
-
-    def reserve(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        max_tokens: int,
-        lease_s: float,
-        cache_salt: str = "",
-        offer_push: bool = False,
-    ) -> Sequence | None:
-        """Hold pages for a prompt whose prefill runs elsewhere (see
-        :mod:`workers.handoff`); ``None`` if they are not free now, ``ValueError`` if
-        the request can never fit. Released after ``lease_s`` unless :meth:`adopt` comes.
-        ``offer_push``: offer the pages for a direct push (:meth:`push_target`)."""
-        self._requests.check_new(request_id, prompt_token_ids)
-        root = self.hasher.root(cache_salt)
-        return self.reservations.reserve(
-            request_id, prompt_token_ids, max_tokens, lease_s, root, offer_push
-        )
-
-    def push_target(self, request_id: str) -> PushTarget | None:
-        """Where reserved ``request_id``'s prompt KV may be pushed, if it offered that."""
-        return self.reservations.push_target(request_id)
-
-    def push_check(self, request_id: str) -> PushCheck | None:
-        """The check of what was pushed into reserved ``request_id``'s pages, to run
-        (:meth:`workers.push_receive.PushCheck.run`, any thread) before :meth:`adopt`."""
-        return self.reservations.push_check(request_id)
-
-    def adopt(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        first_token: int,
-        params: SamplingParams,
-        cache_salt: str = "",
-        pushed: PushVerdict | None = None,
-    ) -> Transfer:
-        """Take over a request whose prefill ran elsewhere and produced ``first_token``.
-
-        With a live reservation, the prompt's KV is pulled from the pool into its pages, or
-        taken from its landing, which the caller lets finish first
-        (:meth:`prefill_answered`; what has not arrived is recomputed here); without one
-        (expired, or never made) the request is queued like a new one, its prompt reused
-        from the pool through admission. Returns the KV read. A take-over that raises
-        leaves nothing behind: the reservation CANCELLED, its pages back, nothing tracked.
-        ``pushed``: the check of a direct push into the reservation's pages
-        (:meth:`push_check`, run off this thread: :meth:`workers.handoff.Reservations.adopt`).
-        """
-        vocab = self.model_config.vocab_size
-        check_token_ids([first_token], vocab, "first_token")
-        check_params(params, vocab)
-
-        def track(seq: Sequence, _: Transfer) -> None:  # part of the take-over (may raise)
-            self._requests.track(seq)
-            self._requests.made_elsewhere(seq, [first_token])
-
-        try:
-            adopted = self.reservations.adopt(
-                request_id, prompt_token_ids, first_token, params, track, pushed
-            )
-        except BaseException:
-            self._requests.forget(request_id)  # (not tracked before: reserve checked)
-            raise
-        if adopted is None:
-            return self.resume(request_id, prompt_token_ids, [first_token], params, cache_salt)
-        _, transfer = adopted
-        self.stats.kv_read.add(transfer)
-        self.stats.requests += 1
-        return transfer
-
-    def prefill_answered(self, request_id: str) -> Landing | None:
-        """The remote prefill of reserved ``request_id`` answered: its landing, if one
-        runs, polled at once; the caller may wait on it off this thread
-        (:meth:`kvpool.landing.Landing.settle`, thread-safe) before :meth:`adopt`."""
-        return self.reservations.prefill_answered(request_id)
-
-    def holds(self, request_id: str) -> bool:
-        """Whether a reservation is held for ``request_id``."""
-        return request_id in self.reservations
 
     def abort(self, request_id: str) -> bool:
         """End a request (or release a reservation) wherever it is; False if unknown."""

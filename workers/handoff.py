@@ -1,39 +1,9 @@
-"""Decode side of a hand-off: pages held for a prompt whose prefill runs on another worker,
-the prompt's KV landing in them, and the take-over by the request with its first token.
-
-One :class:`Reservation` per request id, owned by :class:`Reservations`; every call runs on
-the engine thread. Its :class:`HandoffState` only moves along :data:`TRANSITIONS` (any
-other move raises :class:`IllegalTransitionError`):
-
-============  =====================================================================
-state         entered by
-============  =====================================================================
-RESERVED      :meth:`Reservations.reserve`: the prompt's local prefix hits and fresh
-              pages for the rest, under a lease (``deadline``). It never takes pages
-              owed to the requests queued in this worker's scheduler (preempted ones,
-              which held pages, and those that came first): while they wait, the
-              reservation is "not now" and the router's request waits its turn
-              (:mod:`router.kv_wait`).
-LANDING       right after RESERVED when a :class:`~kvpool.landing.Landing` started
-              (pool joined, streaming on: :func:`workers.kv_transfer.start_landing`);
-              it reads the prompt's KV into the pages as the prefill worker writes it
-              (one that cannot start is logged: the take-over then reads the pool).
-              A reservation that offered a direct push (``offer_push`` and a
-              :func:`workers.push_receive.push_target`) starts no landing: it stays
-              RESERVED while the prefill worker writes into its pages.
-LANDED        :meth:`Reservations.adopt`, the request came with the same prompt: the
-              landing (if any) is stopped keeping the leading blocks it read in full
-              and verified; nothing writes into the pages any more.
-ADOPTED       the prompt's KV is taken into the pages
-              (:func:`workers.kv_transfer.pull_prompt`, what is missing is left to
-              compute), shared prefix pages deduplicated, the first token appended,
-              the sequence runs in the scheduler and the engine tracks it (``adopt``'s
-              ``on_adopted``); entered only once all of that succeeded. Terminal: the
-              engine owns it.
-EXPIRED       :meth:`Reservations.expire`: the lease ran out (the prefill never came).
-CANCELLED     :meth:`Reservations.release` (abort, or the id superseded by a new
-              request), an ``adopt`` with another prompt, or a take-over that raised.
-============  =====================================================================
+"""Decode side of a hand-off: the live reservations of one engine (:class:`Reservations`),
+each a :class:`~workers.reservation.Reservation` moving through the states of
+:mod:`workers.reservation` (RESERVED, LANDING, LANDED, ADOPTED, EXPIRED, CANCELLED): pages
+held for a prompt whose prefill runs on another worker, the prompt's KV landing in them (or
+pushed into them), and the take-over by the request with its first token. Every call runs
+on the engine thread.
 
 EXPIRED and CANCELLED give the pages back (``Scheduler.finish`` with ``ABORT``), only
 after the landing was cancelled (:meth:`kvpool.landing.Lander.cancel`), so nothing writes
@@ -45,11 +15,9 @@ remote write, and the prefill worker's push of its current step may still be on 
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from kvpool.landing import Lander, Landing
 from kvpool.pool import KVPool
@@ -65,6 +33,7 @@ from workers.push_receive import (
     pushed_blocks,
     take_pushed,
 )
+from workers.reservation import HandoffState, Reservation
 from workers.scheduler import Scheduler
 from workers.sequence import FinishReason, SamplingParams, Sequence
 
@@ -75,56 +44,6 @@ ended unadopted (aborted, expired, superseded). The prefill worker is aborted wi
 router aborts every worker of a request, and a prefill whose call ends is aborted) and
 writes nothing past the step it is in, nor past the lease it was given; a step with its
 pushes takes well under this."""
-
-
-class HandoffState(enum.Enum):
-    RESERVED = "reserved"
-    LANDING = "landing"
-    LANDED = "landed"
-    ADOPTED = "adopted"
-    EXPIRED = "expired"
-    CANCELLED = "cancelled"
-
-
-_S = HandoffState
-TRANSITIONS: dict[HandoffState, frozenset[HandoffState]] = {
-    _S.RESERVED: frozenset({_S.LANDING, _S.LANDED, _S.EXPIRED, _S.CANCELLED}),
-    _S.LANDING: frozenset({_S.LANDED, _S.EXPIRED, _S.CANCELLED}),
-    _S.LANDED: frozenset({_S.ADOPTED, _S.CANCELLED}),
-    _S.ADOPTED: frozenset(),
-    _S.EXPIRED: frozenset(),
-    _S.CANCELLED: frozenset(),
-}
-"""The legal moves of a :class:`Reservation` (see the module docstring)."""
-
-
-class IllegalTransitionError(RuntimeError):
-    """A reservation was asked to move where its state machine has no edge (a bug)."""
-
-
-@dataclass(eq=False)
-class Reservation:
-    """Pages held for one request's prompt: ``seq`` (``SeqStatus.RESERVED`` until adopted),
-    its lease end ``deadline`` (``time.monotonic()``), its ``landing`` if one runs."""
-
-    seq: Sequence
-    deadline: float
-    landing: Landing | None = None
-    state: HandoffState = HandoffState.RESERVED
-    push: PushTarget | None = None
-    """Where a prefill worker may write the prompt's KV directly, if this offered it."""
-    watch: PushWatch | None = None
-    """The check of pushed blocks while the prefill runs (:class:`PushWatch`)."""
-
-    @property
-    def request_id(self) -> str:
-        return self.seq.request_id
-
-    def move(self, to: HandoffState) -> None:
-        """Enter ``to``; :class:`IllegalTransitionError` if :data:`TRANSITIONS` has no such edge."""
-        if to not in TRANSITIONS[self.state]:
-            raise IllegalTransitionError(f"{self.request_id}: {self.state.value} -> {to.value}")
-        self.state = to
 
 
 class Reservations:

@@ -1,20 +1,24 @@
 """Prefill side of a direct push: each layer of a hand-off's prompt written straight into
 the decode worker's reserved pages as it is computed, the pool written in the background.
 
-A request that came with a :class:`kvpool.push.PushTarget` gets a :class:`PushState` in its
-sequence's opaque ``push`` slot (:meth:`Pusher.state_for`, read back by :func:`push_state`;
+A request that came with a :class:`kvpool.push.PushTarget` gets a
+:class:`~workers.push_state.PushState` in its sequence's opaque ``push`` slot
+(:meth:`Pusher.state_for`, read back by :func:`~workers.push_state.push_state`;
 a target that fails :func:`kvpool.push.target_error`, or a KV cache the pool does not move
 in place, fails the push at once). Then, per step:
 
 1. :meth:`Pusher.plan` (engine thread, before the model runs) names the prompt blocks the
    step completes that are not pushed yet (on the prompt's last step, every block left,
-   its partial last block included), takes one more reference on every page the step reads
-   from (:class:`PushStepWrite` pins them), and wraps the step's pool writes;
-2. :meth:`PushStepWrite.on_layer` queues that layer's push on the pool's ``kv-write``
-   thread while the next layer computes; each span is digested after it was written;
-3. :meth:`PushStepWrite.finish` waits for the pushes only, then hands the step's pool
-   writes (layers, then metas: :meth:`kvpool.block_write.BlockWrite.write_all`) to the
-   ``kv-publish`` thread: the prompt's full blocks reach the pool for prefix reuse after
+   its partial last block included), takes one more reference on every page the step
+   reads from (:class:`~workers.push_step.PushStepWrite` pins them), and wraps the step's
+   pool writes;
+2. :meth:`~workers.push_step.PushStepWrite.on_layer` queues that layer's push on the
+   pool's ``kv-write`` thread while the next layer computes; each span is digested after
+   it was written;
+3. :meth:`~workers.push_step.PushStepWrite.finish` waits for the pushes only, then hands
+   the step's pool writes (layers, then metas:
+   :meth:`kvpool.block_write.BlockWrite.write_all`) to the ``kv-publish`` thread: the
+   prompt's full blocks reach the pool for prefix reuse after
    the first token is out. The pages stay pinned until that write is done
    (:meth:`Pusher.unpin`, engine thread, every step and housekeeping). A request whose
    push succeeded has no partial block in the pool (the decode worker has it); when a push
@@ -32,12 +36,9 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from kvpool.block_write import BlockWrite, PendingBlock
+from kvpool.block_write import BlockWrite
 from kvpool.config import PoolConfig
-from kvpool.layout import KVLayout
 from kvpool.pool import KVPool
 from kvpool.push import (
     PushEngine,
@@ -48,55 +49,12 @@ from kvpool.push import (
     target_error,
 )
 from kvpool.span_io import DirectIO
-from kvpool.stream import StepWrite, Transfer
+from kvpool.stream import StepWrite
 from workers.block_manager import BlockManager
+from workers.push_state import PushJob, PushState, push_state
+from workers.push_step import PushStepWrite
 from workers.scheduler import BatchEntry
 from workers.sequence import Sequence
-
-
-@dataclass(eq=False)
-class PushState:
-    """One hand-off's push (module docstring). Block ``target.first_block + i`` of the
-    prompt is named ``meta_keys[i]``; ``sums[i]`` are its layer digests as pushed."""
-
-    target: PushTarget
-    layout: KVLayout
-    """The target's slab layout."""
-    meta_keys: list[str]
-    partial_tokens: int
-    deadline: float
-    """``time.monotonic()`` past which nothing is written (the target's lease, counted
-    from its issue)."""
-    next_block: int
-    sums: list[list[bytes]] = field(default_factory=list)
-    error: str = ""
-    """Why the push failed (empty while it goes on or succeeded)."""
-    done: bool = False
-    """Every block was pushed."""
-    bytes: int = 0
-    seconds: float = 0.0
-
-    def fail(self, why: str) -> None:
-        if not self.error:
-            self.error = why
-
-
-def push_state(seq: Sequence) -> PushState | None:
-    """The push ``seq`` carries (its :attr:`~workers.sequence.Sequence.push` slot, which only
-    this module fills: :meth:`Pusher.state_for`), if any."""
-    return seq.push if isinstance(seq.push, PushState) else None
-
-
-class PushJob(NamedTuple):
-    """One step's share of a push: prompt blocks ``start``..``end`` from ``src`` pages here
-    to ``dst`` pages there; ``final``: the prompt's last step."""
-
-    state: PushState
-    start: int
-    end: int
-    src: list[int]
-    dst: list[int]
-    final: bool
 
 
 class Pusher:
@@ -265,97 +223,3 @@ class Pusher:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
-
-
-class PushStepWrite(StepWrite):
-    """A step's writes when it pushes (module docstring): the pushes on the pool's
-    kv-write thread layer by layer, its pool writes afterwards on kv-publish."""
-
-    def __init__(
-        self, inner: StepWrite, jobs: list[PushJob], pusher: Pusher, pins: list[int]
-    ) -> None:
-        super().__init__(inner.write, inner.executor, inner.owners, inner.leases, inner.in_flight)
-        self.jobs = jobs
-        self.pusher = pusher
-        self.pins = pins
-        self._before = sum(job.state.bytes for job in jobs), sum(j.state.seconds for j in jobs)
-
-    def on_layer(self, layer: int) -> None:
-        if self.executor is not None:
-            self._pending.append(self.executor.submit(self.pusher.push_layer, self.jobs, layer))
-
-    def finish(self, wait_commit: bool = False) -> Transfer:
-        t0 = time.perf_counter()
-        for layer_push in self._pending:
-            layer_push.result()
-        for state, _, end, _, _, final in self.jobs:
-            if not state.error:
-                state.next_block = end
-                state.done = final
-        failed = any(job.state.error for job in self.jobs)
-        pool = self.write.pool
-        # partial last blocks the decode worker has (request keys): not for the pool
-        pushed = {s.meta_keys[-1] for s, *_ in self.jobs if s.done and s.partial_tokens}
-        for lease in self.leases:
-            if pool.keys.request_key(lease.request_id) not in pushed:
-                pool.lease(lease.request_id, lease.expires)
-        blocks = [block for block in self.write.blocks if block.meta_key not in pushed]
-        indexed = self.write.indexed & {block.meta_key for block in blocks}
-        write = pool.begin_write(blocks, indexed)
-        if isinstance(pool.io, DirectIO):  # what was pushed is not digested again
-            write = KnownSumsWrite(pool, blocks, self._known_sums(), indexed)
-        published = self.pusher.publish(write, self.in_flight, self.pins)
-        if failed or wait_commit:  # the pool carries a failed push's KV: it must be there now
-            published.result()
-            if self.executor is not None:  # earlier steps' commits, queued on kv-write
-                self.executor.submit(lambda: None).result()
-        nbytes = sum(job.state.bytes for job in self.jobs) - self._before[0]
-        seconds = sum(job.state.seconds for job in self.jobs) - self._before[1]
-        return Transfer(nbytes, seconds, time.perf_counter() - t0)
-
-    def _known_sums(self) -> dict[str, list[bytes]]:
-        """The layer digests of the blocks pushed in full so far, by meta key."""
-        known: dict[str, list[bytes]] = {}
-        for state in {id(job.state): job.state for job in self.jobs}.values():
-            if not state.error:
-                pushed = state.next_block - state.target.first_block
-                known.update(zip(state.meta_keys[:pushed], state.sums[:pushed], strict=True))
-        return known
-
-    def abandon(self) -> None:
-        super().abandon()
-        self.pusher.release(self.pins)
-
-
-class KnownSumsWrite(BlockWrite[KVPool]):
-    """A :class:`~kvpool.block_write.BlockWrite` from a slab the pool moves in place whose
-    blocks' layer digests may be known already (``known``, by meta key: taken as they were
-    pushed, over the same pinned pages): their layers are put without being digested
-    again; the others as usual."""
-
-    def __init__(
-        self,
-        pool: KVPool,
-        blocks: list[PendingBlock],
-        known: dict[str, list[bytes]],
-        indexed: frozenset[str] = frozenset(),
-    ) -> None:
-        super().__init__(pool, blocks, indexed)
-        self.known = known
-
-    def write_layer(self, layer: int, after: object | None = None) -> None:
-        if not self.blocks:
-            return
-        t0 = time.perf_counter()
-        pool, size = self.pool, self.pool.layout.span_bytes
-        keys = [f"{block.meta_key}/{layer}" for block in self.blocks]
-        ptrs = [pool.slab_ptr + pool.layout.offset(layer, block.page) for block in self.blocks]
-        codes = pool.store.put_from(keys, ptrs, [size] * len(ptrs))
-        for i, (block, code, ptr) in enumerate(zip(self.blocks, codes, ptrs, strict=True)):
-            if code != 0:
-                self.ok[i] = False
-                continue
-            known = self.known.get(block.meta_key)
-            self.sums[i][layer] = known[layer] if known else pool.digest(ptr, size)
-            self.bytes += size
-        self.seconds += time.perf_counter() - t0

@@ -16,7 +16,8 @@ from kvpool.hashing import Namespace, PrefixHasher
 from kvpool.stream import Transfer
 from workers.config import EngineConfig
 from workers.engine import Engine
-from workers.handoff import HandoffState, Reservations
+from workers.handoff import Reservations
+from workers.reservation import HandoffState
 from workers.scheduler import Scheduler, SchedulerConfig
 from workers.sequence import FinishReason, SamplingParams, Sequence
 

@@ -402,7 +402,7 @@ def test_close_releases_every_reservation() -> None:
 
 
 def test_an_illegal_transition_raises_and_terminal_states_are_final() -> None:
-    from workers.handoff import TRANSITIONS, HandoffState, IllegalTransitionError, Reservation
+    from workers.reservation import TRANSITIONS, HandoffState, IllegalTransitionError, Reservation
 
     seq = Sequence("t1", [1, 2, 3], SamplingParams(max_tokens=2))
     held = Reservation(seq, deadline=0.0)
