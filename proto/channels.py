@@ -87,13 +87,23 @@ RECONNECT_BACKOFF_MS = (100, 1000)
 (same address) is called again within a second, not after gRPC's default of up to 2 min."""
 
 
+def connect_timeout_ms(cluster: ClusterConfig) -> int:
+    """How long one connection attempt may take (TCP, then the peer's HTTP/2 settings): the
+    peer timeout, never less than a redial's backoff. gRPC takes it from
+    ``grpc.min_reconnect_backoff_ms`` (its MIN_CONNECT_TIMEOUT, 20 s by default): set to the
+    backoff's 100 ms, a worker busy for more than a second at the moment it was dialled was
+    taken for an unreachable one."""
+    return max(RECONNECT_BACKOFF_MS[1], int(cluster.peer_timeout_s * 1000))
+
+
 def channel_options(cluster: ClusterConfig) -> list[tuple[str, Any]]:
-    """Options of every client channel to a worker."""
+    """Options of every client channel to a worker: redial a worker that went away within
+    :data:`RECONNECT_BACKOFF_MS`, give each attempt :func:`connect_timeout_ms`."""
     first, longest = RECONNECT_BACKOFF_MS
     return [
         *_common_options(cluster),
         ("grpc.initial_reconnect_backoff_ms", first),
-        ("grpc.min_reconnect_backoff_ms", first),
+        ("grpc.min_reconnect_backoff_ms", connect_timeout_ms(cluster)),
         ("grpc.max_reconnect_backoff_ms", longest),
         # Subchannels are shared by every channel of the process to the same address unless
         # this is set: a new channel to a restarted worker would inherit the old channel's

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -159,6 +160,24 @@ def test_mutual_tls(certs: Certs) -> None:
         assert refused(address, ClusterConfig())  # plaintext
         assert refused(address, certs.router_side(with_cert=False))  # TLS, no client cert
         assert not grpc_serving(address, ClusterConfig())
+
+
+@pytest.mark.timeout(120)
+def test_a_peer_slow_to_answer_a_new_connection_is_waited_for() -> None:
+    """A peer that takes longer than the redial backoff (at most 1 s) to answer a new
+    connection (here frozen for 3 s as the client dials, as a saturated machine can keep a
+    busy worker) is still reached: each attempt is given the peer timeout (5 s by
+    default) to complete. A connect timeout of the backoff's 0.1-1 s took busy workers for
+    unreachable ones ("connect() timed out" in loaded suite runs)."""
+    with health_server() as (proc, address):
+        os.kill(proc.pid, signal.SIGSTOP)
+        thaw = threading.Timer(3.0, os.kill, (proc.pid, signal.SIGCONT))
+        thaw.start()
+        try:
+            assert health(address, ClusterConfig()) == SERVING
+        finally:
+            thaw.cancel()
+            os.kill(proc.pid, signal.SIGCONT)
 
 
 @pytest.mark.timeout(120)
