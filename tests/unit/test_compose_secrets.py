@@ -181,3 +181,10 @@ def test_the_real_wrapper_exports_what_the_service_mounts(
     exported = {k: v for k, v in json.loads(done.stdout).items() if k.startswith("KVSERVE_")}
     exported.pop("KVSERVE_SECRETS_DIR")
     assert exported == secret_env(service, root) and exported["KVSERVE_CLUSTER_SECRET"]
+
+
+def test_the_redis_users_name_the_keys_of_the_cluster_compose_runs() -> None:
+    """redis.conf's users may use only the keys of ``init_secrets.CLUSTER``: it must be the
+    cluster every service of the compose file joins, or each would be refused its keys."""
+    joined = {environment(SERVICES[n])["KVSERVE_CLUSTER"] for n in ("prefill", "decode", "router")}
+    assert joined == {init_secrets().CLUSTER}
