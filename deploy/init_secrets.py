@@ -60,7 +60,7 @@ from kvserve.cluster.redis_acl import EXPORTER, ROUTER, WORKER, role_password
 from kvserve.cluster.redis_ha import node_auth_conf, sentinel_conf
 from proto.grants import grant
 from proto.trust import check_secret, new_secret
-from router.auth import parse_api_keys
+from router.api.auth import parse_api_keys
 
 CLUSTER = "kvserve"
 """The cluster's name (``KVSERVE_CLUSTER`` in docker-compose.yml): its Redis users may use

@@ -21,7 +21,7 @@ registered buffers. Within its slab it cannot tell pages apart, so the
 receiver never trusts a push: it checks each block of its own reservation against a meta
 MAC'd under the pool block key (:mod:`kvpool.meta`) over the digests of its own pages, and
 keeps a reservation's pages out of use for a while after it ended unadopted (a push may
-still be on its way: ``workers.handoff.PUSH_QUARANTINE_S``).
+still be on its way: ``workers.handoff.reservations.PUSH_QUARANTINE_S``).
 
 Lifecycle: ``PushEngine.start(config, regions)`` -> :meth:`PushEngine.write` (any thread,
 one at a time per engine) -> :meth:`PushEngine.close`.
@@ -60,7 +60,7 @@ class PushTarget:
     block ``first_block + i`` of the prompt goes to page ``pages[i]`` of the slab at
     ``slab_address`` in ``segment`` (``num_blocks`` pages of layout ``wire``); writes may
     come for ``lease_s`` seconds from ``issued_ms`` (Unix milliseconds, when the receiver
-    made it), and a pusher uses it once (:class:`workers.kv_push.Pusher`)."""
+    made it), and a pusher uses it once (:class:`workers.handoff.pusher.Pusher`)."""
 
     segment: str
     wire: str

@@ -20,7 +20,7 @@ of ``span_bytes`` (:mod:`kvpool.layout`). Two ways to move them:
 Slots are taken from a :class:`SlotPool` in rounds of at most a quarter of them, each round
 taken whole and given back before the next is asked for, so the pool's threads (the
 engine, its layer writer, its lander) share the slots without deadlock. The copier does
-the device copies (``workers.kv_staging``, over torch); this module stays free of torch.
+the device copies (``workers.handoff.staging``, over torch); this module stays free of torch.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Received(NamedTuple):
 
 
 class SpanCopier(Protocol):
-    """Moves spans between a KV cache and host slots (``workers.kv_staging.TorchCopier``).
+    """Moves spans between a KV cache and host slots (``workers.handoff.staging.TorchCopier``).
 
     The slots are ``num_slots`` consecutive spans of host memory at ``host_ptr``; the cache's
     slab starts at ``cache_ptr`` (host or device memory). Copies may be called from several

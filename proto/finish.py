@@ -1,6 +1,6 @@
 """Why a request ended: the one table from the engine's reason to the wire to OpenAI's.
 
-A worker's engine names the reason (``workers.sequence.FinishReason``, a string enum whose
+A worker's engine names the reason (``workers.core.sequence.FinishReason``, a string enum whose
 values are the ``engine`` column); the worker sends :attr:`Finish.wire`
 (``proto/worker.proto`` ``FinishReason``) with :func:`wire_finish`; the router shows
 :attr:`Finish.openai` to the client with :func:`openai_finish`. Both edges read this table

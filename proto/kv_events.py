@@ -4,7 +4,7 @@ A worker publishes, once per engine step that changed its prefix cache, one
 :class:`EventBatch`: the blocks it indexed (:class:`Stored`: the block's chained name and
 its parent's, :mod:`kvpool.hashing`) and the blocks it evicted (:class:`Removed`), in the
 order they happened. The router applies them to its per-worker index
-(:mod:`router.prefix_index`) to place a request where its prompt is cached.
+(:mod:`router.placement.prefix_index`) to place a request where its prompt is cached.
 
 Ordering and loss. Each worker process (an *incarnation*, named by its record's
 ``started_at``) numbers its batches ``seq = 0, 1, 2, ...``; a new process starts again at 0

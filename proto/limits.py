@@ -22,7 +22,7 @@ MAX_STOP_STRINGS = 32
 """Most stop strings in one request. OpenAI allows 4 and vLLM sets no cap; clients such as
 evaluation harnesses and agent frameworks send a handful to a dozen (end-of-turn markers of
 several chat templates, "\\n\\nQuestion:"...), so 32 is generous. Every generated token is
-matched against each of them (:mod:`workers.detokenizer`), so the count bounds that work."""
+matched against each of them (:mod:`workers.core.detokenizer`), so the count bounds that work."""
 
 MAX_STOP_STRING_CHARS = 1024
 """Longest stop string, in characters (code points, as Python's ``len``). Real ones are

@@ -5,8 +5,8 @@ the tokenizer (loaded the same way, from the same kind of directory) is part of 
 between them, and ``proto`` is the package that holds that contract and that both sides may
 import (``tests/unit/test_import_rules.py``). A package of its own would add an import rule
 for one module and nothing else. What only one side needs stays on that side: the router's
-threads and background load (:mod:`router.tokenizer`), the workers' released text and stop
-strings (:mod:`workers.detokenizer`).
+threads and background load (:mod:`router.flow.tokenizer`), the workers' released text and stop
+strings (:mod:`workers.core.detokenizer`).
 
 A model directory on this machine with a ``tokenizer.json``; nothing is fetched. Loaded
 through transformers' ``PreTrainedTokenizerFast`` (the ``tokenizers`` backend, the class

@@ -122,7 +122,7 @@ class SamplingParams(_message.Message):
     def stop_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def logit_bias(self) -> _containers.ScalarMap[_builtins.int, _builtins.float]:
-        """Logits processing (workers/logits_processors.py; ranges and caps: proto/limits.py), in
+        """Logits processing (workers/core/logits_processors.py; ranges and caps: proto/limits.py), in
         vLLM's order: logit_bias is added, min_tokens bans the stop tokens, then the penalties.
         token id -> bias in [-100, 100], <= 300 entries
         """

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from proto.limits import MAX_LEASE_S
-from router.auth import ApiKeys, parse_api_keys
-from router.edge import check_allowed_hosts, served_hosts
-from router.ratio_config import RatioConfig
+from router.api.auth import ApiKeys, parse_api_keys
+from router.api.edge import check_allowed_hosts, served_hosts
+from router.control.ratio_config import RatioConfig
 
 POLICIES = ("random", "round_robin", "least_loaded", "cache_aware")
 KV_HANDOFFS = ("push", "pool")
@@ -36,7 +36,7 @@ class RouterConfig:
     - ``router_host`` / ``router_port``: where the OpenAI-compatible HTTP API listens.
     - ``allowed_hosts``: comma-separated names (or addresses) clients reach this router by,
       besides ``router_host`` and the loopback names; ``*``: any. A request whose ``Host``
-      header names none of them gets 400 (:mod:`router.edge`: a web page that rebinds its
+      header names none of them gets 400 (:mod:`router.api.edge`: a web page that rebinds its
       own name to this machine cannot drive it). Bound to every interface (``0.0.0.0``),
       the router cannot know its names and takes any ``Host`` unless this lists them: list
       them there.
@@ -49,14 +49,14 @@ class RouterConfig:
     - ``disagg_threshold_tokens``: when the part of a prompt that is not in the pool is at
       most this many tokens, the decode worker may prefill it itself (conditional
       disaggregation: it does unless a prefill worker would give the first token sooner,
-      :func:`router.conductor.prefill_remotely`); longer ones always go to a prefill worker;
-      0 disaggregates every request when a prefill worker exists.
+      :func:`router.placement.policies.prefill_remotely`); longer ones always go to a prefill
+      worker; 0 disaggregates every request when a prefill worker exists.
     - ``reserve_lease_s``: a decode reservation is freed if prefill does not arrive in time.
     - ``kv_handoff``: how a prompt's KV reaches the decode worker. ``push`` (default): the
       router asks the decode worker for a push target with its reservation; where it offers
       one (a KV cache the pool moves in place), the prefill worker writes each layer straight
       into its pages as it is computed and the pool in the background, and a push that
-      fails falls back to the pool (:mod:`workers.kv_push`); where it offers none, the pool.
+      fails falls back to the pool (:mod:`workers.handoff.pusher`); where it offers none, the pool.
       ``pool``: always through the pool (layer-wise, the decode worker landing the layers).
       docs/benchmarks.md, "Direct push against the pool", has the measurements.
     - ``request_timeout_s``: end-to-end deadline of one request (every RPC shares it).
@@ -81,30 +81,30 @@ class RouterConfig:
     - ``pool_lookup``: ask the pool how much of each prompt it holds (when it cannot be
       joined, the router logs it and counts every lookup as 0).
     - ``pool_lookup_timeout_s``: a lookup not answered within this long counts as no pool
-      hit (:class:`router.pool_lookup.PoolLookup`): the pool is a cache, and a frozen master
-      must not hold up requests. The lookup is one batched RPC that answers in milliseconds;
+      hit (:class:`router.placement.pool_lookup.PoolLookup`): the pool is a cache, and a frozen
+      master must not hold up requests. The lookup is one batched RPC that answers in milliseconds;
       0.5 s bounds what a frozen master adds to a first token.
-    - ``controller``: run the P:D ratio controller (:mod:`router.controller`), which moves
+    - ``controller``: run the P:D ratio controller (:mod:`router.control.controller`), which moves
       workers between the prefill and decode pools. Of several routers run with it, one
       decides at a time: the holder of the controller's lease in Redis
-      (:mod:`router.controller_lease`); another takes over when it stops or dies.
+      (:mod:`router.control.lease`); another takes over when it stops or dies.
     - ``controller_interval_s``: how often the controller evaluates (5 s evaluations x
       patience 2 act within about 10 s of a sustained miss) and renews its lease (whose
-      TTL is 3 intervals, at least 3 s: :func:`router.controller_lease.lease_ttl_s`).
-    - ``ratio``: the controller's policy, :class:`router.ratio.RatioConfig` (SLOs, target,
+      TTL is 3 intervals, at least 3 s: :func:`router.control.lease.lease_ttl_s`).
+    - ``ratio``: the controller's policy, :class:`router.control.ratio.RatioConfig` (SLOs, target,
       window, hysteresis, bounds), whose fields are the flags ``--controller-<field>``.
     - ``api_key``: empty = no authentication; else comma-separated keys, each optionally
       ``tenant=key``, and every route but ``/health`` needs ``Authorization: Bearer <key>``
-      (:mod:`router.auth`). Prefer the environment (``KVSERVE_API_KEY``) to the flag, which
+      (:mod:`router.api.auth`). Prefer the environment (``KVSERVE_API_KEY``) to the flag, which
       other users can read in the process list; the key is never printed (``repr=False``).
     - ``isolate_tenants``: the prefix cache of a tenant is its own (a key given without a
-      tenant is a tenant of its own: :func:`router.auth.bare_key_tenant`): its tenant name
+      tenant is a tenant of its own: :func:`router.api.auth.bare_key_tenant`): its tenant name
       salts the pool keys of its requests (with the request's ``cache_salt``), so that no
       other tenant can hit its prefixes, nor learn their presence from ``cached_tokens`` or
       a faster first token. Keys meant to share a cache are given one tenant name.
     - ``admission_ttft_s``: refuse (HTTP 429 with ``Retry-After``) a request whose predicted
-      time to first token, queue included, exceeds this (:mod:`router.admission`); 0 = off.
-      Default off: the prediction divides by each worker's measured prefill speed, a
+      time to first token, queue included, exceeds this (:mod:`router.placement.admission`); 0 =
+      off. Default off: the prediction divides by each worker's measured prefill speed, a
       since-start average that per-step overhead dominates on small CPU machines (measured
       here under load: 2-16 tokens/s after a few short prompts, so a 300-token prompt on an
       idle worker predicts 150 s), and a shedder that refuses work the cluster would have
@@ -183,7 +183,8 @@ class RouterConfig:
 
     @property
     def served_hosts(self) -> frozenset[str] | None:
-        """The ``Host`` names this router answers (None: any), :func:`router.edge.served_hosts`."""
+        """The ``Host`` names this router answers (None: any),
+        :func:`router.api.edge.served_hosts`."""
         return served_hosts(self.router_host, self.allowed_hosts)
 
     @property

@@ -29,7 +29,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from kvpool.config import PoolConfig
 from proto.registry import ClusterConfig
-from router.app import create_app
+from router.api.app import create_app
 from router.config import RouterConfig
 
 GRACEFUL_S = 10

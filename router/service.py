@@ -6,26 +6,26 @@ Lifecycle of :class:`RouterService`:
    (:meth:`router.config.RouterConfig.resolved_router_id`: responses, metrics, cache
    statistics and the controller's lease carry it); ``start()`` starts joining the pool as a
    lookup client (optional, in the background), the KV event reader that keeps the
-   per-worker prefix index (:mod:`router.kv_index`; each registry poll syncs it with the
+   per-worker prefix index (:mod:`router.placement.kv_index`; each registry poll syncs it with the
    live workers), the worker view (first registry poll included) and, with
    ``--controller``, the P:D ratio controller;
-2. per request, before any worker is called, :mod:`router.prepare` checks it against
+2. per request, before any worker is called, :mod:`router.api.prepare` checks it against
    :meth:`serving`, :meth:`model_name`, :meth:`max_model_len` and :meth:`tokenizer`
    (loaded once from ``tokenizer_dir``, the router's own setting: never from a path read
    from the registry; 503 without one);
-3. :meth:`run` places the admitted request (:class:`router.flow_plan.Planner`: pool lookup,
+3. :meth:`run` places the admitted request (:class:`router.flow.plan.Planner`: pool lookup,
    local hits from the prefix index, conductor placement; 503 when nobody can serve; 429
    with ``Retry-After`` when admission control predicts too late a first token) and runs it
-   as a :class:`router.flow.RequestFlow`; its chunks report to the shared metrics and cache
+   as a :class:`router.flow.run.RequestFlow`; its chunks report to the shared metrics and cache
    stats, and its result to the controller's SLO window. Flows share one queue for KV memory
-   (:mod:`router.kv_wait`): a request whose decode reservation finds no free pages waits
+   (:mod:`router.placement.kv_wait`): a request whose decode reservation finds no free pages waits
    there, and a registry poll that brings fresh load reports wakes it to try again;
 4. ``stop()`` ends the controller, the worker view and the event reader, and leaves the
    pool.
 
 Every worker record used here (model name, ``max_model_len``, load, pool key space) has
-passed the registry's MAC and schema checks (:mod:`router.workers`); the refused ones are
-counted in ``kvserve:registry_rejected_records_total``.
+passed the registry's MAC and schema checks (:mod:`router.placement.worker_view`); the refused ones
+are counted in ``kvserve:registry_rejected_records_total``.
 """
 
 from __future__ import annotations
@@ -38,24 +38,24 @@ from pathlib import Path
 from kvpool.config import PoolConfig
 from proto.registry import ClusterConfig, Rejection
 from proto.tokenization import Tokenizer
-from router.admitted import AdmittedRequest
-from router.cache_stats import CacheStats
 from router.config import RouterConfig
-from router.controller import RoleController
-from router.controller_lease import ControllerLease, lease_ttl_s
+from router.control.controller import RoleController
+from router.control.lease import ControllerLease, lease_ttl_s
 from router.errors import unavailable
-from router.flow import RequestFlow
-from router.flow_plan import Planner
-from router.flow_types import Chunk
-from router.kv_index import KVIndex
-from router.kv_wait import KVWaitQueue
-from router.latency_window import LiveLatency
-from router.live_worker import LiveWorker
-from router.metrics import RouterMetrics
-from router.pool_lookup import PoolLookup
-from router.telemetry import Telemetry
-from router.tokenizer import TokenizerSlot
-from router.workers import WorkerView
+from router.flow.admitted import AdmittedRequest
+from router.flow.plan import Planner
+from router.flow.run import RequestFlow
+from router.flow.tokenizer import TokenizerSlot
+from router.flow.types import Chunk
+from router.observability.cache_stats import CacheStats
+from router.observability.latency_window import LiveLatency
+from router.observability.metrics import RouterMetrics
+from router.observability.telemetry import Telemetry
+from router.placement.kv_index import KVIndex
+from router.placement.kv_wait import KVWaitQueue
+from router.placement.live_worker import LiveWorker
+from router.placement.pool_lookup import PoolLookup
+from router.placement.worker_view import WorkerView
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,10 @@ class RouterService:
         self.pool_config = pool
         self.pool = PoolLookup(pool, cluster, router.pool_lookup, router.pool_lookup_timeout_s)
         self.kv_index = KVIndex(cluster, self.metrics.index.count_batch, self._on_reject_event)
-        self.planner = Planner(router, self.view.live, self.pool, self.metrics, self.kv_index)
+        refused = self.metrics.admission_rejections
+        self.planner = Planner(
+            router, self.view.live, self.pool, lambda w: refused.labels(w).inc(), self.kv_index
+        )
         self.kv_wait = KVWaitQueue(self.metrics.kv_waiting.set, self.metrics.kv_wait.observe)
         self._reports: dict[str, float] = {}
         """Worker id -> when its load report seen at the last poll was made."""

@@ -18,7 +18,7 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.layout import KVLayout
 from kvserve.settings import env_name
-from workers.kv_staging import SlabViews, TorchCopier
+from workers.handoff.staging import SlabViews, TorchCopier
 
 STAGING = os.environ.get(env_name("kv_staging"), PoolConfig.kv_staging)
 TEST_SLOTS = 16

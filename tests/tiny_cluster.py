@@ -15,7 +15,7 @@ import openai
 
 from kvpool.config import PoolConfig
 from kvserve.cluster.launch import Cluster, ClusterSpec
-from router.status import StatusReport
+from router.api.status import StatusReport
 from tests.staging import STAGING
 from workers.config import EngineConfig, VllmOptions
 

@@ -9,9 +9,9 @@ that belong to our engine alone (``attention``, ``kv_streaming`` off, ``step_log
 refused rather than ignored. The KV connector (:mod:`vllm_backend.connector`) and vLLM's KV
 events (to the worker: :mod:`vllm_backend.events`) are always on.
 
-Sampling (:func:`sampling_kwargs`) follows :class:`workers.sequence.SamplingParams` field by
+Sampling (:func:`sampling_kwargs`) follows :class:`workers.core.sequence.SamplingParams` field by
 field. What the worker does itself instead of vLLM: stop strings and the text
-(:class:`workers.detokenizer.IncrementalText`, as our engine, so text and stops are the
+(:class:`workers.core.detokenizer.IncrementalText`, as our engine, so text and stops are the
 same; vLLM runs with ``detokenize=False``); the logprobs are vLLM's raw ones (the
 log-softmax of the logits before any processing), which is our engine's definition too.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.config import EngineConfig, VllmOptions
-from workers.sequence import SamplingParams
+from workers.core.sequence import SamplingParams
 
 CONNECTOR = "KVServeConnector"
 CONNECTOR_MODULE = "vllm_backend.connector"

@@ -1,7 +1,7 @@
 """vLLM's prefix cache under our block names: vLLM's KV events (``BlockStored``,
 ``BlockRemoved``, ``AllBlocksCleared``, each naming blocks by vLLM's own hash) turned into
 ours (:class:`proto.kv_events.Stored` / ``Removed``, named by our keyed chain), so the
-router's per-worker index (:mod:`router.prefix_index`) sees a vLLM worker's cache as it
+router's per-worker index (:mod:`router.placement.prefix_index`) sees a vLLM worker's cache as it
 sees ours. Pure: the events come from :mod:`vllm_backend.event_feed`.
 
 A ``BlockStored`` carries the blocks' token ids, the parent's vLLM hash and, per block,
@@ -12,7 +12,7 @@ does not know (an event lost before it), or whose hash also covers what our name
 (a LoRA adapter, multimodal inputs), is not named: the index then just does not know the
 worker holds it (the index is a hint; its cost is a worse placement).
 
-:class:`CacheNames` is an event source for :class:`workers.kv_publisher.EventPublisher`
+:class:`CacheNames` is an event source for :class:`workers.serve.kv_publisher.EventPublisher`
 (``log_events``, ``take_events``, ``cached_names``), fed on the worker's event loop.
 """
 
@@ -91,7 +91,7 @@ class CacheNames:
         """How many leading ``names`` the cache holds."""
         return next((i for i, n in enumerate(names) if n not in self._held), len(names))
 
-    # -- as an event source (workers.kv_publisher) -----------------------------------------
+    # -- as an event source (workers.serve.kv_publisher) -----------------------------------------
     def log_events(self) -> None:
         """Events are always logged here."""
 

@@ -6,7 +6,7 @@ Lifecycle:
    block (:func:`vllm_backend.layouts.detect`, with vLLM's own cache-update op), refuses a
    layout whose wire name is not the one the worker's contract promised, and joins the pool
    over host staging slots that hold each span in the wire order
-   (:class:`workers.kv_staging.TorchCopier` over :class:`vllm_backend.layouts.VllmViews`);
+   (:class:`workers.handoff.staging.TorchCopier` over :class:`vllm_backend.layouts.VllmViews`);
 2. per step, :meth:`WorkerSide.begin` with the scheduler side's plan; before the forward
    (vLLM calls it there when the step loads), :meth:`WorkerSide.start_loads` reads the
    metas and the partial last blocks, then a helper thread reads the full blocks layer by
@@ -42,8 +42,8 @@ from vllm_backend.conn_scheduler import StepPlan
 from vllm_backend.layouts import CacheWrite, LayoutError, VllmViews, detect
 from vllm_backend.reports import POOL_EVERY_S, Reporter, pool_report
 from vllm_backend.spec import ConnectorSpec
-from workers.kv_staging import TorchCopier, slots_for
-from workers.kv_transfer import pool_index, pool_over
+from workers.handoff.pool_transfer import pool_index, pool_over
+from workers.handoff.staging import TorchCopier, slots_for
 
 log = logging.getLogger(__name__)
 SWEEP_EVERY_S = 5.0

@@ -39,7 +39,7 @@ from vllm.model_executor.models.utils import extract_layer_index
 from vllm_backend.conn_scheduler import SchedulerSide, StepPlan
 from vllm_backend.conn_worker import WorkerSide
 from vllm_backend.spec import SPEC_KEY, ConnectorSpec
-from workers.lifetime import die_with_parent
+from workers.serve.lifetime import die_with_parent
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

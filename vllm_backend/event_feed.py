@@ -5,7 +5,7 @@ vLLM publishes its prefix cache's changes (``kv_events_config``: ZeroMQ PUB on a
 number, a msgpack ``KVEventBatch``). :class:`EventFeed` subscribes before vLLM starts (a
 SUB socket may connect first), decodes each batch on the worker's event loop, names its
 blocks (:class:`vllm_backend.cache_names.CacheNames`) and hands the translated events to
-the worker's :class:`workers.kv_publisher.EventPublisher` (``collect``), which numbers
+the worker's :class:`workers.serve.kv_publisher.EventPublisher` (``collect``), which numbers
 them and ships them to the router's index as our engine's are.
 
 A sequence gap (vLLM dropped or this socket missed batches) is counted and logged: the
@@ -28,7 +28,7 @@ from vllm.distributed.kv_events import (
 
 from vllm_backend.cache_names import CacheNames
 from vllm_backend.inbox import LoopReader
-from workers.kv_publisher import EventPublisher
+from workers.serve.kv_publisher import EventPublisher
 
 log = logging.getLogger(__name__)
 TOPIC = b"kv"

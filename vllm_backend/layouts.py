@@ -5,7 +5,7 @@ The pool stores one object per (layer, block): K then V of the block's tokens, e
 attention layer, logically ``[num_blocks, kv_heads, block_tokens, 2 * head_size]``, whose
 bytes are arranged differently by attention backend and CPU instruction set.
 :class:`VllmViews` gives each (layer, block) span as views in the wire order, which
-:class:`workers.kv_staging.TorchCopier` copies to and from host slots: the pool then holds
+:class:`workers.handoff.staging.TorchCopier` copies to and from host slots: the pool then holds
 the same bytes for a block whether our engine or vLLM wrote it, so a block written by one
 is read by the other when model, dtype and block size agree (one wire name, one namespace:
 the workers' KV contracts are equal).
@@ -119,7 +119,7 @@ def detect(like: torch.Tensor, write: CacheWrite) -> str:
 
 class VllmViews:
     """The spans of vLLM's per-layer caches (``caches``, in layer order, arranged as
-    ``kind``): a :class:`workers.kv_staging.SpanViews`. Never registered in place (the
+    ``kind``): a :class:`workers.handoff.staging.SpanViews`. Never registered in place (the
     wire order is not the cache's), so ``cache_ptr`` is 0."""
 
     def __init__(self, kind: str, caches: Sequence[torch.Tensor]) -> None:

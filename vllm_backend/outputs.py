@@ -1,7 +1,7 @@
-"""vLLM's outputs as our engine's (:class:`workers.outputs.RequestOutput`), for one call.
+"""vLLM's outputs as our engine's (:class:`workers.core.outputs.RequestOutput`), for one call.
 
 vLLM runs a call with ``detokenize=False`` and without stop strings; :class:`CallOutputs`
-releases the text exactly as our engine does (:class:`workers.detokenizer.IncrementalText`
+releases the text exactly as our engine does (:class:`workers.core.detokenizer.IncrementalText`
 over our tokenizer's ``TextStream``, the same stop strings and ``min_tokens``), so a
 client sees the same text and the same stop whichever engine served it. Tokens the request
 made elsewhere (the first token of a remote prefill; the outputs a resumed request already
@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workers.detokenizer import IncrementalText, TokenStream
-from workers.outputs import RequestOutput
-from workers.sequence import FinishReason, SamplingParams, TokenLogprob
+from workers.core.detokenizer import IncrementalText, TokenStream
+from workers.core.outputs import RequestOutput
+from workers.core.sequence import FinishReason, SamplingParams, TokenLogprob
 
 REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
 """vLLM's finish reason -> ours (any other, e.g. ``abort`` or ``error``: ``abort``)."""

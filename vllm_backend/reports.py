@@ -34,7 +34,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from kvpool.pool import KVPool
-from workers.engine_info import PoolHealth
+from workers.core.engine_info import PoolHealth
 
 if TYPE_CHECKING:
     import zmq

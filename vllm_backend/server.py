@@ -3,7 +3,7 @@ vLLM's environment: :func:`kvserve.vllm_env.enter` re-executed the command there
 
 Lifecycle:
 
-1. :func:`workers.serving.admitted` (the registry and TLS settings let this worker in); the
+1. :func:`workers.serve.serving.admitted` (the registry and TLS settings let this worker in); the
    KV namespace and wire layout from the model directory, as our engine computes them (so
    a vLLM worker and ours share blocks when model, dtype and block size agree: their KV
    contracts are equal);
@@ -16,7 +16,7 @@ Lifecycle:
    vLLM's processes and refuses a cache whose wire layout is not the contract's: vLLM then
    fails to start and so does the worker); the spec file is removed once it is up; one
    throwaway request warms it;
-4. :func:`workers.serving.run_worker` with the record, the servicer
+4. :func:`workers.serve.serving.run_worker` with the record, the servicer
    (:class:`vllm_backend.servicer.VllmServicer`), the load reports and the event publisher;
    on the way out: the event feed, vLLM's engine, the report inbox, the directory.
 """
@@ -48,14 +48,14 @@ from vllm_backend.servicer import VllmServicer
 from vllm_backend.spec import ConnectorSpec
 from vllm_backend.state import WorkerState
 from workers.config import EngineConfig, VllmOptions, WorkerConfig
-from workers.kv_publisher import EventPublisher
-from workers.metrics_http import WorkerSample
+from workers.core.sequence import SamplingParams
 from workers.model.config import load_model_config
 from workers.model.loader import model_fingerprint
-from workers.outputs import resolve_model_dir
-from workers.sequence import SamplingParams
-from workers.serving import ServingParts, admitted, advertised, run_worker
-from workers.wire import load_report
+from workers.model.prepare import resolve_model_dir
+from workers.serve.kv_publisher import EventPublisher
+from workers.serve.metrics_http import WorkerSample
+from workers.serve.serving import ServingParts, admitted, advertised, run_worker
+from workers.serve.wire import load_report
 
 log = logging.getLogger(__name__)
 WARMUP_TOKENS = 8

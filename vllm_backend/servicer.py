@@ -15,7 +15,8 @@ the P:D controller and ``kvserve chaos`` work with either engine.
   and decodes; resumed after outputs the client has; or from the prompt. Text, stop
   strings and finish reasons as our engine's (:mod:`vllm_backend.outputs`);
 - ``Abort``: aborts the request in vLLM and ends its reservation; ``GetLoad``: the load
-  report (:mod:`vllm_backend.state`); ``SetRole``: :class:`workers.servicer_base.ServicerBase`.
+  report (:mod:`vllm_backend.state`); ``SetRole``:
+  :class:`workers.serve.servicer_base.ServicerBase`.
 
 A call that ends early (the router cancelled it, its deadline passed) aborts its request in
 vLLM, so its pages come back.
@@ -44,12 +45,12 @@ from vllm_backend.outputs import CallOutputs, prompt_logprobs
 from vllm_backend.plans import ADOPT, HANDOFF, RID
 from vllm_backend.reservations import ReservationBook
 from vllm_backend.state import WorkerState
-from workers.engine_info import EngineLoad
-from workers.outputs import RequestOutput
-from workers.rpc_edge import delivered, lease_seconds
-from workers.sequence import SamplingParams
-from workers.servicer_base import Context, ServicerBase
-from workers.wire import load_report, prefill_reply, token_chunk, transfer, usage
+from workers.core.engine_info import EngineLoad
+from workers.core.outputs import RequestOutput
+from workers.core.sequence import SamplingParams
+from workers.serve.rpc_edge import delivered, lease_seconds
+from workers.serve.servicer_base import Context, ServicerBase
+from workers.serve.wire import load_report, prefill_reply, token_chunk, transfer, usage
 
 log = logging.getLogger(__name__)
 ADMIT_WAIT_S = 1.0

@@ -11,7 +11,7 @@ Two feeds, both on the worker's event loop:
   KV pages in use, prompt and generated tokens, preemptions, queue times.
 
 :meth:`WorkerState.load` is the snapshot the heartbeat, ``GetLoad`` and ``/metrics``
-read (:class:`workers.engine_info.EngineLoad`, so our engine's load report and metrics
+read (:class:`workers.core.engine_info.EngineLoad`, so our engine's load report and metrics
 apply unchanged); another thread may take it (it copies).
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 from kvpool.evictor import EvictionStats
 from kvpool.stream import Transfer
 from kvpool.tiers import TierStats
-from workers.engine_info import EngineLoad, PoolHealth
-from workers.outputs import EngineStats
+from workers.core.engine_info import EngineLoad, PoolHealth
+from workers.core.outputs import EngineStats
 
 BUSY_GAP_S = 1.0
 """Two stat records closer than this are consecutive steps (their gap: the step's time)."""

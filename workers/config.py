@@ -43,7 +43,7 @@ class EngineConfig:
     - ``kv_streaming``: with a pool, write each layer's KV while the next layer computes
       (off: after the step; only for measuring what streaming hides).
     - ``step_log_dir``: if set, every step's batch shape and wall time is appended to
-      ``<dir>/steps-<pid>.jsonl`` (:mod:`workers.step_log`; a worker process uses
+      ``<dir>/steps-<pid>.jsonl`` (:mod:`workers.core.step_log`; a worker process uses
       ``<dir>/<role>/``), for ``kvserve sim calibrate --from-step-logs``.
     """
 
@@ -114,7 +114,7 @@ class WorkerConfig:
     - ``worker_id``: its name in the registry; empty means ``<advertised host>-<port>``.
     - ``worker_metrics_port``: serve Prometheus ``/metrics`` (its load report) on
       ``worker_host`` at this port; 0 (default) serves none
-      (:mod:`workers.metrics_http`).
+      (:mod:`workers.serve.metrics_http`).
     - ``use_pool``: join the KV pool (prefill and decode roles need it).
     - ``engine``: ``kvserve`` (our engine) or ``vllm`` (vLLM's, in process behind the same
       contract, through kvserve's KV connector: ``vllm_backend``; needs vLLM's environment,

@@ -2,9 +2,9 @@
 
 In one process, each the median of ``--repeat`` runs of ``--requests`` calls:
 
-- the router's :class:`router.edge.HostCheckMiddleware` around an ASGI app that does
+- the router's :class:`router.api.edge.HostCheckMiddleware` around an ASGI app that does
   nothing, against that app alone (the baseline, same run), with the headers the official
-  OpenAI client sends; and :func:`router.edge.require_json` on its ``Content-Type``. Both
+  OpenAI client sends; and :func:`router.api.edge.require_json` on its ``Content-Type``. Both
   run once per HTTP request, on the router's event loop, before any route; a bare API key's
   own tenant is computed once at start-up and costs a request nothing;
 - a worker's check of a call's token (:class:`proto.grpc_auth.Authenticator`): a router
@@ -31,7 +31,7 @@ from proto.credentials import Credentials
 from proto.grants import grant
 from proto.grpc_auth import MONITOR, ROUTER, Authenticator, header
 from proto.trust import ROUTER_SIGN, new_secret
-from router.edge import HostCheckMiddleware, require_json, served_hosts
+from router.api.edge import HostCheckMiddleware, require_json, served_hosts
 
 SCOPE: dict[str, Any] = {
     "type": "http",

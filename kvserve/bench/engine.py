@@ -33,8 +33,8 @@ import torch
 from kvserve.gpucheck.reference import hf_model
 from kvserve.report import emit, log, median
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.sequence import SamplingParams
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
 
 Request = tuple[list[int], int]  # (prompt ids, output tokens)
 Runner = Callable[[list[Request], int], None]  # (requests, max in flight)

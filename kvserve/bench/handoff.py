@@ -28,9 +28,9 @@ from kvpool.net import free_local_ports
 from kvpool.push import PushOutcome
 from kvpool.stream import Transfer
 from kvserve.cluster.pool import MasterProcess
-from workers.engine import Engine
-from workers.outputs import RequestOutput
-from workers.sequence import SamplingParams
+from workers.core.outputs import RequestOutput
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
 
 
 @dataclass

@@ -164,8 +164,8 @@ def digest_costs(
 
 def prefill_us(model_dir: Path, args: argparse.Namespace) -> float:
     """Measurement 3: median microseconds to prefill ``args.prefill_tokens`` of the model."""
-    from workers.engine import Engine
-    from workers.sequence import SamplingParams
+    from workers.core.sequence import SamplingParams
+    from workers.engine.engine import Engine
 
     engine = Engine(EngineConfig(model=str(model_dir), dtype=args.dtype, kv_cache_mib=64))
     rng = np.random.default_rng(args.seed)

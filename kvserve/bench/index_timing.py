@@ -9,7 +9,7 @@ import statistics
 import time
 
 from proto.kv_events import EventBatch, Stored
-from router.prefix_index import PrefixIndex
+from router.placement.prefix_index import PrefixIndex
 
 
 def time_query(

@@ -41,8 +41,8 @@ from kvserve.bench.handoff import Handoff, handoff, scratch_pool
 from kvserve.loadgen.metrics import percentile
 from kvserve.report import emit, log, median
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.sequence import SamplingParams
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
 
 MODES = ("after", "streaming", "push")
 LEASE_S = 3600.0

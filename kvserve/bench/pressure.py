@@ -2,7 +2,7 @@
 small for its load, with the decode side's landing wait of this version against the old one.
 
 Starts its own ``mooncake_master``; in this process a prefill engine and a decode engine,
-each on its own :class:`~workers.engine_loop.EngineLoop` thread (as two workers' engine
+each on its own :class:`~workers.engine.loop.EngineLoop` thread (as two workers' engine
 threads), each a pool member contributing ``--segment-mib``: a few prompts' KV overflow it,
 so layer puts fail while the master evicts, and some blocks of a prompt never land. Requests
 of ``--prompt-len`` fresh tokens arrive every ``--interval`` seconds (open loop), each on its
@@ -42,9 +42,9 @@ from kvserve.settings import BENCH_ENV, add_config_args, config_from_args
 from workers.config import EngineConfig
 
 if TYPE_CHECKING:  # the engine's modules are imported by run(): `kvserve --help` stays fast
-    from workers.engine import Engine
-    from workers.engine_loop import EngineLoop
-    from workers.outputs import RequestOutput
+    from workers.core.outputs import RequestOutput
+    from workers.engine.engine import Engine
+    from workers.engine.loop import EngineLoop
 
 MODES = ("new", "old")
 OUTPUT_WAIT_S = 600.0
@@ -99,7 +99,7 @@ def _output(outputs: queue.SimpleQueue[RequestOutput | None]) -> RequestOutput:
 def _request(
     pair: tuple[EngineLoop, EngineLoop], mode: str, rid: str, prompt: list[int], args: Any
 ) -> dict[str, Any]:
-    from workers.sequence import SamplingParams
+    from workers.core.sequence import SamplingParams
 
     prefill, decode = pair
     params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
@@ -190,9 +190,9 @@ def _summary(mode: str, rows: list[dict[str, Any]], prompt_len: int) -> dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    from workers.engine import Engine
-    from workers.engine_loop import EngineLoop
-    from workers.servicer import LANDING_WAIT_S
+    from workers.engine.engine import Engine
+    from workers.engine.loop import EngineLoop
+    from workers.serve.servicer import LANDING_WAIT_S
 
     if args.cap_s is None:
         args.cap_s = LANDING_WAIT_S

@@ -33,8 +33,8 @@ from torch.autograd.profiler_util import FunctionEvent
 
 from kvserve.report import emit, log
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.sequence import SamplingParams
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
 
 GEMM_OPS = frozenset(
     {
@@ -63,8 +63,8 @@ def _scoped(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 @contextlib.contextmanager
 def instrumented(engine: Engine) -> Iterator[None]:
     """Profiler scopes around attention, sampling and step preparation, for the block."""
+    import workers.engine.model_runner as runner_mod
     import workers.model.llama as llama
-    import workers.model_runner as runner_mod
 
     targets: list[tuple[object, str, str]] = [
         (llama, "paged_attention", SCOPES["attention"]),

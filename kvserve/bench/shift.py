@@ -37,7 +37,7 @@ from kvserve.loadgen.shift_scenario import (
 from kvserve.report import emit, log
 from kvserve.settings import BENCH_ENV, add_config_args, config_from_args, flag_name
 from router.config import CONTROLLER_PREFIX
-from router.ratio import RatioConfig
+from router.control.ratio import RatioConfig
 
 CONTROLLER_NAMES = (
     "controller_interval_s",

@@ -12,7 +12,7 @@
    own ceiling.
 3. Per capacity C, worker count N (``--workers``) and router policy (``--policies``): N
    prefill workers with local caches of C/N blocks against one shared cache of C blocks,
-   requests placed by ``router.conductor`` (:mod:`kvserve.sim.trace.cluster`), each also
+   requests placed by ``router.placement.policies`` (:mod:`kvserve.sim.trace.cluster`), each also
    decoded on one of N decode workers with local caches of C/N blocks; then per policy its
    worst point over every trace and point against ``round_robin`` (``policy_worst``).
 4. With ``--sweep-overlap-weights`` and ``--sweep-home-slacks`` (and/or
@@ -250,7 +250,7 @@ def _conditions(
         "tokens; pages held until prefill ends; local caches = BlockPool(C // N), shared = "
         "one BlockPool(C); N decode workers with BlockPool(C // N) each, holding a prompt's "
         "pages until output_length * decode_s_per_token after its prefill; placement by "
-        "router.conductor, every request to a prefill worker; +events: hints from a "
+        "router.placement.policies, every request to a prefill worker; +events: hints from a "
         "PrefixIndex fed by the workers' KV events, each request's arriving when its "
         "prefill ends + event_lag_s",
     }

@@ -156,8 +156,8 @@ def engine_floor(engine: EngineConfig, prompts: list[list[int]]) -> float:
     import torch
 
     from kvserve.bench.handoff import run_until_first
-    from workers.engine import Engine
-    from workers.sequence import SamplingParams
+    from workers.core.sequence import SamplingParams
+    from workers.engine.engine import Engine
 
     os.sched_setaffinity(0, {first_core()})
     torch.set_num_threads(1)

@@ -63,7 +63,7 @@ class FaultInjector:
 
     It runs on the main thread, because it restarts processes: a child started from a
     helper thread would get its death signal when that thread ends
-    (:func:`workers.lifetime.die_with_parent`)."""
+    (:func:`workers.serve.lifetime.die_with_parent`)."""
 
     def __init__(self, cluster: Cluster, args: argparse.Namespace, t0: float) -> None:
         self.cluster, self.args, self.t0 = cluster, args, t0

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import openai
 
 from workers.config import EngineConfig
-from workers.sequence import SamplingParams
+from workers.core.sequence import SamplingParams
 
 OUTPUT_LENGTHS = (16, 32, 64)
 
@@ -67,7 +67,7 @@ def workload(count: int, seed: int, vocab: int, prefixes: int = 8) -> list[Chaos
 
 def reference_texts(config: EngineConfig, requests: list[ChaosRequest]) -> list[str]:
     """Each request's greedy text from an in-process engine with no faults."""
-    from workers.engine import Engine
+    from workers.engine.engine import Engine
 
     engine = Engine(config)
     params = [

@@ -23,7 +23,7 @@ from typing import Any
 
 from kvserve.chaos.load import ChaosRequest
 from workers.config import EngineConfig
-from workers.sequence import SamplingParams
+from workers.core.sequence import SamplingParams
 
 TIE_EPS = 1e-4
 """Largest top-2 logit gap treated as a floating-point tie (far below any real error)."""
@@ -47,7 +47,7 @@ class TieChecker:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from workers.engine import Engine
+        from workers.engine.engine import Engine
 
         self.torch = torch
         self.engine = Engine(engine)

@@ -13,7 +13,7 @@ What the configuration (:func:`nginx_conf`) promises a client:
   is never sent twice; a request already answered in part by an upstream that then dies is
   cut (the client sees its connection end: "lost", not retried);
 - the client's ``Host`` header reaches the upstream as sent (routers check it against the
-  names they serve, :mod:`router.edge`);
+  names they serve, :mod:`router.api.edge`);
 - every answer carries ``X-Kvserve-Upstream``: the address(es) nginx tried, in order
   (also on nginx's own 502/504), so a client can tell which router a lost request was on.
 

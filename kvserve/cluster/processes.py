@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from workers.lifetime import die_with_parent
+from workers.serve.lifetime import die_with_parent
 
 
 class MissingBinaryError(FileNotFoundError, RuntimeError):

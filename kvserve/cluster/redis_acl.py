@@ -2,7 +2,7 @@
 the keys, that its role's code uses (docs/security.md, "Redis").
 
 Which user does what (``<c>`` is the cluster name; key names from :mod:`proto.record_store`,
-:mod:`proto.kv_stream`, :mod:`router.controller_lease` and :mod:`kvpool.chain_index`):
+:mod:`proto.kv_stream`, :mod:`router.control.lease` and :mod:`kvpool.chain_index`):
 
 - ``router``: reads the worker records (``SCAN``, ``MGET``) and the KV-event stream
   (``XREAD``, ``XREVRANGE``), asks a worker for a snapshot (``SET <c>:kv-events:want:*``), holds the

@@ -17,8 +17,8 @@ from kvserve.cluster.redis import is_loopback
 from kvserve.cluster.redis_ha import HA_PORTS
 from kvserve.cluster.router_names import ROUTER
 from proto.registry import ClusterConfig
-from router.auth import parse_api_keys
-from router.edge import WILDCARD_BINDS, bare_host
+from router.api.auth import parse_api_keys
+from router.api.edge import WILDCARD_BINDS, bare_host
 from workers.config import ENGINES
 
 

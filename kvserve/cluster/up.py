@@ -86,7 +86,7 @@ def _announce(cluster: Cluster, seconds: float) -> None:
 
 def client_key(api_key: str) -> str:
     """A key the router accepts, from its API keys setting (``key`` or ``tenant=key``
-    entries, comma-separated: :mod:`router.auth`): the first entry's key; '' for none."""
+    entries, comma-separated: :mod:`router.api.auth`): the first entry's key; '' for none."""
     tenant, sep, key = api_key.split(",")[0].strip().partition("=")
     return key if sep else tenant
 

@@ -14,8 +14,8 @@ import torch
 
 from kvserve.gpucheck.reference import hf_greedy, hf_last_logits, hf_model
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.sequence import SamplingParams
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
 
 LOGIT_TOLERANCE = {"bfloat16": 1.0, "float16": 0.25, "float32": 1e-3}
 """Largest absolute difference of first-token logits (SmolLM2's range is about +-30) allowed

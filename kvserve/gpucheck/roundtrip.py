@@ -29,8 +29,8 @@ from kvpool.net import free_local_ports
 from kvpool.pool import KVPool
 from kvserve.cluster.pool import MasterProcess
 from kvserve.gpucheck.exactness import CheckFailedError
-from workers.kv_cache import KVCache
-from workers.kv_transfer import join_pool
+from workers.core.kv_cache import KVCache
+from workers.handoff.pool_transfer import join_pool
 from workers.model.config import ModelConfig
 
 SHAPE = ModelConfig(

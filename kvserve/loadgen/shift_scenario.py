@@ -21,7 +21,7 @@ from kvserve.loadgen.shift import Phase, attainment_over_time, parse_phase, phas
 from kvserve.loadgen.slo import AbsoluteSlo, SloTargets
 from kvserve.settings import BENCH_ENV, add_config_args, config_from_args, setting
 from router.config import CONTROLLER_PREFIX, RouterConfig
-from router.ratio import RatioConfig
+from router.control.ratio import RatioConfig
 
 DEFAULT_PHASES = ["512:16@0.25x150", "64:128@0.2x150"]
 MODES = ("off", "on")

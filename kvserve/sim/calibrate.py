@@ -1,6 +1,6 @@
 """``kvserve sim calibrate``: fit a :class:`~kvserve.sim.costs.LinearCost` to our own engine.
 
-1. The real :class:`workers.engine.Engine` is loaded with the given settings (default: the
+1. The real :class:`workers.engine.engine.Engine` is loaded with the given settings (default: the
    worker's, one thread, pinned to one core, as ``kvserve up`` runs a worker on a core);
 2. scripted scenarios run to completion, each a few requests added at given steps: single
    prompts of several lengths, one long prompt in chunks (attention over a growing context),
@@ -57,7 +57,7 @@ def scenarios(max_prompt: int) -> list[Scenario]:
 
 def measure(engine: Any, scenario: Scenario, vocab: int) -> list[tuple[StepShape, float]]:
     """Run ``scenario`` on ``engine``; ``(shape, seconds)`` of each of its steps."""
-    from workers.sequence import SamplingParams
+    from workers.core.sequence import SamplingParams
 
     shapes: list[StepShape] = []
     schedule = engine.scheduler.schedule
@@ -92,7 +92,7 @@ def measure(engine: Any, scenario: Scenario, vocab: int) -> list[tuple[StepShape
 
 
 def read_step_logs(paths: list[Path], skip: int = 2) -> list[tuple[StepShape, float]]:
-    """The samples of step logs (``workers.step_log``: files, or folders of
+    """The samples of step logs (``workers.core.step_log``: files, or folders of
     ``steps-*.jsonl``), leaving out each file's first ``skip`` steps (warm-up)."""
     files = [f for p in paths for f in (sorted(p.glob("steps-*.jsonl")) if p.is_dir() else [p])]
     samples: list[tuple[StepShape, float]] = []
@@ -136,7 +136,7 @@ def run_scenarios(
     args: argparse.Namespace, config: EngineConfig
 ) -> tuple[list[tuple[StepShape, float]], list[dict[str, Any]]]:
     """Steps 1-2 of the module docstring: samples, and a row per scenario run."""
-    from workers.engine import Engine
+    from workers.engine.engine import Engine
 
     if args.pin >= 0:
         os.sched_setaffinity(0, {args.pin})
@@ -159,7 +159,7 @@ def run_scenarios(
 
 
 def run(args: argparse.Namespace) -> int:
-    from workers.outputs import resolve_model_dir
+    from workers.model.prepare import resolve_model_dir
 
     config = config_from_args(EngineConfig, args)
     model_dir = resolve_model_dir(config.model)

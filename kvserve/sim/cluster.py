@@ -1,9 +1,9 @@
 """A simulated cluster: the router's real placement and ratio policies over :class:`SimEngine`\\ s.
 
-One request's life, as :mod:`router.flow` lives it (each message costs ``hop_s``):
+One request's life, as :mod:`router.flow.run` lives it (each message costs ``hop_s``):
 
 1. at arrival the router looks the prompt's block chain up in the pool and asks the
-   conductor policy (:mod:`router.conductor`, the real one) for a placement, given the load
+   conductor policy (:mod:`router.placement.policies`, the real one) for a placement, given the load
    reports it last heard (refreshed every ``heartbeat_s``; draining marks are immediate);
 2. disaggregated: ``Reserve`` on the first decode candidate with room (none: a 503), then
    the prefill worker prefills with hand-off; its first token goes to the client; the KV
@@ -14,7 +14,7 @@ One request's life, as :mod:`router.flow` lives it (each message costs ``hop_s``
    request becomes a :class:`~kvserve.loadgen.metrics.RequestRecord` and, with a ratio
    controller, a sample of its window.
 
-With a controller (:class:`router.ratio.RatioController`, the real one) every
+With a controller (:class:`router.control.ratio.RatioController`, the real one) every
 ``interval_s`` it decides on the same load view; a move drains the worker (no new work;
 it switches once it holds nothing) and is then reported completed.
 """
@@ -31,11 +31,11 @@ from kvserve.loadgen.workloads import RequestSpec
 from kvserve.sim.engine import SimEngine
 from kvserve.sim.events import EventLoop
 from kvserve.sim.request import RoleEvent, SimRequest, Timing
-from router.conductor import Placement, PlacementRequest, Policy, WorkerLoad
-from router.pending import PendingLoad
-from router.ratio import RatioController, RoleChange
-from workers.sequence import FinishReason, SamplingParams
-from workers.sequence import Sequence as Seq
+from router.control.ratio import RatioController, RoleChange
+from router.placement.pending import PendingLoad
+from router.placement.policies import Placement, PlacementRequest, Policy, WorkerLoad
+from workers.core.sequence import FinishReason, SamplingParams
+from workers.core.sequence import Sequence as Seq
 
 
 class SimCluster:

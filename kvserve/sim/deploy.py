@@ -26,11 +26,11 @@ from kvserve.sim.cluster import SimCluster
 from kvserve.sim.engine import KVCosts, SimEngine, SimPool
 from kvserve.sim.link import Link
 from kvserve.sim.request import Timing
-from router.conductor import make_policy
 from router.config import RouterConfig
-from router.ratio import RatioController
+from router.control.ratio import RatioController
+from router.placement.policies import make_policy
 from workers.config import EngineConfig
-from workers.scheduler import SchedulerConfig
+from workers.core.scheduler import SchedulerConfig
 
 GPU_MEMORY_SHARE = 0.9
 DEFAULT_COST = "roofline:h100:llama3-8b"

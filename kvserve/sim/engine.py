@@ -5,10 +5,10 @@ Lifecycle of a :class:`SimEngine` (driven by :class:`kvserve.sim.cluster.SimClus
 1. requests enter as a worker's do: :meth:`SimEngine.submit` queues one (prefilled here;
    ``handoff=True`` on a prefill worker ends it after its first token, its prompt's KV left
    in the pool), :meth:`SimEngine.reserve` holds pages for a prompt prefilled elsewhere
-   (:meth:`workers.scheduler.Scheduler.reserve`, the decode worker's own call) and
+   (:meth:`workers.core.scheduler.Scheduler.reserve`, the decode worker's own call) and
    :meth:`SimEngine.adopt` takes it over with its first token once its KV has landed;
 2. when it is idle and has work, the cluster calls :meth:`SimEngine.start_step`:
-   :meth:`workers.scheduler.Scheduler.schedule` builds the batch exactly as the engine's step
+   :meth:`workers.core.scheduler.Scheduler.schedule` builds the batch exactly as the engine's step
    does (admission pulls pooled prefix blocks through :class:`PoolClient`), and the step
    lasts the cost model's time for its :class:`~kvserve.sim.costs.StepShape`, plus the pool
    reads of its admissions and the part of its pool writes that streaming does not hide;
@@ -27,9 +27,9 @@ from kvpool.hashing import Namespace, PrefixHasher
 from kvserve.sim.costs import StepCost, StepShape
 from kvserve.sim.link import Link, exposed_transfer_s
 from kvserve.sim.lru import LRUCache, leading
-from router.conductor import WorkerLoad
-from workers.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from workers.sequence import FinishReason, Sequence
+from router.placement.policies import WorkerLoad
+from workers.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from workers.core.sequence import FinishReason, Sequence
 
 SIM_HASHER = PrefixHasher(
     Namespace(model="kvserve-sim", dtype="none", block_tokens=1),
@@ -108,7 +108,7 @@ class SimPool:
 
 
 class PoolClient:
-    """One engine's :class:`workers.block_manager.RemotePrefix` on a :class:`SimPool`;
+    """One engine's :class:`workers.core.block_manager.RemotePrefix` on a :class:`SimPool`;
     counts the blocks it loaded so the engine can charge their read time."""
 
     def __init__(self, pool: SimPool) -> None:
@@ -259,7 +259,7 @@ class SimEngine:
 
     # -- what the router sees --------------------------------------------------------------
     def load(self) -> WorkerLoad:
-        """This worker's load report, as :func:`workers.wire.load_report` would fill it."""
+        """This worker's load report, as :func:`workers.serve.wire.load_report` would fill it."""
         s = self.stats
         return WorkerLoad(
             worker_id=self.worker_id,

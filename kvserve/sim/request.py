@@ -8,7 +8,7 @@ from kvserve.loadgen.metrics import RequestRecord
 from kvserve.loadgen.workloads import RequestSpec
 from proto.registry import ClusterConfig
 from router.config import RouterConfig
-from router.ratio import RoleChange
+from router.control.ratio import RoleChange
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The same flags build the same requests and the same controller settings; the simulated
 deployment (:mod:`kvserve.sim.deploy`, any scale and cost) serves them with the ratio
-controller off and on (:class:`router.ratio.RatioController`, the router's own), and the
+controller off and on (:class:`router.control.ratio.RatioController`, the router's own), and the
 rows and plot are :mod:`kvserve.loadgen.shift_scenario`'s, as ``bench shift``'s are.
 """
 
@@ -16,7 +16,7 @@ from kvserve.loadgen.shift import shift_requests
 from kvserve.report import emit, log
 from kvserve.sim import deploy
 from kvserve.sim.request import RoleEvent
-from router.ratio import RatioController
+from router.control.ratio import RatioController
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -42,8 +42,8 @@ SETTINGS = (GenerateConfig, EngineConfig)
 
 def run(args: argparse.Namespace) -> int:
     """Generate for each prompt and print the texts (the counts to stderr)."""
-    from workers.engine import Engine
-    from workers.sequence import SamplingParams
+    from workers.core.sequence import SamplingParams
+    from workers.engine.engine import Engine
 
     engine = Engine(config_from_args(EngineConfig, args))
     tok = engine.tokenizer

@@ -39,6 +39,6 @@ def run(args: argparse.Namespace) -> int:
 
         return serve_vllm(worker, engine, options, pool, cluster)
     confine_first(pool.pool_confine, pool.pool_local_hostname, worker.use_pool)
-    from workers.server import serve
+    from workers.serve.server import serve
 
     return serve(worker, engine, pool, cluster)

@@ -29,7 +29,7 @@ import pytest
 
 from kvserve.cluster.launch import Cluster
 from proto.registry import connect, list_workers
-from router.pool_lookup import PoolLookup
+from router.placement.pool_lookup import PoolLookup
 from tests.integration.reference import hf_greedy
 from tests.tiny_cluster import BLOCK, MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
 

@@ -56,8 +56,8 @@ from tests.integration.reference import hf_greedy
 from tests.midstream import LONG, complete, fault_mid_stream
 from tests.tiny_cluster import BLOCK, MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.sequence import SamplingParams
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
 
 pytestmark = pytest.mark.kv_path
 

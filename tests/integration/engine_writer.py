@@ -15,8 +15,8 @@ import sys
 from kvpool.config import PoolConfig
 from tests.staging import STAGING
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.sequence import SamplingParams
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
 
 
 def page_digests(engine: Engine, prompt: list[int]) -> list[tuple[int, list[str]]]:

@@ -40,7 +40,7 @@ from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto import worker_pb2 as pb
 from proto.registry import ClusterConfig, WorkerRecord, publish
 from proto.worker_pb2_grpc import WorkerServicer, add_WorkerServicer_to_server
-from router.app import create_app
+from router.api.app import create_app
 from router.config import RouterConfig
 
 MODEL = "smol-test"
@@ -289,7 +289,7 @@ class Harness:
     def _speed(stub: StubWorker) -> dict[str, float]:
         """A prefill stub's prefill speed: a stub computes at once, so the work its reports
         keep pending (they are never renewed) does not make it look backed up, and a prompt
-        over the threshold goes to it (:func:`router.placement.prefill_locally`)."""
+        over the threshold goes to it (:func:`router.placement.types.prefill_locally`)."""
         return {"prefill_tokens_per_s": 1e9} if stub.role == "prefill" else {}
 
     def client(self, api_key: str | None = None) -> openai.OpenAI:

@@ -16,9 +16,9 @@ import torch
 
 from tests.integration.reference import hf_greedy
 from tests.integration.test_exactness import make_engine, random_prompts
-from workers.engine import Engine
-from workers.sampling import sample as real_sample
-from workers.sequence import FinishReason, SamplingParams
+from workers.core.sampling import sample as real_sample
+from workers.core.sequence import FinishReason, SamplingParams
+from workers.engine.engine import Engine
 
 POISON_SEED = 4242
 POISON_TOKEN = 31337
@@ -51,7 +51,7 @@ def test_a_sampling_failure_fails_its_request_alone(
             raise RuntimeError("probability tensor contains nan")
         return real_sample(logits, params, generators)
 
-    monkeypatch.setattr("workers.model_runner.sample", poisoned)
+    monkeypatch.setattr("workers.engine.model_runner.sample", poisoned)
     params = [GREEDY, sampled(7), sampled(POISON_SEED), GREEDY]
     outs = engine.generate(prompts, params)
     for i in (0, 1, 3):
@@ -63,7 +63,7 @@ def test_a_sampling_failure_fails_its_request_alone(
     assert guilty.error == "RuntimeError: probability tensor contains nan"
     assert guilty.output_token_ids == []
     assert_idle(engine)
-    monkeypatch.setattr("workers.model_runner.sample", real_sample)
+    monkeypatch.setattr("workers.engine.model_runner.sample", real_sample)
     assert engine.generate(prompts[:1], [GREEDY])[0].output_token_ids == clean[0].output_token_ids
 
 

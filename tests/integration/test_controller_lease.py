@@ -21,10 +21,10 @@ from kvpool.net import free_local_ports
 from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto.registry import ClusterConfig
 from router.config import RouterConfig
-from router.controller import RoleController
-from router.controller_lease import MIN_TTL_S, ControllerLease, lease_key, lease_ttl_s
-from router.metrics import RouterMetrics
-from router.workers import WorkerView
+from router.control.controller import RoleController
+from router.control.lease import MIN_TTL_S, ControllerLease, lease_key, lease_ttl_s
+from router.observability.metrics import RouterMetrics
+from router.placement.worker_view import WorkerView
 from tests.integration.router_harness import running_redis
 
 DEADLINE_S = 20.0

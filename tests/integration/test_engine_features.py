@@ -11,10 +11,10 @@ import torch
 
 from tests.integration.reference import hf_last_logits, hf_model
 from tests.integration.test_exactness import make_engine, random_prompts
-from workers.engine import Engine
+from workers.core.sequence import FinishReason, SamplingParams
+from workers.engine.engine import Engine
 from workers.model.loader import load_model
 from workers.model.prepare import TOKENIZER_FILES
-from workers.sequence import FinishReason, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 

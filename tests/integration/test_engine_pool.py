@@ -18,8 +18,8 @@ from tests.integration.pool_fixtures import pool_config, running_master, running
 from tests.integration.reference import hf_greedy
 from tests.staging import STAGING
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.sequence import SamplingParams
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
 
 pytestmark = pytest.mark.kv_path
 

@@ -11,10 +11,10 @@ import torch
 from tests.integration.reference import hf_greedy, hf_last_logits
 from tests.native_kernels import require_native
 from workers.config import EngineConfig
-from workers.engine import Engine
+from workers.core.outputs import RequestOutput
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
 from workers.model.prepare import make_tiny_model
-from workers.outputs import RequestOutput
-from workers.sequence import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 LENGTHS = (1, 7, 16, 33, 64, 130, 257, 600, 95, 17)

@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 import torch
 
-from workers import model_runner
 from workers.config import EngineConfig
-from workers.engine import Engine
+from workers.core.sampling import sample
+from workers.core.sequence import SamplingParams
+from workers.engine import model_runner
+from workers.engine.engine import Engine
 from workers.model.attention import DecodeKernel
-from workers.sampling import sample
-from workers.sequence import SamplingParams
 
 READS = (
     "item",

@@ -21,10 +21,10 @@ from kvserve.bench.handoff import handoff, run_until_first
 from tests.integration.pool_fixtures import pool_config, running_master
 from tests.integration.reference import hf_greedy
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.kv_transfer import prompt_targets
-from workers.sequence import SamplingParams
-from workers.servicer import LANDING_WAIT_S
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
+from workers.handoff.pool_transfer import prompt_targets
+from workers.serve.servicer import LANDING_WAIT_S
 
 pytestmark = pytest.mark.kv_path
 

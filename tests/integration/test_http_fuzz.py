@@ -24,7 +24,7 @@ from schemathesis import checks
 
 from kvpool.config import PoolConfig
 from proto.registry import ClusterConfig
-from router.app import create_app
+from router.api.app import create_app
 from router.config import RouterConfig
 from tests.integration.router_harness import MODEL, Harness, StubWorker, running_redis
 

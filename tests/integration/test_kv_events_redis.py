@@ -19,7 +19,7 @@ from proto.kv_stream import (
 from proto.records import FORGED, MALFORMED
 from proto.registry import ClusterConfig
 from proto.trust import new_secret
-from router.prefix_index import PrefixIndex
+from router.placement.prefix_index import PrefixIndex
 from tests.integration.pool_fixtures import running_redis
 
 SECRET = new_secret()

@@ -95,7 +95,7 @@ class Hog:
         assert self.stub.Reserve(request, timeout=30).ok
         # the router places by load reports up to a heartbeat old: let it see the pages gone
         # (and the work before this test done), or it may still think the decode worker
-        # could prefill a long prompt itself (router.placement.prefill_locally)
+        # could prefill a long prompt itself (router.placement.types.prefill_locally)
         time.sleep(2 * cluster.cluster_config.heartbeat_s + 0.5)
 
     def release(self) -> None:

@@ -23,11 +23,11 @@ from proto.kv_events import EventBatch, Removed, Stored
 from proto.kv_stream import publish_batch, stream_name
 from proto.registry import ClusterConfig, connect
 from proto.trust import new_secret
-from router.kv_index import KVIndex
-from router.prefix_index import Outcome
-from workers import kv_publisher
-from workers.block_pool import BlockPool
-from workers.kv_publisher import EventPublisher
+from router.placement.kv_index import KVIndex
+from router.placement.prefix_index import Outcome
+from workers.core.block_pool import BlockPool
+from workers.serve import kv_publisher
+from workers.serve.kv_publisher import EventPublisher
 
 
 @pytest.fixture(scope="module")

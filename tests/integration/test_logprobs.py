@@ -1,5 +1,5 @@
 """Logprobs of sampled and prompt tokens equal transformers' log-softmax of the same logits,
-whatever the chunking, batching and prefix cache (workers/logprobs.py)."""
+whatever the chunking, batching and prefix cache (workers/core/logprobs.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from tests.integration.reference import hf_logprobs
 from tests.integration.test_exactness import random_prompts
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.outputs import RequestOutput
-from workers.sequence import SamplingParams, TokenLogprob
+from workers.core.outputs import RequestOutput
+from workers.core.sequence import SamplingParams, TokenLogprob
+from workers.engine.engine import Engine
 
 ATOL = 1e-4
 """fp32, our kernels against transformers' (the lm-eval comparison's tolerance)."""

@@ -30,10 +30,10 @@ from kvserve.bench.handoff import handoff, run_until_first
 from tests.integration.pool_fixtures import pool_config, running_master
 from tests.integration.reference import hf_greedy
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.handoff import PUSH_QUARANTINE_S
-from workers.push_receive import PushCheck, PushVerdict
-from workers.sequence import SamplingParams
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
+from workers.handoff.push_receive import PushCheck, PushVerdict
+from workers.handoff.reservations import PUSH_QUARANTINE_S
 
 pytestmark = pytest.mark.kv_path
 

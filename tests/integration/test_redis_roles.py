@@ -32,7 +32,7 @@ from proto.kv_stream import (
 )
 from proto.registry import ClusterConfig, WorkerRecord, connect, list_workers, publish, withdraw
 from proto.trust import new_secret
-from router.controller_lease import ControllerLease
+from router.control.lease import ControllerLease
 from tests.redis_logins import refused
 from tests.unit.compose_files import init_secrets
 

@@ -43,7 +43,7 @@ from proto.registry import (
     list_workers,
 )
 from proto.tokenization import Tokenizer
-from router import tokenizer as tokenizer_module
+from router.flow import tokenizer as tokenizer_module
 from tests.integration.router_harness import MODEL, Harness, StubWorker, running_redis
 from tests.tiny_cluster import MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
 

@@ -21,7 +21,7 @@ from typing import Any
 import openai
 import pytest
 
-from router.auth import bare_key_tenant, unauthorized
+from router.api.auth import bare_key_tenant, unauthorized
 from tests.integration.router_harness import (
     MODEL,
     Harness,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families as parse
 
-from router.app import ROUTER_HEADER
+from router.api.app import ROUTER_HEADER
 from tests.integration.router_harness import (
     MODEL,
     Harness,

@@ -1,5 +1,5 @@
 """Requests wait for decode KV memory instead of being refused: the router's queue
-(router/kv_wait.py) against a real Redis and real gRPC stub workers.
+(router/placement/kv_wait.py) against a real Redis and real gRPC stub workers.
 
 A stub's ``refuse`` makes ``Reserve`` answer "no free pages now", ``too_big`` "can never fit"
 (see :mod:`tests.integration.router_harness`). The stubs' load reports never change, so a
@@ -18,7 +18,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.kv_wait import RETRY_S
+from router.placement.kv_wait import RETRY_S
 from tests.integration.router_harness import (
     MODEL,
     Harness,

@@ -21,8 +21,8 @@ from kvpool.keys import KeySpace
 from kvpool.pool import KVPool
 from kvpool.store import MooncakeStore
 from proto.registry import ClusterConfig, WorkerRecord
-from router.pool_lookup import PoolLookup, record_chain
-from router.pool_stats import pool_stats
+from router.observability.pool_stats import pool_stats
+from router.placement.pool_lookup import PoolLookup, record_chain
 from tests.integration.pool_fixtures import (
     LAYOUT,
     NAMESPACE,

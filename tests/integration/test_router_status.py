@@ -1,7 +1,7 @@
 """``GET /v1/status`` and the status page of a router with API keys and stub workers
 (:mod:`tests.integration.router_harness`), in headless Chromium (:mod:`tests.browser`).
 
-- the JSON answer: its schema (:class:`router.status.StatusReport`), the workers with
+- the JSON answer: its schema (:class:`router.api.status.StatusReport`), the workers with
   their roles and load, the counters after a few requests; 401 without a key;
 - the page's files: public, with their content types and a Content-Security-Policy;
 - in the browser: the page asks for a key, refuses a wrong one, shows the workers with
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from router.auth import STATUS_PAGE
-from router.routes.page import HEADERS
-from router.status import StatusReport
+from router.api.auth import STATUS_PAGE
+from router.api.routes.page import HEADERS
+from router.api.status import StatusReport
 from tests.browser import chromium_page
 from tests.integration.router_harness import MODEL, Harness, StubWorker, running_redis
 

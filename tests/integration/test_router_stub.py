@@ -24,7 +24,7 @@ from transformers import AutoTokenizer
 from kvpool.net import free_local_ports
 from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto.tokenization import Tokenizer
-from router import tokenizer as tokenizer_module
+from router.flow import tokenizer as tokenizer_module
 from tests.integration.router_harness import (
     MODEL,
     Harness,

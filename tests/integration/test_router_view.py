@@ -22,8 +22,8 @@ from kvpool.net import free_local_ports
 from proto import channels
 from proto import worker_pb2 as pb
 from proto.registry import ClusterConfig, WorkerRecord, publish
-from router.live_worker import LiveWorker
-from router.workers import WorkerView
+from router.placement.live_worker import LiveWorker
+from router.placement.worker_view import WorkerView
 from tests.integration.router_harness import running_redis
 
 

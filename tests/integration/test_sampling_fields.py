@@ -23,11 +23,11 @@ from tests.integration.test_handoff import make_engine as make_pool_engine
 from tests.integration.test_handoff import master  # noqa: F401  (a fixture)
 from tests.integration.worker_harness import serving_worker
 from tests.unit.test_router_openai_models import PROCESSING_CASES
-from workers import engine as engine_module
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.outputs import RequestOutput
-from workers.sequence import FinishReason, SamplingParams
+from workers.core.outputs import RequestOutput
+from workers.core.sequence import FinishReason, SamplingParams
+from workers.engine import engine as engine_module
+from workers.engine.engine import Engine
 
 VOCAB = 49152
 (REPEATING,) = random_prompts((8,), seed=24)

@@ -138,8 +138,8 @@ def test_engine_step_log_feeds_calibrate(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from workers.config import EngineConfig
-    from workers.engine import Engine
-    from workers.sequence import SamplingParams
+    from workers.core.sequence import SamplingParams
+    from workers.engine.engine import Engine
 
     logs = tmp_path / "steps"
     engine = Engine(EngineConfig(model=str(tiny_model_dir), kv_cache_mib=16,

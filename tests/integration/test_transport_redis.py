@@ -32,8 +32,8 @@ from proto.registry import (
     publish,
     withdraw,
 )
-from router.workers import WorkerView
-from workers.registration import Heartbeat
+from router.placement.worker_view import WorkerView
+from workers.serve.registration import Heartbeat
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = 'pw with "quotes", spaces and \\ ' + uuid.uuid4().hex
@@ -122,10 +122,12 @@ def test_router_view_logs_and_keeps_its_last_view(
             await view.stop()
 
     try:
-        with caplog.at_level(logging.WARNING, logger="router.workers"):
+        with caplog.at_level(logging.WARNING, logger="router.placement.worker_view"):
             refused, before, after = asyncio.run(scenario())
         assert refused == [] and before == after == ["w1"]
-        warnings = [r.getMessage() for r in caplog.records if r.name == "router.workers"]
+        warnings = [
+            r.getMessage() for r in caplog.records if r.name == "router.placement.worker_view"
+        ]
         assert len(warnings) == 2 and all("KVSERVE_REDIS_PASSWORD" in w for w in warnings)
     finally:
         withdraw(admin, cluster.keys, "w1")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.outputs import EngineStats
-from workers.sequence import SamplingParams
-from workers.warmup import WARMUP_TOKENS, warm_up
+from workers.core.outputs import EngineStats
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
+from workers.engine.warmup import WARMUP_TOKENS, warm_up
 
 
 def test_warm_up_leaves_no_trace(tiny_model_dir: Path) -> None:

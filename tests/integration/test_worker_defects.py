@@ -17,16 +17,16 @@ import grpc
 import pytest
 import torch
 
-import workers.handoff as reservations_module
+import workers.handoff.reservations as reservations_module
 from kvpool.landing import Lander
 from proto import worker_pb2 as pb
 from tests.integration.test_exactness import random_prompts
 from tests.integration.worker_harness import ServedWorker, serving_worker
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.handoff import Reservations
-from workers.sampling import sample as real_sample
-from workers.sequence import SamplingParams
+from workers.core.sampling import sample as real_sample
+from workers.core.sequence import SamplingParams
+from workers.engine.engine import Engine
+from workers.handoff.reservations import Reservations
 
 POISON_SEED = 4242
 CALL_S = 60.0
@@ -112,7 +112,7 @@ def test_a_request_the_engine_fails_on_fails_alone(
     seeds = (None, 7, POISON_SEED)
     expected = [tokens_of(generate(worker, f"ref{i}", p, params(24, seeds[i]))) for i, p in
                 enumerate(prompts[:2])]  # fmt: skip
-    monkeypatch.setattr("workers.model_runner.sample", poisoned)
+    monkeypatch.setattr("workers.engine.model_runner.sample", poisoned)
     streams = [generate(worker, f"s{i}", p, params(24, seeds[i])) for i, p in enumerate(prompts)]
     with ThreadPoolExecutor(3) as pool:
         results = [pool.submit(tokens_of, s) for s in streams]

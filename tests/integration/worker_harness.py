@@ -1,7 +1,7 @@
 """A real worker servicer (engine, engine thread, gRPC server) in the test process.
 
-:func:`serving_worker` starts :class:`workers.servicer.WorkerServicer` over a real
-:class:`workers.engine.Engine` on 127.0.0.1 (a free port, the cluster's server options, no
+:func:`serving_worker` starts :class:`workers.serve.servicer.WorkerServicer` over a real
+:class:`workers.engine.engine.Engine` on 127.0.0.1 (a free port, the cluster's server options, no
 registry, a cluster secret of its own: every call goes through the token checks of
 :mod:`proto.grpc_auth`), on an asyncio loop of its own thread, so a test can call it with a
 blocking gRPC stub (the ``router`` identity: every verb) while also reaching into the engine
@@ -24,9 +24,9 @@ from proto.grpc_auth import ROUTER
 from proto.registry import ClusterConfig
 from proto.trust import new_secret
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.engine_loop import EngineLoop
-from workers.servicer import WorkerServicer
+from workers.engine.engine import Engine
+from workers.engine.loop import EngineLoop
+from workers.serve.servicer import WorkerServicer
 
 T = TypeVar("T")
 

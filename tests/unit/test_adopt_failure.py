@@ -15,11 +15,11 @@ import pytest
 from kvpool.hashing import Namespace, PrefixHasher
 from kvpool.stream import Transfer
 from workers.config import EngineConfig
-from workers.engine import Engine
-from workers.handoff import Reservations
-from workers.reservation import HandoffState
-from workers.scheduler import Scheduler, SchedulerConfig
-from workers.sequence import FinishReason, SamplingParams, Sequence
+from workers.core.scheduler import Scheduler, SchedulerConfig
+from workers.core.sequence import FinishReason, SamplingParams, Sequence
+from workers.engine.engine import Engine
+from workers.handoff.reservation import HandoffState
+from workers.handoff.reservations import Reservations
 
 HASHER = PrefixHasher(Namespace(model="af@0", dtype="float32", block_tokens=4), b"key")
 PROMPT = [1, 2, 3, 4, 5, 6, 7]

@@ -10,7 +10,7 @@ import pytest
 
 from kvserve.bench import edge
 from kvserve.cli import build_parser
-from router.edge import HostCheckMiddleware, served_hosts
+from router.api.edge import HostCheckMiddleware, served_hosts
 
 
 def test_bench_edge_times_the_checks_against_a_bare_app(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from kvpool.hashing import Namespace, PrefixHasher
 from proto.kv_events import Stored
-from workers.block_manager import BlockManager, PrefixHit
-from workers.sequence import SamplingParams, Sequence
+from workers.core.block_manager import BlockManager, PrefixHit
+from workers.core.sequence import SamplingParams, Sequence
 
 BT = 4
 HASHER = PrefixHasher(Namespace(model="bm@0", dtype="float32", block_tokens=BT), b"key")

@@ -14,7 +14,7 @@ from hypothesis.stateful import (
 
 from proto.kv_events import Removed, Stored
 from tests.unit.machine_settings import STATEFUL
-from workers.block_pool import BlockPool
+from workers.core.block_pool import BlockPool
 
 # -- construction ------------------------------------------------------------------------------
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.block_tables import BlockTables
-from workers.sequence import SamplingParams, Sequence
+from workers.core.block_tables import BlockTables
+from workers.core.sequence import SamplingParams, Sequence
 
 
 def seq(request_id: str, pages: list[int]) -> Sequence:

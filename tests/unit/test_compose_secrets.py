@@ -23,7 +23,7 @@ from kvserve.cluster.redis_acl import EXPORTER, REPLICA, SENTINEL, role_password
 from kvserve.settings import config_from_args
 from proto.grants import grant
 from proto.registry import ClusterConfig
-from router.auth import parse_api_keys
+from router.api.auth import parse_api_keys
 from tests.unit.compose_files import (
     INIT,
     ONE_SHOT,

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.conductor import (
+from router.placement.pending import PendingLoad
+from router.placement.policies import (
     DECODE_OVERLAP_WEIGHT,
     HOME_SLACK,
     OVERLAP_WEIGHT,
@@ -25,7 +26,6 @@ from router.conductor import (
     predicted_ttft,
     rendezvous,
 )
-from router.pending import PendingLoad
 
 SPEED = 1000.0
 A = WorkerLoad("a", "prefill", prefill_tokens_per_s=SPEED)
@@ -180,7 +180,7 @@ def test_the_threshold_counts_the_decode_workers_local_hits(policy: Policy) -> N
     held = PlacementRequest(2000, local_tokens={"d": 1900})
     assert policy.place(held, [busy_p, d]) == Placement(None, ("d",))
     # 2000 uncached on d: a prefill worker does it (an idle one: a backed-up one would
-    # leave it to d, :func:`router.placement.prefill_locally`)
+    # leave it to d, :func:`router.placement.types.prefill_locally`)
     idle_p = WorkerLoad("p", "prefill", prefill_tokens_per_s=SPEED)
     assert policy.place(PlacementRequest(2000), [idle_p, d]) == Placement("p", ("d",))
 

@@ -1,4 +1,4 @@
-"""Stop strings in :class:`workers.detokenizer.IncrementalText`: what is released when, where
+"""Stop strings in :class:`workers.core.detokenizer.IncrementalText`: what is released when, where
 the text is cut, that a token's search covers only the window a match can end in, and that
 pushing tokens together releases what pushing them one at a time does.
 
@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, decoders, models
 from tokenizers import Tokenizer as Backend
 
-import workers.detokenizer as detok
+import workers.core.detokenizer as detok
 from proto.limits import MAX_STOP_STRING_CHARS
 from proto.tokenization import TextStream
-from workers.detokenizer import IncrementalText, find_stop
+from workers.core.detokenizer import IncrementalText, find_stop
 
 INCOMPLETE = "\ufffd"
 

@@ -1,5 +1,6 @@
 """The router's expectations of what its placements put in workers' caches
-(router/expected_blocks.py): exact cases, then a model under any sequence of operations."""
+(router/placement/expected_blocks.py): exact cases, then a model under any sequence of
+operations."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proto.kv_events import EventBatch, KVEvent, Removed, Stored
-from router.expected_blocks import ExpectedBlocks
+from router.placement.expected_blocks import ExpectedBlocks
 
 
 def batch(worker_id: str, *events: KVEvent) -> EventBatch:

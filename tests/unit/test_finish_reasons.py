@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from proto import worker_pb2 as pb
 from proto.finish import FINISHES, openai_finish, wire_finish
-from workers.sequence import FinishReason
-from workers.wire import finish_reason
+from workers.core.sequence import FinishReason
+from workers.serve.wire import finish_reason
 
 
 def test_every_engine_reason_has_one_row() -> None:

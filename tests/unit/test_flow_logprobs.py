@@ -1,5 +1,5 @@
 """A worker's logprobs are checked before they reach an answer: the shape the request
-asked for, or a 502 for that request (router/flow_types.py ``checked_logprobs``)."""
+asked for, or a 502 for that request (router/flow/types.py ``checked_logprobs``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from proto import worker_pb2 as pb
 from router.errors import APIError
-from router.flow_types import checked_logprobs, sampling_params
+from router.flow.types import checked_logprobs, sampling_params
 
 
 def lp(top: int, values: int | None = None) -> pb.TokenLogprob:

@@ -1,11 +1,11 @@
-"""The HTTP edge's Host and Content-Type rules (router.edge), exactly."""
+"""The HTTP edge's Host and Content-Type rules (router.api.edge), exactly."""
 
 from __future__ import annotations
 
 import pytest
 
+from router.api.edge import LOOPBACK_NAMES, host_name, require_json, served_hosts
 from router.config import RouterConfig
-from router.edge import LOOPBACK_NAMES, host_name, require_json, served_hosts
 from router.errors import APIError
 
 

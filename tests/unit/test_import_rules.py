@@ -39,19 +39,19 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 }
 """Package -> the project modules (and their submodules) it may import."""
 PURE = (
-    "workers/scheduler.py",
-    "workers/block_manager.py",
-    "workers/block_pool.py",
-    "router/conductor.py",
-    "router/placement.py",
-    "router/admission.py",
-    "router/pending.py",
-    "router/prefix_index.py",
-    "router/expected_blocks.py",
-    "router/kv_wait.py",
-    "router/ratio.py",
-    "router/ratio_config.py",
-    "router/latency_window.py",
+    "workers/core/scheduler.py",
+    "workers/core/block_manager.py",
+    "workers/core/block_pool.py",
+    "router/placement/policies.py",
+    "router/placement/types.py",
+    "router/placement/admission.py",
+    "router/placement/pending.py",
+    "router/placement/prefix_index.py",
+    "router/placement/expected_blocks.py",
+    "router/placement/kv_wait.py",
+    "router/control/ratio.py",
+    "router/control/ratio_config.py",
+    "router/observability/latency_window.py",
     "vllm_backend/plans.py",
     "vllm_backend/cache_names.py",
     "vllm_backend/reservations.py",
@@ -152,7 +152,8 @@ def sources(package: str, root: Path = ROOT) -> list[Path]:
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
-    """``workers/sequence.py`` -> ``workers.sequence``; a package's ``__init__.py`` -> its name."""
+    """``workers/core/sequence.py`` -> ``workers.core.sequence``; a package's
+    ``__init__.py`` -> its name."""
     parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -330,8 +331,10 @@ def test_the_walk_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     """The checker itself: an import inside a function and a relative import both count."""
     module = tmp_path / "workers" / "model" / "probe.py"
     module.parent.mkdir(parents=True)
-    module.write_text("def f():\n    import router.app\nfrom .. import engine\nfrom . import x\n")
-    assert imports(module, tmp_path) == {"router.app", "workers", "workers.model"}
+    module.write_text(
+        "def f():\n    import router.api.app\nfrom .. import engine\nfrom . import x\n"
+    )
+    assert imports(module, tmp_path) == {"router.api.app", "workers", "workers.model"}
 
 
 def test_only_the_modules_run_inside_vllm_import_its_libraries() -> None:

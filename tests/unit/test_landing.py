@@ -25,9 +25,9 @@ from kvpool.meta import digest_bytes
 from kvpool.pool import BlockMeta, KVPool
 from kvpool.store import MooncakeStore
 from tests.staging import pool_memory
-from workers.handoff import Reservations
-from workers.kv_transfer import pull_prompt
-from workers.scheduler import Scheduler, SchedulerConfig
+from workers.core.scheduler import Scheduler, SchedulerConfig
+from workers.handoff.pool_transfer import pull_prompt
+from workers.handoff.reservations import Reservations
 
 pytestmark = pytest.mark.kv_path
 

@@ -13,7 +13,7 @@ from kvpool.layer_load import LayerLoad, LoadRun
 from kvpool.pool import KVPool
 from kvpool.store import MooncakeStore
 from tests.unit.test_landing import LAYOUT, NAMESPACE, SPAN, Harness
-from workers.kv_staging import SlabViews, TorchCopier
+from workers.handoff.staging import SlabViews, TorchCopier
 
 
 def staged_harness() -> Harness:

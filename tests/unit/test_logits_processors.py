@@ -14,8 +14,8 @@ from transformers import (
     SequenceBiasLogitsProcessor,
 )
 
-from workers.logits_processors import process
-from workers.sequence import SamplingParams
+from workers.core.logits_processors import process
+from workers.core.sequence import SamplingParams
 
 VOCAB = 64
 EOS = frozenset({2, 7})

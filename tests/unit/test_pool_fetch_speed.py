@@ -10,8 +10,8 @@ import pytest
 
 from kvpool.layout import KVLayout, token_bytes
 from proto.registry import WorkerRecord
-from router.conductor import POOL_FETCH_S_PER_TOKEN, WorkerLoad
-from router.live_worker import LiveWorker
+from router.placement.live_worker import LiveWorker
+from router.placement.policies import POOL_FETCH_S_PER_TOKEN, WorkerLoad
 
 LAYOUT = KVLayout(num_layers=30, num_blocks=8, block_tokens=16, kv_heads=3, head_dim=64,
                   dtype="float32")  # fmt: skip

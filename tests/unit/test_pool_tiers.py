@@ -136,9 +136,9 @@ def test_ssd_reads_fit_half_the_offload_buffer(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_tier_counts_reach_the_load_report() -> None:
-    from workers.engine_info import EngineLoad, PoolHealth
-    from workers.outputs import EngineStats
-    from workers.wire import load_report
+    from workers.core.engine_info import EngineLoad, PoolHealth
+    from workers.core.outputs import EngineStats
+    from workers.serve.wire import load_report
 
     health = PoolHealth(connected=True, tiers=TierStats(3, 2, 0.25, 0.5))
     load = EngineLoad(0, 0, 0, 0, 1, 1, EngineStats(), health)

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proto.kv_events import EventBatch, KVEvent, Removed, Stored
-from router.prefix_index import Outcome, PrefixIndex
+from router.placement.prefix_index import Outcome, PrefixIndex
 
 IDS = ("w0", "w1", "w2")
 UNIVERSE = range(1, 13)

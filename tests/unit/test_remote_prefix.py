@@ -6,9 +6,9 @@ from collections import abc
 
 from kvpool.hashing import Namespace, PrefixHasher
 from proto.kv_events import Stored
-from workers.block_manager import BlockManager
-from workers.scheduler import Scheduler, SchedulerConfig
-from workers.sequence import SamplingParams, Sequence
+from workers.core.block_manager import BlockManager
+from workers.core.scheduler import Scheduler, SchedulerConfig
+from workers.core.sequence import SamplingParams, Sequence
 
 BT = 4
 HASHER = PrefixHasher(Namespace(model="rp@0", dtype="float32", block_tokens=BT), b"key")

@@ -1,11 +1,11 @@
-"""Decode-side reservations (workers/handoff.py) as a state machine, under hypothesis.
+"""Decode-side reservations (workers/handoff/reservations.py) as a state machine, under hypothesis.
 
-The real :class:`~workers.handoff.Reservations` runs over a real
-:class:`~workers.scheduler.Scheduler` (and its :class:`~workers.block_manager.BlockManager`)
-without a pool, its clock replaced by a fake one. Rules make the calls the engine makes:
-reserve (never taking pages the scheduler's queued requests wait for), take-over
-(``Engine.adopt``: take, commit, resume; or enqueue afresh when there is no matching
-reservation), abort (``Engine.abort``: release, else finish), lease expiry, ordinary
+The real :class:`~workers.handoff.reservations.Reservations` runs over a real
+:class:`~workers.core.scheduler.Scheduler` (and its
+:class:`~workers.core.block_manager.BlockManager`) without a pool, its clock replaced by a fake one.
+Rules make the calls the engine makes: reserve (never taking pages the scheduler's queued requests
+wait for), take-over (``Engine.adopt``: take, commit, resume; or enqueue afresh when there is no
+matching reservation), abort (``Engine.abort``: release, else finish), lease expiry, ordinary
 requests and scheduler steps. After every rule:
 
 - page accounting is exact: every page's refcount is the number of holders (reservations,
@@ -32,12 +32,12 @@ from hypothesis.stateful import (
     rule,
 )
 
-import workers.handoff as reservations_module
+import workers.handoff.reservations as reservations_module
 from kvpool.hashing import Namespace, PrefixHasher
 from tests.unit.machine_settings import STATEFUL
-from workers.handoff import Reservations
-from workers.scheduler import Scheduler, SchedulerConfig
-from workers.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
+from workers.core.scheduler import Scheduler, SchedulerConfig
+from workers.core.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
+from workers.handoff.reservations import Reservations
 
 HASHER = PrefixHasher(Namespace(model="rm@0", dtype="float32", block_tokens=4), b"key")
 FIRST_TOKEN = 9
@@ -52,7 +52,7 @@ SALTS = ("", "", "tenant-b")
 
 
 class FakeClock:
-    """Stands in for the ``time`` module inside workers.handoff."""
+    """Stands in for the ``time`` module inside workers.handoff.reservations."""
 
     def __init__(self) -> None:
         self.now = 100.0
@@ -402,7 +402,12 @@ def test_close_releases_every_reservation() -> None:
 
 
 def test_an_illegal_transition_raises_and_terminal_states_are_final() -> None:
-    from workers.reservation import TRANSITIONS, HandoffState, IllegalTransitionError, Reservation
+    from workers.handoff.reservation import (
+        TRANSITIONS,
+        HandoffState,
+        IllegalTransitionError,
+        Reservation,
+    )
 
     seq = Sequence("t1", [1, 2, 3], SamplingParams(max_tokens=2))
     held = Reservation(seq, deadline=0.0)

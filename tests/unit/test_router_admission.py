@@ -1,10 +1,10 @@
-"""Admission control (router.admission): the TTFT prediction and the 429 it leads to."""
+"""Admission control (router.placement.admission): the TTFT prediction and the 429 it leads to."""
 
 from __future__ import annotations
 
-from router.admission import Rejection, admit, predicted_ttft_s, prefilling_worker
-from router.conductor import Placement, PlacementRequest, WorkerLoad
 from router.errors import too_busy
+from router.placement.admission import Rejection, admit, predicted_ttft_s, prefilling_worker
+from router.placement.policies import Placement, PlacementRequest, WorkerLoad
 
 P1 = WorkerLoad("p1", "prefill", queued_prefill_tokens=500, prefill_tokens_per_s=100.0)
 D1 = WorkerLoad("d1", "decode", queued_prefill_tokens=40, prefill_tokens_per_s=20.0)

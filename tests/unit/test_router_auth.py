@@ -1,4 +1,4 @@
-"""API keys, tenants and cache salts at the HTTP edge (router.auth), exactly."""
+"""API keys, tenants and cache salts at the HTTP edge (router.api.auth), exactly."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from router import auth
-from router.auth import (
+from router.api import auth
+from router.api.auth import (
     ApiKeyMiddleware,
     bare_key_tenant,
     bearer_token,

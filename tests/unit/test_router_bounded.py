@@ -23,9 +23,9 @@ from kvpool.store import MooncakeStore
 from kvserve.settings import add_config_args, config_from_args
 from proto.registry import ClusterConfig, WorkerRecord
 from router.config import RouterConfig
+from router.flow.tokenizer import TOKENIZE_THREADS, TokenizerSlot
 from router.main import server_config
-from router.pool_lookup import LOOKUP_THREADS, PoolLookup
-from router.tokenizer import TOKENIZE_THREADS, TokenizerSlot
+from router.placement.pool_lookup import LOOKUP_THREADS, PoolLookup
 
 NAMESPACE = Namespace(model="m@0", dtype="float32", block_tokens=4)
 RECORD = WorkerRecord(
@@ -139,6 +139,6 @@ def test_a_frozen_master_costs_no_hits_bounded_threads_and_one_log_line(
             await asyncio.sleep(0.01)
         assert await lookup.pooled_tokens(PROMPT, RECORD) == len(PROMPT)  # threads came back
 
-    with caplog.at_level(logging.WARNING, logger="router.pool_lookup"):
+    with caplog.at_level(logging.WARNING, logger="router.placement.pool_lookup"):
         asyncio.run(main())
     assert len(caplog.records) == 1 and "no answer within 0.2 s" in caplog.text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.cache_stats import CacheStats, PrefillRecord
+from router.observability.cache_stats import CacheStats, PrefillRecord
 from tests.fake_clock import Clock
 
 

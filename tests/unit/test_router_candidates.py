@@ -1,5 +1,5 @@
-"""A restarted worker is asked again at once (router.candidates, router.flow): a call that
-failed UNAVAILABLE on a worker the router's view has not yet seen restarted goes to its
+"""A restarted worker is asked again at once (router.placement.candidates, router.flow.run): a call
+that failed UNAVAILABLE on a worker the router's view has not yet seen restarted goes to its
 new process instead of ending in a 503, and a worker is renewed at most once per request."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 from proto import worker_pb2 as pb
 from proto.registry import WorkerRecord
 from router.errors import APIError
-from router.flow import RequestFlow
-from router.flow_plan import FlowPlan
-from router.flow_types import Chunk, FlowResult
-from router.live_worker import LiveWorker
+from router.flow.plan import FlowPlan
+from router.flow.run import RequestFlow
+from router.flow.types import Chunk, FlowResult
+from router.placement.live_worker import LiveWorker
 
 RECORD = WorkerRecord(
     worker_id="d1", address="127.0.0.1:1", role="decode", model="m", model_dir="/nowhere",

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from router.conductor import (
+from router.placement.policies import (
     DEFAULT_PREFILL_TOKENS_PER_S,
     HANDOFF_S,
     POOL_FETCH_S_PER_TOKEN,

@@ -12,9 +12,9 @@ import pytest
 from kvpool.config import PoolConfig
 from kvpool.master import master_metrics_address
 from kvserve.settings import add_config_args, config_from_args
-from router.auth import bare_key_tenant
+from router.api.auth import bare_key_tenant
 from router.config import RouterConfig
-from router.ratio import RatioConfig
+from router.control.ratio import RatioConfig
 
 
 @pytest.mark.parametrize(

@@ -6,12 +6,12 @@ import pytest
 
 from proto.registry import ClusterConfig
 from router.config import RouterConfig
-from router.controller import RoleController
-from router.controller_lease import ControllerLease
-from router.flow_types import FlowResult
-from router.metrics import RouterMetrics
-from router.ratio import RatioConfig
-from router.workers import WorkerView
+from router.control.controller import RoleController
+from router.control.lease import ControllerLease
+from router.control.ratio import RatioConfig
+from router.flow.types import FlowResult
+from router.observability.metrics import RouterMetrics
+from router.placement.worker_view import WorkerView
 
 
 def test_tpot_is_time_per_token_after_the_first() -> None:

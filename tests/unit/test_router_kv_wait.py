@@ -1,4 +1,4 @@
-"""The router's queue for KV memory (router/kv_wait.py): FIFO turns, wakes, deadlines and
+"""The router's queue for KV memory (router/placement/kv_wait.py): FIFO turns, wakes, deadlines and
 cancellation, against a fake pool of free pages. No worker, no network: attempts are plain
 coroutines and every wait is driven by explicit wakes (long ``retry_s``), so no test
 depends on how fast this machine is."""
@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from router.kv_wait import KVWaitQueue
+from router.placement.kv_wait import KVWaitQueue
 
 FOREVER = 600.0
 

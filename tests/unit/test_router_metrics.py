@@ -10,12 +10,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proto import worker_pb2 as pb
-from router.cache_stats import CacheStats
-from router.flow_types import FlowResult
-from router.metrics import RouterMetrics
-from router.telemetry import Telemetry
-from workers.histogram import Buckets
-from workers.metrics_http import WorkerCollector, WorkerSample
+from router.flow.types import FlowResult
+from router.observability.cache_stats import CacheStats
+from router.observability.metrics import RouterMetrics
+from router.observability.telemetry import Telemetry
+from workers.core.histogram import Buckets
+from workers.serve.metrics_http import WorkerCollector, WorkerSample
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

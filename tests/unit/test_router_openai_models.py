@@ -16,12 +16,12 @@ from proto.limits import (
     MAX_STOP_TOKEN_IDS,
     MAX_TOKEN_ID,
 )
+from router.api.openai_fields import IGNORED, REFUSED
+from router.api.openai_models import ChatCompletionRequest, CompletionRequest
+from router.api.openai_parse import parse_request
 from router.errors import APIError
-from router.openai_fields import IGNORED, REFUSED
-from router.openai_models import ChatCompletionRequest, CompletionRequest
-from router.openai_parse import parse_request
-from workers.sequence import SamplingParams
-from workers.wire import sampling_params
+from workers.core.sequence import SamplingParams
+from workers.serve.wire import sampling_params
 
 
 def completion(**fields: Any) -> CompletionRequest:

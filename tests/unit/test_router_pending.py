@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from router.conductor import CacheAwarePolicy, Placement, PlacementRequest, WorkerLoad
-from router.pending import PendingLoad
+from router.placement.pending import PendingLoad
+from router.placement.policies import CacheAwarePolicy, Placement, PlacementRequest, WorkerLoad
 
 P1 = WorkerLoad("p1", "prefill", queued_prefill_tokens=100, report_at=1.0)
 P2 = WorkerLoad("p2", "prefill", queued_prefill_tokens=300, report_at=1.0)

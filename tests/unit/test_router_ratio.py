@@ -1,4 +1,5 @@
-"""The P:D ratio policy (router.ratio), pinned rule by rule, plus invariants under hypothesis."""
+"""The P:D ratio policy (router.control.ratio), pinned rule by rule, plus invariants under
+hypothesis."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.conductor import WorkerLoad
-from router.ratio import RETRY_DELAY_S, RatioConfig, RatioController, RoleChange, SloWindow
+from router.control.ratio import RETRY_DELAY_S, RatioConfig, RatioController, RoleChange, SloWindow
+from router.placement.policies import WorkerLoad
 
 CFG = RatioConfig(
     ttft_slo_s=1.0, tpot_slo_s=0.1, target=0.9, window_s=30.0, min_samples=3, patience=2,

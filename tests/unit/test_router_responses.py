@@ -1,5 +1,5 @@
-"""The answer's bodies (:class:`router.responses.Formatter`), whole and streamed through
-:func:`router.streaming.sse_events`, with and without vLLM's ``return_token_ids``: where the
+"""The answer's bodies (:class:`router.api.responses.Formatter`), whole and streamed through
+:func:`router.api.streaming.sse_events`, with and without vLLM's ``return_token_ids``: where the
 ids go, that the streamed ids add up to the answer's, and that no body changes without it.
 Bodies are read back with the official ``openai`` package's types."""
 
@@ -13,9 +13,9 @@ from typing import Any
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from router.flow_types import Chunk, Usage
-from router.responses import Formatter
-from router.streaming import collect, sse_events
+from router.api.responses import Formatter
+from router.api.streaming import collect, sse_events
+from router.flow.types import Chunk, Usage
 
 PROMPT = (5, 6, 7)
 USAGE = Usage(prompt_tokens=3, completion_tokens=5, cached_tokens=0)

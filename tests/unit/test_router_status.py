@@ -9,16 +9,21 @@ import pytest
 
 from proto import worker_pb2 as pb
 from proto.registry import ClusterConfig
-from router.cache_stats import CacheStats
+from router.api.status import DECISIONS, controller_status
 from router.config import RouterConfig
-from router.controller import RoleController
-from router.controller_lease import ControllerLease
-from router.latency_window import LatencySummary, LatencyWindow, LiveLatency, summarize
-from router.metrics import RouterMetrics
-from router.ratio import RoleChange
-from router.status import DECISIONS, controller_status
-from router.telemetry import Telemetry
-from router.workers import WorkerView
+from router.control.controller import RoleController
+from router.control.lease import ControllerLease
+from router.control.ratio import RoleChange
+from router.observability.cache_stats import CacheStats
+from router.observability.latency_window import (
+    LatencySummary,
+    LatencyWindow,
+    LiveLatency,
+    summarize,
+)
+from router.observability.metrics import RouterMetrics
+from router.observability.telemetry import Telemetry
+from router.placement.worker_view import WorkerView
 from tests.fake_clock import Clock
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.tokenizer import TokenizerSlot
+from router.flow.tokenizer import TokenizerSlot
 
 
 def test_preload_then_get_returns_the_one_loaded_tokenizer(default_model_dir: Path) -> None:

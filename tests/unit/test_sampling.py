@@ -15,9 +15,9 @@ from proto.limits import (
     MAX_STOP_TOKEN_IDS,
     MIN_TEMPERATURE,
 )
-from workers.sampling import _filter_top_k_top_p, greedy, make_generator, sample
-from workers.sequence import SamplingParams
-from workers.wire import sampling_params
+from workers.core.sampling import _filter_top_k_top_p, greedy, make_generator, sample
+from workers.core.sequence import SamplingParams
+from workers.serve.wire import sampling_params
 
 CPU = torch.device("cpu")
 

@@ -16,8 +16,8 @@ from hypothesis.stateful import (
 
 from kvpool.hashing import Namespace, PrefixHasher
 from tests.unit.machine_settings import STATEFUL
-from workers.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from workers.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
+from workers.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from workers.core.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
 
 HASHER = PrefixHasher(Namespace(model="sched@0", dtype="float32", block_tokens=4), b"key")
 FAKE_TOKEN = 7

@@ -10,10 +10,10 @@ from kvserve.sim.costs import StepShape
 from kvserve.sim.engine import SIM_HASHER, KVCosts, SimEngine, SimPool, shape_of
 from kvserve.sim.link import Link
 from kvserve.sim.request import Timing
-from router.conductor import make_policy
-from router.ratio import RatioConfig, RatioController
-from workers.scheduler import Scheduler, SchedulerConfig
-from workers.sequence import SamplingParams, Sequence
+from router.control.ratio import RatioConfig, RatioController
+from router.placement.policies import make_policy
+from workers.core.scheduler import Scheduler, SchedulerConfig
+from workers.core.sequence import SamplingParams, Sequence
 
 HOP = 0.01
 FAST = KVCosts(bytes_per_token=1.0, layers=4, link=Link(1e15))

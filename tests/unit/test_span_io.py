@@ -1,7 +1,7 @@
 """Span transfers (kvpool/span_io.py): in place and through staging slots, exactly alike.
 
 The real :class:`~kvpool.span_io.DirectIO` / :class:`~kvpool.span_io.StagedIO` and the real
-:class:`~workers.kv_staging.TorchCopier` (on the CPU) over :class:`FakeClient` (the Mooncake
+:class:`~workers.handoff.staging.TorchCopier` (on the CPU) over :class:`FakeClient` (the Mooncake
 binding's verbs over a dict, from the landing tests). What is checked: a staged send puts
 the same bytes and returns the same digests as one in place, over several rounds of slots;
 a staged receive lands exactly the spans read in full in their pages and nothing else; the
@@ -23,7 +23,7 @@ from kvpool.meta import digest_bytes, layer_digest
 from kvpool.span_io import CacheSpan, DirectIO, SlotPool, StagedIO
 from kvpool.store import MooncakeStore
 from tests.unit.test_landing import MISSING, FakeClient
-from workers.kv_staging import MIN_SLOTS, SlabViews, TorchCopier, slots_for
+from workers.handoff.staging import MIN_SLOTS, SlabViews, TorchCopier, slots_for
 
 LAYOUT = KVLayout(
     num_layers=2, num_blocks=8, block_tokens=4, kv_heads=2, head_dim=4, dtype="float32"

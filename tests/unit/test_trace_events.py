@@ -15,8 +15,8 @@ from kvserve.sim.trace.events import EventFeed, EventTiming
 from kvserve.sim.trace.replay import TraceRequest, block_chain, load_trace
 from kvserve.sim.trace.workers import SimWorker
 from proto.kv_events import MAX_EVENTS
-from router.conductor import LocalityWeights
-from workers.block_pool import BlockPool
+from router.placement.policies import LocalityWeights
+from workers.core.block_pool import BlockPool
 
 AT_ADMISSION = EventTiming(at_prefill_end=False)
 

@@ -17,7 +17,7 @@ from kvserve.sim.trace.cluster import ClusterSettings, cluster_replay
 from kvserve.sim.trace.policies import HomeSpillPolicy, SessionAffinityPolicy, session_key
 from kvserve.sim.trace.replay import TraceRequest, block_chain
 from kvserve.sim.trace.sweep import choose, policy_worst, swept_pairs, worst_point
-from router.conductor import LocalityWeights, PlacementRequest, WorkerLoad, rendezvous
+from router.placement.policies import LocalityWeights, PlacementRequest, WorkerLoad, rendezvous
 
 # -- naming and loading ----------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from kvserve.sim.trace.replay import (
     lru_replay,
     parse_trace,
 )
-from router.conductor import LocalityWeights
+from router.placement.policies import LocalityWeights
 
 
 def req(ids: list[int], tokens: int | None = None, t_ms: int = 0) -> TraceRequest:

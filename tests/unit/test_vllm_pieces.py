@@ -26,7 +26,7 @@ from vllm_backend.reservations import ReservationBook
 from vllm_backend.spec import ConnectorSpec
 from vllm_backend.state import WorkerState
 from workers.config import EngineConfig, VllmOptions
-from workers.sequence import FinishReason, SamplingParams, TokenLogprob
+from workers.core.sequence import FinishReason, SamplingParams, TokenLogprob
 
 BT = 4
 HASHER = PrefixHasher(Namespace("m@1", "float32", BT), b"k")

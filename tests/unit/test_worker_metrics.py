@@ -12,10 +12,16 @@ from prometheus_client.samples import Sample
 
 from kvpool.net import free_local_ports
 from proto import worker_pb2 as pb
-from workers.histogram import Buckets
-from workers.metrics_http import COUNTERS, GAUGES, WorkerCollector, WorkerSample, serve_metrics
-from workers.outputs import EngineStats
-from workers.sequence import SamplingParams, Sequence
+from workers.core.histogram import Buckets
+from workers.core.outputs import EngineStats
+from workers.core.sequence import SamplingParams, Sequence
+from workers.serve.metrics_http import (
+    COUNTERS,
+    GAUGES,
+    WorkerCollector,
+    WorkerSample,
+    serve_metrics,
+)
 
 Sampler = Callable[[], WorkerSample]
 

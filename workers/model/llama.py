@@ -192,7 +192,7 @@ class LlamaModel(nn.Module):
         for i, (layer, layer_cache) in enumerate(zip(self.layers, kv_cache, strict=True)):
             x = layer(x, cos_sin, layer_cache, batch)
             if on_layer is not None:  # no sync: a copy out of a GPU waits on an event
-                on_layer(i)  # recorded by on_layer (workers/kv_staging.py)
+                on_layer(i)  # recorded by on_layer (workers/handoff/staging.py)
         return self.norm(x)  # type: ignore[no-any-return]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

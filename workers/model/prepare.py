@@ -43,6 +43,15 @@ def default_model_dir() -> Path:
     return cache_dir() / "models" / DEFAULT_MODEL_NAME
 
 
+def resolve_model_dir(model: str) -> Path:
+    """The directory for ``--model`` (empty: the default model), or a clear error."""
+    path = Path(model).expanduser() if model else default_model_dir()
+    if not (path / "config.json").is_file():
+        hint = "run `kvserve prepare-model`" if not model else "point --model at a HF directory"
+        raise FileNotFoundError(f"no model at {path} ({hint})")
+    return path
+
+
 def tiny_model_dir(tokenizer_dir: Path | None = None) -> Path:
     """The tiny model in the cache (``models/tiny-llama``, the one ``kvserve make-model``
     writes by default), made on first use (:func:`make_tiny_model`, seed 0, with the

@@ -1,9 +1,9 @@
 """Prefill workers with local prefix caches against one shared cache, under the router's
 real placement policies, replayed over a trace without running any model. Pure.
 
-Each worker's cache is the engine's own :class:`~workers.block_pool.BlockPool` (refcounts,
+Each worker's cache is the engine's own :class:`~workers.core.block_pool.BlockPool` (refcounts,
 LRU free list, hash index; :class:`~kvserve.sim.trace.workers.SimWorker`); placement is
-:mod:`router.conductor`'s policies (``pick_prefill`` and ``rank_decode``: every request
+:mod:`router.placement.policies`'s policies (``pick_prefill`` and ``rank_decode``: every request
 to a prefill worker) with the loads of a simple queue model (see :func:`cluster_replay`),
 or a session policy of :mod:`kvserve.sim.trace.policies`. Block hashes and hit
 semantics are those of :mod:`kvserve.sim.trace.replay`.
@@ -27,7 +27,7 @@ from kvserve.sim.trace.events import EventFeed, EventTiming
 from kvserve.sim.trace.policies import SESSION_POLICIES, SessionPolicy, session_key
 from kvserve.sim.trace.replay import HitCount, TraceRequest
 from kvserve.sim.trace.workers import SimWorker
-from router.conductor import (
+from router.placement.policies import (
     CacheAwarePolicy,
     LocalityWeights,
     PlacementRequest,
@@ -35,13 +35,13 @@ from router.conductor import (
     affinity_key,
     make_policy,
 )
-from workers.block_pool import BlockPool
+from workers.core.block_pool import BlockPool
 
 HINT_SUFFIX = "+local_hints"
 """Policy-name suffix: the policy sees each worker's local leading hits exactly."""
 EVENTS_SUFFIX = "+events"
 """Policy-name suffix: the policy sees the local leading hits a
-:class:`router.prefix_index.PrefixIndex` fed by the workers' KV events reports."""
+:class:`router.placement.prefix_index.PrefixIndex` fed by the workers' KV events reports."""
 
 
 def split_policy(name: str) -> tuple[str, str]:
@@ -138,7 +138,7 @@ def cluster_replay(
     prefill ends, then frees them in chain order, so they stay cached as LRU. Its decode
     worker holds the prompt's pages from arrival until ``output_length *
     decode_s_per_token`` after the prefill ends. The loads the policy sees are those at
-    arrival time; the request's ``prefix_key`` is :func:`router.conductor.affinity_key`
+    arrival time; the request's ``prefix_key`` is :func:`router.placement.policies.affinity_key`
     of its chain (for a session policy, its :func:`~.policies.session_key`).
     """
     settings = settings or ClusterSettings()
@@ -200,8 +200,8 @@ def _place(
     policy: Policy, request: PlacementRequest, sims: Sequence[SimWorker], now: float, speed: float
 ) -> tuple[SimWorker, SimWorker]:
     """The prefill and decode workers ``policy`` chooses for ``request`` among ``sims`` at
-    ``now``: its own :meth:`~router.conductor.Policy.pick_prefill` and the first of its
-    :meth:`~router.conductor.Policy.rank_decode`, each over its role's workers sorted by id
+    ``now``: its own :meth:`~router.placement.policies.Policy.pick_prefill` and the first of its
+    :meth:`~router.placement.policies.Policy.rank_decode`, each over its role's workers sorted by id
     (every request to a prefill worker, whatever rule 4 of ``Policy.place`` would say)."""
     by_id = {w.worker_id: w for w in sims}
     loads = sorted((w.load(now, speed) for w in sims), key=lambda w: w.worker_id)

@@ -1,14 +1,14 @@
 """KV events from the simulated workers to a real router index, late as in the live system.
 
 The cluster replay's ``+events`` policies (:mod:`kvserve.sim.trace.cluster`) take their
-local-cache hints from a :class:`router.prefix_index.PrefixIndex` fed the way the live
-router's is: each worker's :class:`~workers.block_pool.BlockPool` logs its KV events
+local-cache hints from a :class:`router.placement.prefix_index.PrefixIndex` fed the way the live
+router's is: each worker's :class:`~workers.core.block_pool.BlockPool` logs its KV events
 (``log_events`` when the feed starts), the worker drains them after each admission
 (``take_events``) and publishes them as :class:`proto.kv_events.EventBatch` deltas (its own
 seq from 0, at most :data:`proto.kv_events.MAX_EVENTS` events each), and the index applies
 a batch when it arrives (:class:`EventTiming`). A worker's batches arrive in seq order: one
 never overtakes an earlier one (it waits for it). Every batch must apply cleanly
-(:attr:`router.prefix_index.Outcome.APPLIED`); anything else is a bug, raised. Pure.
+(:attr:`router.placement.prefix_index.Outcome.APPLIED`); anything else is a bug, raised. Pure.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from kvserve.sim.trace.workers import SimWorker
 from proto.kv_events import MAX_EVENTS, EventBatch
-from router.expected_blocks import ExpectedBlocks
-from router.prefix_index import Outcome, PrefixIndex
+from router.placement.expected_blocks import ExpectedBlocks
+from router.placement.prefix_index import Outcome, PrefixIndex
 
 INCARNATION = 0.0
 """Every simulated worker's incarnation (none restarts)."""

@@ -12,11 +12,12 @@ The router sees no session today (an API field would have to carry one, as OpenA
   session's rendezvous home, whatever the load (sticky sessions);
 - :class:`HomeSpillPolicy` (``home_spill``): the first worker of the session's rendezvous
   order whose predicted first token is within the spill threshold of the soonest one
-  (:attr:`~router.conductor.LocalityWeights.home_slack`, in units of the request's own
+  (:attr:`~router.placement.policies.LocalityWeights.home_slack`, in units of the request's own
   prefill time, as for ``cache_aware``): a home that spills to a stable second choice
   (consistent hashing with bounded loads).
 
-Decode placement is ``cache_aware``'s (:meth:`~router.conductor.CacheAwarePolicy.rank_decode`).
+Decode placement is ``cache_aware``'s
+(:meth:`~router.placement.policies.CacheAwarePolicy.rank_decode`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvserve.sim.trace.replay import TraceRequest
-from router.conductor import (
+from router.placement.policies import (
     CacheAwarePolicy,
     PlacementRequest,
     WorkerLoad,

@@ -1,7 +1,7 @@
 """The sweep that measures the locality weights over a trace set (``kvserve bench trace
 --sweep-...``), and the worst-point rule that chooses them. Pure.
 
-The weights (:class:`router.conductor.LocalityWeights`) are chosen from this sweep, not
+The weights (:class:`router.placement.policies.LocalityWeights`) are chosen from this sweep, not
 guessed. For each policy swept (``--sweep-policies``, by default :data:`SWEEP_POLICY`) and
 each pair (``overlap``, ``home_slack``) of the grid (``overlap`` only where the policy uses
 it: ``cache_aware``), the policy is replayed on every trace at every point (capacity,
@@ -22,7 +22,7 @@ from typing import Any
 
 from kvserve.sim.trace.cluster import ClusterSettings, cluster_replay, split_policy
 from kvserve.sim.trace.replay import Trace
-from router.conductor import LocalityWeights
+from router.placement.policies import LocalityWeights
 
 SWEEP_POLICY = "cache_aware+events"
 """The policy whose weights the sweep chooses by default (the live router's)."""

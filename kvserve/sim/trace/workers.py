@@ -1,7 +1,7 @@
 """The simulated workers of the cluster replay (:mod:`kvserve.sim.trace.cluster`). Pure.
 
 A :class:`SimWorker` is a prefill or decode worker reduced to what placement and prefix
-hits depend on: the engine's own :class:`~workers.block_pool.BlockPool` (its local prefix
+hits depend on: the engine's own :class:`~workers.core.block_pool.BlockPool` (its local prefix
 cache, or the one shared pool), the requests it holds pages for and until when, and the
 load it reports (:meth:`SimWorker.load`). No model runs; time is the trace's.
 """
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvserve.sim.lru import leading
-from router.conductor import WorkerLoad
-from workers.block_pool import BlockPool
+from router.placement.policies import WorkerLoad
+from workers.core.block_pool import BlockPool
 
 ROLES = ("prefill", "decode")
 
@@ -42,7 +42,7 @@ class SimWorker:
     def release(self, now: float) -> None:
         """Free the pages of requests that finished by ``now`` (they stay cached), the
         earliest finished first, each tail-first as the engine frees them
-        (:meth:`~workers.block_pool.BlockPool.free_chain`)."""
+        (:meth:`~workers.core.block_pool.BlockPool.free_chain`)."""
         done = [item for item in self.inflight if item[0] <= now]
         self.inflight = [item for item in self.inflight if item[0] > now]
         for _, pages in sorted(done, key=lambda item: item[0]):

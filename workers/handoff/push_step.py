@@ -1,0 +1,124 @@
+"""A step's writes when it pushes (:mod:`workers.handoff.pusher`, steps 2 and 3):
+:class:`PushStepWrite` queues each layer's push on the pool's ``kv-write`` thread as the
+layer is computed, then hands the step's pool writes to ``kv-publish``
+(:class:`KnownSumsWrite`: what was pushed is not digested again). Made by
+:meth:`workers.handoff.pusher.Pusher.plan` for one step; :meth:`PushStepWrite.finish` or
+:meth:`PushStepWrite.abandon` ends it."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import Protocol
+
+from kvpool.block_write import BlockWrite, PendingBlock
+from kvpool.pool import KVPool
+from kvpool.span_io import DirectIO
+from kvpool.stream import StepWrite, Transfer
+from workers.handoff.push_state import PushJob
+
+
+class StepPusher(Protocol):
+    """What a step's write uses of its engine's pusher (:class:`workers.handoff.pusher.Pusher`)."""
+
+    def push_layer(self, jobs: list[PushJob], layer: int) -> None: ...
+
+    def publish(
+        self, write: BlockWrite[KVPool], in_flight: set[str], pins: list[int]
+    ) -> Future[int]: ...
+
+    def release(self, pins: list[int]) -> None: ...
+
+
+class PushStepWrite(StepWrite):
+    """A step's writes when it pushes (module docstring): the pushes on the pool's
+    kv-write thread layer by layer, its pool writes afterwards on kv-publish."""
+
+    def __init__(
+        self, inner: StepWrite, jobs: list[PushJob], pusher: StepPusher, pins: list[int]
+    ) -> None:
+        super().__init__(inner.write, inner.executor, inner.owners, inner.leases, inner.in_flight)
+        self.jobs = jobs
+        self.pusher = pusher
+        self.pins = pins
+        self._before = sum(job.state.bytes for job in jobs), sum(j.state.seconds for j in jobs)
+
+    def on_layer(self, layer: int) -> None:
+        if self.executor is not None:
+            self._pending.append(self.executor.submit(self.pusher.push_layer, self.jobs, layer))
+
+    def finish(self, wait_commit: bool = False) -> Transfer:
+        t0 = time.perf_counter()
+        for layer_push in self._pending:
+            layer_push.result()
+        for state, _, end, _, _, final in self.jobs:
+            if not state.error:
+                state.next_block = end
+                state.done = final
+        failed = any(job.state.error for job in self.jobs)
+        pool = self.write.pool
+        # partial last blocks the decode worker has (request keys): not for the pool
+        pushed = {s.meta_keys[-1] for s, *_ in self.jobs if s.done and s.partial_tokens}
+        for lease in self.leases:
+            if pool.keys.request_key(lease.request_id) not in pushed:
+                pool.lease(lease.request_id, lease.expires)
+        blocks = [block for block in self.write.blocks if block.meta_key not in pushed]
+        indexed = self.write.indexed & {block.meta_key for block in blocks}
+        write = pool.begin_write(blocks, indexed)
+        if isinstance(pool.io, DirectIO):  # what was pushed is not digested again
+            write = KnownSumsWrite(pool, blocks, self._known_sums(), indexed)
+        published = self.pusher.publish(write, self.in_flight, self.pins)
+        if failed or wait_commit:  # the pool carries a failed push's KV: it must be there now
+            published.result()
+            if self.executor is not None:  # earlier steps' commits, queued on kv-write
+                self.executor.submit(lambda: None).result()
+        nbytes = sum(job.state.bytes for job in self.jobs) - self._before[0]
+        seconds = sum(job.state.seconds for job in self.jobs) - self._before[1]
+        return Transfer(nbytes, seconds, time.perf_counter() - t0)
+
+    def _known_sums(self) -> dict[str, list[bytes]]:
+        """The layer digests of the blocks pushed in full so far, by meta key."""
+        known: dict[str, list[bytes]] = {}
+        for state in {id(job.state): job.state for job in self.jobs}.values():
+            if not state.error:
+                pushed = state.next_block - state.target.first_block
+                known.update(zip(state.meta_keys[:pushed], state.sums[:pushed], strict=True))
+        return known
+
+    def abandon(self) -> None:
+        super().abandon()
+        self.pusher.release(self.pins)
+
+
+class KnownSumsWrite(BlockWrite[KVPool]):
+    """A :class:`~kvpool.block_write.BlockWrite` from a slab the pool moves in place whose
+    blocks' layer digests may be known already (``known``, by meta key: taken as they were
+    pushed, over the same pinned pages): their layers are put without being digested
+    again; the others as usual."""
+
+    def __init__(
+        self,
+        pool: KVPool,
+        blocks: list[PendingBlock],
+        known: dict[str, list[bytes]],
+        indexed: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__(pool, blocks, indexed)
+        self.known = known
+
+    def write_layer(self, layer: int, after: object | None = None) -> None:
+        if not self.blocks:
+            return
+        t0 = time.perf_counter()
+        pool, size = self.pool, self.pool.layout.span_bytes
+        keys = [f"{block.meta_key}/{layer}" for block in self.blocks]
+        ptrs = [pool.slab_ptr + pool.layout.offset(layer, block.page) for block in self.blocks]
+        codes = pool.store.put_from(keys, ptrs, [size] * len(ptrs))
+        for i, (block, code, ptr) in enumerate(zip(self.blocks, codes, ptrs, strict=True)):
+            if code != 0:
+                self.ok[i] = False
+                continue
+            known = self.known.get(block.meta_key)
+            self.sums[i][layer] = known[layer] if known else pool.digest(ptr, size)
+            self.bytes += size
+        self.seconds += time.perf_counter() - t0
