@@ -64,25 +64,28 @@ def fault_mid_stream(
     """Stream ``prompt``; after a few chunks apply ``fault`` to the decode worker serving
     it; returns the text the client got and that worker's name. The worker is looked for
     from the stream's start, so that the fault follows the fifth chunk at once, however
-    slowly a loaded machine answers the lookup (the server decodes on meanwhile)."""
+    slowly a loaded machine answers the lookup (the server decodes on meanwhile), over
+    channels opened before the stream (:class:`kvserve.cluster.faults.ServingProbe`): a
+    lookup that had to connect first could miss a whole stream on a loaded machine."""
     hit: list[str] = []
     ready = threading.Event()
 
-    def find_then_fault() -> None:
+    def find_then_fault(probe: faults.ServingProbe) -> None:
         deadline, name = time.monotonic() + 60, None
         while time.monotonic() < deadline:
-            name = name or faults.serving_worker(cluster, "decode")
+            name = name or probe.serving()
             if name is not None and ready.is_set():
                 fault(name)
                 hit.append(name)
                 return
             time.sleep(0.01)
 
-    thread = threading.Thread(target=find_then_fault, daemon=True)
-    thread.start()
-    try:
-        text = stream_with_fault(client, prompt, LONG, after=5, fault=ready)
-    finally:
-        thread.join(60)
+    with faults.ServingProbe(cluster, "decode") as probe:
+        thread = threading.Thread(target=find_then_fault, args=(probe,), daemon=True)
+        thread.start()
+        try:
+            text = stream_with_fault(client, prompt, LONG, after=5, fault=ready)
+        finally:
+            thread.join(60)
     assert hit, "no fault was injected: no decode worker was seen serving the stream"
     return text, hit[0]

@@ -84,12 +84,11 @@ def handoff(
         decode.abort(request_id)
         return result
     t1 = time.perf_counter()
-    landing = decode.reservations.landing(request_id)
-    if landing is not None:
-        decode.reservations.nudge()
-        landing.done.wait(landing_wait_s)
-    check = decode.push_check(request_id) if first.push and first.push.ok else None
-    verdict = check.run(first.push.metas) if check is not None and first.push else None
+    arrival = decode.arrived(request_id, bool(first.push and first.push.ok))
+    if arrival.landing is not None:
+        arrival.landing.done.wait(landing_wait_s)
+    check, metas = arrival.check, first.push.metas if first.push else []
+    verdict = check.run(metas) if check is not None else None
     token = first.new_token_ids[0]
     result.read = decode.adopt(request_id, prompt, token, params, pushed=verdict)
     result.adopt_seconds = time.perf_counter() - t1

@@ -192,7 +192,7 @@ def _summary(mode: str, rows: list[dict[str, Any]], prompt_len: int) -> dict[str
 def run(args: argparse.Namespace) -> int:
     from workers.engine.engine import Engine
     from workers.engine.loop import EngineLoop
-    from workers.serve.servicer import LANDING_WAIT_S
+    from workers.handoff.arrival import LANDING_WAIT_S
 
     if args.cap_s is None:
         args.cap_s = LANDING_WAIT_S

@@ -4,7 +4,8 @@ follow them: used by the fault tests and by ``kvserve chaos``.
 - :func:`kill` (SIGKILL), :func:`freeze` / :func:`thaw` (SIGSTOP / SIGCONT) any process by
   its cluster name (a worker, ``router``, ``redis``, ``mooncake_master``);
 - :func:`load_of` asks a worker for its :class:`LoadReport` over gRPC (TLS when the
-  cluster has it; as the ``monitor`` identity, which may only observe);
+  cluster has it; as the ``monitor`` identity, which may only observe); :class:`ServingProbe`
+  asks it again and again over an open channel, to find the worker serving a stream;
 - :func:`router_metric` reads a counter or gauge from the router's ``/metrics``;
 - :func:`wait_routable` waits until the router sees every running worker again;
 - :func:`held_pages` is what a worker holds for requests and reservations (a page in the
@@ -14,6 +15,7 @@ follow them: used by the fault tests and by ``kvserve chaos``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import time
@@ -111,18 +113,47 @@ def wait_idle(
         time.sleep(IDLE_POLL_S)
 
 
-def serving_worker(cluster: Cluster, role: str) -> str | None:
-    """The first running ``role`` worker with a running request (None: none has one)."""
-    for name in cluster.worker_names:
-        plan = cluster.plan_of(name)
-        if plan.role != role or not cluster.worker(name).running:
-            continue
-        try:
-            if load_of(cluster, name, timeout=1.0).running:
-                return name
-        except grpc.RpcError:
-            continue
-    return None
+class ServingProbe:
+    """Which ``role`` worker has a running request, asked over one channel per worker kept
+    open for the probe's life (a context manager): a lookup is then one ``GetLoad``, not a
+    connection, so a loaded machine answers it while a short stream still runs."""
+
+    def __init__(self, cluster: Cluster, role: str, timeout: float = 5.0) -> None:
+        self.cluster, self.timeout = cluster, timeout
+        self.names = [n for n in cluster.worker_names if cluster.plan_of(n).role == role]
+        self._stack = contextlib.ExitStack()
+        self._stubs: dict[str, WorkerStub] = {}
+
+    def __enter__(self) -> ServingProbe:
+        """Open the channels and connect them (a worker that does not answer within the
+        timeout is left out)."""
+        config = self.cluster.cluster_config
+        for name in self.names:
+            if not self.cluster.worker(name).running:
+                continue
+            address = self.cluster.plan_of(name).address
+            channel = self._stack.enter_context(sync_channel(address, config, identity=MONITOR))
+            try:
+                grpc.channel_ready_future(channel).result(timeout=self.timeout)
+            except grpc.FutureTimeoutError:
+                continue
+            self._stubs[name] = WorkerStub(channel)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def serving(self) -> str | None:
+        """The first running worker with a running request (None: none has one)."""
+        for name, stub in self._stubs.items():
+            if not self.cluster.worker(name).running:
+                continue
+            try:
+                if stub.GetLoad(pb.LoadRequest(), timeout=self.timeout).running:
+                    return name
+            except grpc.RpcError:
+                continue
+        return None
 
 
 def routable(cluster: Cluster) -> int:

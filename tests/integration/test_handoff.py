@@ -23,8 +23,8 @@ from tests.integration.reference import hf_greedy
 from workers.config import EngineConfig
 from workers.core.sequence import SamplingParams
 from workers.engine.engine import Engine
+from workers.handoff.arrival import LANDING_WAIT_S
 from workers.handoff.pool_transfer import prompt_targets
-from workers.serve.servicer import LANDING_WAIT_S
 
 pytestmark = pytest.mark.kv_path
 

@@ -74,9 +74,9 @@ def prompt(seed: int, n: int) -> list[int]:
 
 def settle(engine: Engine) -> None:
     """Let the background pool writes end and their pages come back."""
-    assert engine.pusher is not None
-    engine.pusher.flush()
-    engine.pusher.unpin()
+    assert engine.prefill is not None and engine.prefill.pusher is not None
+    engine.prefill.flush()
+    engine.prefill.unpin()
 
 
 def pool_block_verifies(pool: KVPool, block_hash: int) -> bool:
@@ -168,7 +168,7 @@ def tamper_before_check(
     """Have ``tamper(check, metas)`` run just before the decode engine's push check does
     (with no watch: every block is checked then)."""
     monkeypatch.setattr(decode.reservations, "_watch", lambda held: None)
-    real = decode.push_check
+    real = decode.reservations.push_check
 
     class Tampered(PushCheck):
         def run(self, metas: Sequence[bytes]) -> PushVerdict:
@@ -180,7 +180,7 @@ def tamper_before_check(
         check = real(request_id)
         return check and Tampered(check.pool, check.seq, check.fills, check.block_tokens)
 
-    monkeypatch.setattr(decode, "push_check", push_check)
+    monkeypatch.setattr(decode.reservations, "push_check", push_check)
 
 
 def test_forged_metas_and_altered_pages_are_recomputed(
@@ -251,7 +251,7 @@ def test_pushed_blocks_are_verified_while_the_prefill_runs(
     its pages of them: with every block published before adoption, the check at adoption
     digests only the partial last block."""
     prefill, decode = pair
-    assert prefill.pusher is not None
+    assert prefill.prefill is not None and prefill.prefill.pusher is not None
     ids, rid = prompt(81, 77), "watched"  # 4 full blocks over several steps + a partial one
     assert decode.reserve(rid, ids, GREEDY.max_tokens, 60.0, offer_push=True) is not None
     watch = decode.reservations._held[rid].watch
@@ -259,9 +259,9 @@ def test_pushed_blocks_are_verified_while_the_prefill_runs(
     prefill.add_request(ids, GREEDY, rid, handoff=True, push=decode.push_target(rid))
     first = run_until_first(prefill, rid)
     assert first.push is not None and first.push.ok
-    prefill.pusher.flush()  # every full block's meta is in the pool now
+    prefill.prefill.flush()  # every full block's meta is in the pool now
     assert watch.done.wait(30) and watch.count == 4
-    check = decode.push_check(rid)
+    check = decode.arrived(rid, pushed=True).check
     assert check is not None and check.skip == 4
     verdict = check.run(first.push.metas)
     assert verdict.tokens == len(ids)
@@ -286,7 +286,7 @@ def test_a_salted_prompt_is_pushed_under_its_salts_names(
     prefill.add_request(ids, GREEDY, rid, True, salt, decode.push_target(rid))
     first = run_until_first(prefill, rid)
     assert first.push is not None and first.push.ok
-    check = decode.push_check(rid)
+    check = decode.arrived(rid, pushed=True).check
     assert check is not None and check.run(first.push.metas).tokens == len(ids)
     decode.adopt(rid, ids, first.new_token_ids[0], GREEDY, salt, check.run(first.push.metas))
     computed = decode.stats.prompt_tokens_computed

@@ -55,9 +55,7 @@ from workers.engine.offline import generate
 from workers.engine.parts import load_parts
 from workers.engine.step_exec import execute_contained
 from workers.handoff.decode_side import DecodeHandoff
-from workers.handoff.pool_transfer import KVStreamer
-from workers.handoff.push_state import push_state
-from workers.handoff.pusher import Pusher
+from workers.handoff.prefill_side import PrefillHandoff
 from workers.handoff.reservations import Reservations
 
 log = logging.getLogger(__name__)
@@ -83,9 +81,9 @@ class Engine(DecodeHandoff):
         self.pool = parts.pool
         self.scheduler = Scheduler(parts.scheduler_config(config), self.hasher, remote=self.pool)
         blocks, streaming = self.scheduler.blocks, config.kv_streaming
-        self.streamer = KVStreamer(self.pool, blocks, streaming) if self.pool else None
-        self.pusher = Pusher(self.pool, pool, blocks) if self.pool and pool else None
-        """The prefill side of direct pushes (:mod:`workers.handoff.pusher`)."""
+        self.prefill = PrefillHandoff(self.pool, pool, blocks, streaming) if self.pool else None
+        """The prefill half of hand-offs: the step's pool writes and direct pushes
+        (:mod:`workers.handoff.prefill_side`); None without the pool."""
         self.reservations = Reservations(self.scheduler, self.pool, config.kv_streaming)
         """The decode side of hand-offs (:mod:`workers.handoff.reservations`)."""
         self.info = EngineInfo(self.max_model_len, self.num_blocks, self.pool is not None)
@@ -116,14 +114,14 @@ class Engine(DecodeHandoff):
         prefills here after all (its prefill worker failed), or gave that ``Reserve`` up
         (e.g. a frozen worker carried it out late).
         """
-        if handoff and self.streamer is None:
+        if handoff and self.prefill is None:
             raise ValueError("handing a prefill off to a decode worker needs the KV pool")
         seq = self._enqueue(
             request_id, list(prompt_token_ids), params, len(prompt_token_ids), cache_salt
         )
         seq.handoff = handoff
-        if handoff and push is not None and self.pusher is not None:
-            seq.push = self.pusher.state_for(seq, push)
+        if handoff and push is not None and self.prefill is not None:
+            self.prefill.accept(seq, push)
         return seq.request_id
 
     def resume(
@@ -184,8 +182,8 @@ class Engine(DecodeHandoff):
         """Release reservations whose lease ran out and expire this worker's uncollected
         partial blocks in the pool; returns how many reservations were released."""
         expired = self.reservations.expire(now)
-        if self.pusher is not None:
-            self.pusher.unpin()
+        if self.prefill is not None:
+            self.prefill.unpin()
         if self.pool is not None:
             self.pool.sweep()
         return expired
@@ -211,8 +209,8 @@ class Engine(DecodeHandoff):
     def step(self) -> list[RequestOutput]:
         """Run one batch; returns an output for every request that got a token or ended."""
         started = time.perf_counter()
-        if self.pusher is not None:
-            self.pusher.unpin()  # pages the background pool writes no longer read
+        if self.prefill is not None:
+            self.prefill.unpin()  # pages the background pool writes no longer read
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -221,7 +219,7 @@ class Engine(DecodeHandoff):
         t0 = time.perf_counter()
         prompt_tokens = batch.prompt_tokens
         self.stats.prompt_tokens_computed += prompt_tokens
-        done = execute_contained(self.runner, self.streamer, batch, self.pusher)
+        done = execute_contained(self.runner, self.prefill, batch)
         for step_write, owners in done.writes:
             self.book.account(step_write, owners)
         outputs = [self._fail(seq, error) for seq, error in done.sampled.failed]
@@ -250,10 +248,8 @@ class Engine(DecodeHandoff):
         except Exception as exc:
             log.exception("finishing the step failed for %s; it fails alone", seq.request_id)
             return self._fail(seq, describe(exc))
-        state = push_state(seq)
-        if state is not None and self.pusher is not None:
-            out.push = self.pusher.outcome(state)
-            seq.push = None  # answered once
+        if self.prefill is not None:
+            out.push = self.prefill.answered(seq)
         if out.finish_reason is not None:
             self._end(seq, out.finish_reason)
         return out
@@ -261,15 +257,12 @@ class Engine(DecodeHandoff):
     def close(self) -> None:
         """Leave the pool (if joined). The engine is not usable afterwards."""
         self.reservations.close()
-        if self.pusher is not None:
-            self.pusher.close()
-            self.pusher = None
+        if self.prefill is not None:
+            self.prefill.close()
+            self.prefill = None
         if self.step_log is not None:
             self.step_log.close()
             self.step_log = None
-        if self.streamer is not None:
-            self.streamer.close()
-            self.streamer = None
         if self.pool is not None:
             self.pool.close()
             self.pool.store.close()

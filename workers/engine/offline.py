@@ -16,17 +16,18 @@ from workers.core.sequence import SamplingParams
 
 
 class Flushes(Protocol):
-    """Queued pool writes that can be waited for (:class:`kvpool.stream.StreamWriter`)."""
+    """Queued pool writes that can be waited for
+    (:class:`workers.handoff.prefill_side.PrefillHandoff`)."""
 
     def flush(self) -> None: ...
 
 
 class OfflineEngine(Protocol):
-    """What :func:`generate` uses of an engine: queue a request, run one step, and its pool
-    writer (None without a pool), flushed at the end."""
+    """What :func:`generate` uses of an engine: queue a request, run one step, and its step
+    writer (the prefill half of the hand-off; None without a pool), flushed at the end."""
 
     @property
-    def streamer(self) -> Flushes | None: ...
+    def prefill(self) -> Flushes | None: ...
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> str: ...
 
@@ -51,6 +52,6 @@ def generate(
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = out
-    if engine.streamer is not None:
-        engine.streamer.flush()
+    if engine.prefill is not None:
+        engine.prefill.flush()
     return [done[i] for i in ids]

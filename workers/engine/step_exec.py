@@ -1,6 +1,8 @@
 """One scheduled batch through the model, with failures contained to the request at fault.
 
-:func:`execute_contained` plans the step's pool writes, runs the model and samples (see
+:func:`execute_contained` plans the step's writes (the prefill half of the hand-off,
+:class:`workers.handoff.prefill_side.PrefillHandoff`: the pool's and the direct push's, one
+call), runs the model and samples (see
 :meth:`workers.engine.model_runner.ModelRunner.execute`, which already isolates a failed sample).
 If the model itself raises, the step's writes are abandoned (nothing half-written becomes
 visible in the pool) and the batch runs again one request at a time: a request that fails
@@ -21,8 +23,7 @@ from dataclasses import dataclass, field
 from kvpool.stream import StepWrite, Transfer
 from workers.core.scheduler import ScheduledBatch
 from workers.engine.model_runner import ModelRunner, Sampled, describe
-from workers.handoff.pool_transfer import KVStreamer
-from workers.handoff.pusher import Pusher
+from workers.handoff.prefill_side import PrefillHandoff
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +42,12 @@ class Executed:
 
 
 def execute_contained(
-    runner: ModelRunner,
-    streamer: KVStreamer | None,
-    batch: ScheduledBatch,
-    pusher: Pusher | None = None,
+    runner: ModelRunner, writer: PrefillHandoff | None, batch: ScheduledBatch
 ) -> Executed:
-    """Run ``batch`` (see the module docstring; ``pusher``: the direct pushes of hand-offs,
-    :mod:`workers.handoff.pusher`); never raises ``Exception``."""
+    """Run ``batch`` (see the module docstring; ``writer``: None without the pool); never
+    raises ``Exception``."""
     try:
-        return _execute(runner, streamer, batch, pusher)
+        return _execute(runner, writer, batch)
     except Exception as exc:
         if len(batch.entries) == 1:
             seq = batch.entries[0].seq
@@ -58,14 +56,12 @@ def execute_contained(
         log.exception("a step of %d requests failed; running them one by one", len(batch.entries))
     result = Executed()
     for entry in batch.entries:
-        result.merge(execute_contained(runner, streamer, ScheduledBatch([entry]), pusher))
+        result.merge(execute_contained(runner, writer, ScheduledBatch([entry])))
     return result
 
 
-def _execute(
-    runner: ModelRunner, streamer: KVStreamer | None, batch: ScheduledBatch, pusher: Pusher | None
-) -> Executed:
-    write = _plan(streamer, batch, pusher)
+def _execute(runner: ModelRunner, writer: PrefillHandoff | None, batch: ScheduledBatch) -> Executed:
+    write = _plan(writer, batch)
     try:
         sampled = runner.execute(batch, write.on_layer if write is not None else None)
     except BaseException:
@@ -81,14 +77,11 @@ def _execute(
         return Executed(sampled)
 
 
-def _plan(
-    streamer: KVStreamer | None, batch: ScheduledBatch, pusher: Pusher | None
-) -> StepWrite | None:
-    if streamer is None:
+def _plan(writer: PrefillHandoff | None, batch: ScheduledBatch) -> StepWrite | None:
+    if writer is None:
         return None
     try:
-        write = streamer.plan(batch.entries)
-        return write if pusher is None else pusher.plan(batch.entries, write)
+        return writer.plan(batch.entries)
     except Exception:
         log.exception("planning the step's pool writes failed; the step runs without them")
         return None

@@ -3,8 +3,9 @@
 (``_requests``, the model's vocabulary), then hand it to the engine's
 :class:`~workers.handoff.reservations.Reservations`: hold pages for a prompt whose prefill runs
 elsewhere (:meth:`DecodeHandoff.reserve`), offer them for a direct push
-(:meth:`DecodeHandoff.push_target`, :meth:`DecodeHandoff.push_check`) and take the request
-over with its first token (:meth:`DecodeHandoff.adopt`). Every method runs on the engine's
+(:meth:`DecodeHandoff.push_target`), say what to wait for once the prefill answered
+(:meth:`DecodeHandoff.arrived`, :mod:`workers.handoff.arrival`) and take the request over
+with its first token (:meth:`DecodeHandoff.adopt`). Every method runs on the engine's
 thread, like the engine's own.
 """
 
@@ -13,14 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvpool.hashing import PrefixHasher
-from kvpool.landing import Landing
 from kvpool.push import PushTarget
 from kvpool.stream import Transfer
 from workers.core.outputs import EngineStats
 from workers.core.request_checks import check_params, check_token_ids
 from workers.core.request_table import RequestTable
 from workers.core.sequence import SamplingParams, Sequence
-from workers.handoff.push_receive import PushCheck, PushVerdict
+from workers.handoff.arrival import Arrival
+from workers.handoff.push_receive import PushVerdict
 from workers.handoff.reservations import Reservations
 from workers.model.config import ModelConfig
 
@@ -68,10 +69,12 @@ class DecodeHandoff:
         """Where reserved ``request_id``'s prompt KV may be pushed, if it offered that."""
         return self.reservations.push_target(request_id)
 
-    def push_check(self, request_id: str) -> PushCheck | None:
-        """The check of what was pushed into reserved ``request_id``'s pages, to run
-        (:meth:`workers.handoff.push_receive.PushCheck.run`, any thread) before :meth:`adopt`."""
-        return self.reservations.push_check(request_id)
+    def arrived(self, request_id: str, pushed: bool) -> Arrival:
+        """The remote prefill of reserved ``request_id`` answered (``pushed``: with the
+        metas of a push that went through): what to wait for off this thread
+        (:meth:`workers.handoff.arrival.Arrival.wait`) before :meth:`adopt`; the one call
+        to the engine between the answer and the adoption."""
+        return self.reservations.arrived(request_id, pushed)
 
     def adopt(
         self,
@@ -86,12 +89,12 @@ class DecodeHandoff:
 
         With a live reservation, the prompt's KV is pulled from the pool into its pages, or
         taken from its landing, which the caller lets finish first
-        (:meth:`prefill_answered`; what has not arrived is recomputed here); without one
+        (:meth:`arrived`; what has not arrived is recomputed here); without one
         (expired, or never made) the request is queued like a new one, its prompt reused
         from the pool through admission. Returns the KV read. A take-over that raises
         leaves nothing behind: the reservation CANCELLED, its pages back, nothing tracked.
         ``pushed``: the check of a direct push into the reservation's pages
-        (:meth:`push_check`, run off this thread:
+        (:meth:`arrived`, run off this thread:
         :meth:`workers.handoff.reservations.Reservations.adopt`).
         """
         vocab = self.model_config.vocab_size
@@ -115,12 +118,6 @@ class DecodeHandoff:
         self.stats.kv_read.add(transfer)
         self.stats.requests += 1
         return transfer
-
-    def prefill_answered(self, request_id: str) -> Landing | None:
-        """The remote prefill of reserved ``request_id`` answered: its landing, if one
-        runs, polled at once; the caller may wait on it off this thread
-        (:meth:`kvpool.landing.Landing.settle`, thread-safe) before :meth:`adopt`."""
-        return self.reservations.prefill_answered(request_id)
 
     def holds(self, request_id: str) -> bool:
         """Whether a reservation is held for ``request_id``."""

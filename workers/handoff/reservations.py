@@ -25,6 +25,7 @@ from kvpool.push import PushTarget
 from kvpool.stream import Transfer
 from workers.core.scheduler import Scheduler
 from workers.core.sequence import FinishReason, SamplingParams, Sequence
+from workers.handoff.arrival import Arrival
 from workers.handoff.pool_transfer import pull_prompt, start_landing
 from workers.handoff.push_receive import (
     PushCheck,
@@ -85,6 +86,14 @@ class Reservations:
         if landing is not None:
             self.nudge()
         return landing
+
+    def arrived(self, request_id: str, pushed: bool) -> Arrival:
+        """The remote prefill of ``request_id`` answered, ``pushed``: with the metas of a
+        push that went through. What to wait for, off this thread, before :meth:`adopt`
+        (:mod:`workers.handoff.arrival`): its landing (:meth:`prefill_answered`), or the
+        check of its pushed pages (:meth:`push_check`)."""
+        check = self.push_check(request_id) if pushed else None
+        return Arrival(self.prefill_answered(request_id), check)
 
     def reserve(
         self,

@@ -22,7 +22,6 @@ from typing import Any
 
 import grpc
 
-from kvpool.landing import STALL_S
 from kvpool.stream import Transfer
 from proto import worker_pb2 as pb
 from proto.limits import request_id_error
@@ -43,11 +42,6 @@ from workers.serve.wire import (
 )
 
 log = logging.getLogger(__name__)
-LANDING_WAIT_S = 10.0
-"""Hard cap on the wait for a landing after its prefill answered. The wait ends sooner when
-the landing is over or stalls (no new object or meta for :data:`kvpool.landing.STALL_S`:
-what is missing will not come); this bounds one that keeps trickling. Either way it is
-cancelled then, keeping the leading blocks it verified, and the engine recomputes the rest."""
 
 
 class WorkerServicer(ServicerBase):
@@ -172,8 +166,8 @@ class WorkerServicer(ServicerBase):
         self, request: pb.GenerateRequest, params: Any
     ) -> Callable[[Engine], Any]:
         """How a ``Generate`` starts on the engine: resumed after the outputs the client
-        has, adopted after a remote prefill (its landing let finish first, while it makes
-        progress: see :data:`LANDING_WAIT_S`), or new."""
+        has, adopted after a remote prefill (one call to the engine before the adoption:
+        what arrived is waited for off its thread, :mod:`workers.handoff.arrival`), or new."""
         rid, salt = request.request_id, request.cache_salt
         prompt = list(request.prompt_token_ids)
         if request.resume_token_ids:
@@ -181,13 +175,10 @@ class WorkerServicer(ServicerBase):
             return lambda e: e.resume(rid, prompt, resumed, params, salt)
         if request.HasField("first_token"):
             first, pushed = request.first_token, list(request.pushed_metas)
-            landing = await self._on_engine(lambda e: e.prefill_answered(rid))
-            if landing is not None:  # wait off the engine thread; decodes go on meanwhile
-                await asyncio.to_thread(landing.settle, STALL_S, LANDING_WAIT_S)
+            arrival = await self._on_engine(lambda e: e.arrived(rid, bool(pushed)))
             verdict = None
-            check = await self._on_engine(lambda e: e.push_check(rid)) if pushed else None
-            if check is not None:  # the pushed pages, checked off the engine thread too
-                verdict = await asyncio.to_thread(check.run, pushed)
+            if arrival.waits:  # off the engine thread: decodes go on meanwhile
+                verdict = await asyncio.to_thread(arrival.wait, pushed)
             return lambda e: e.adopt(rid, prompt, first, params, salt, verdict)
         return lambda e: e.add_request(prompt, params, rid, cache_salt=salt)
 
