@@ -21,7 +21,6 @@ draws them again). Absolute SLOs are required so every run is held to the same t
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import copy
 import tempfile
@@ -108,7 +107,7 @@ def run_deployment(
     options = {"policy": policy, "disagg_threshold_tokens": args.disagg_threshold_tokens}
     with started(name, engine, args.segment_mib, **options) as cluster:
         log(f"bench compare: {name} ({policy}) up ({'; '.join(cluster.plan.notes) or 'pinned'})")
-        result = asyncio.run(serve_bench(_serve_args(cluster, args, name, policy)))
+        result = serve_bench(_serve_args(cluster, args, name, policy))
         result["placement"] = {
             "shared_cores": cluster.plan.shared_cores,
             "workers": {p.name: list(p.cores) for p in cluster.plan.workers},

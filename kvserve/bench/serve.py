@@ -42,20 +42,19 @@ from kvserve.loadgen.conversation import salted_plans
 from kvserve.loadgen.conversation_client import run_conversations
 from kvserve.loadgen.counters import counters_delta, scrape_counters
 from kvserve.loadgen.metrics import RequestRecord
-from kvserve.loadgen.slo import Slo, relative_slo, sweep_goodput
+from kvserve.loadgen.slo import Slo, relative_slo
 from kvserve.loadgen.sweep import (
     CALIBRATION_SALT,
     WARMUP_SALT,
     load_conditions,
     rate_row,
-    results_and_headline,
-    sweep_point,
+    report,
+    run_sweep,
     timed,
     timed_conversations,
-    write_out,
 )
 from kvserve.loadgen.workloads import RequestSpec, salted, with_arrivals
-from kvserve.report import base_conditions, emit, log
+from kvserve.report import log
 
 __all__ = ["add_arguments", "run", "run_load"]
 
@@ -135,39 +134,25 @@ async def one_rate(
     return rate_row(args, rate, records, slo, server), records
 
 
-async def serve_bench(args: argparse.Namespace) -> dict[str, Any]:
-    """Steps 1-5 of the module docstring: conditions, rows, headline and records per rate."""
-    model = args.model or (await fetch_models(args.url))[0]
+def serve_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Steps 1-5 of the module docstring: conditions, rows, headline and records per rate
+    (each step on an event loop of its own: :func:`kvserve.loadgen.sweep.run_sweep` drives
+    the rates, as it does the simulator's)."""
+    model = args.model or asyncio.run(fetch_models(args.url))[0]
     workload = opt.build_workload(args)
     client = ClientOptions(args.timeout_s, args.ignore_eos, text_decoder(args, model))
-    slo = await calibrate(args, model, workload.specs, client)
+    slo = asyncio.run(calibrate(args, model, workload.specs, client))
     warmup = salted(workload.specs[: args.warmup], WARMUP_SALT, args.vocab)
     if warmup:
-        await run_load(args.url, model, [], options=client, warmup=warmup, progress=False)
-    rows, runs = [], []
-    for i, rate in enumerate(opt.rates(args)):
-        row, records = await one_rate(args, model, workload, i, rate, client, slo)
-        rows.append(row)
-        runs.append((f"rate {row['rate']}", records))
-    points = [sweep_point(row) for row in rows]
-    sweep = sweep_goodput(points, args.goodput_threshold) if slo else None
+        asyncio.run(run_load(args.url, model, [], options=client, warmup=warmup, progress=False))
+
+    def rate_run(i: int, rate: float | None) -> tuple[dict[str, Any], list[RequestRecord]]:
+        return asyncio.run(one_rate(args, model, workload, i, rate, client, slo))
+
     conditions = {"url": args.url, "model": model, **load_conditions(args, workload, slo)}
-    return {"conditions": conditions, "rows": rows, "sweep": sweep, "runs": runs, "points": points}
+    return run_sweep(args, rate_run, slo, conditions)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print its JSON (see the module docstring); 0 on success."""
-    result = asyncio.run(serve_bench(args))
-    rows, head = results_and_headline(result)
-    payload = {
-        "bench": "serve",
-        "conditions": result["conditions"],
-        "results": rows,
-        "headline": head,
-    }
-    if args.out is not None:
-        conditions = {**base_conditions(), **result["conditions"]}
-        files = write_out(args.out, {**payload, "conditions": conditions}, result)
-        log(f"bench serve: wrote {', '.join(files)}")
-    emit("serve", result["conditions"], rows, head)
-    return 0
+    return report("serve", "bench serve", args, serve_bench(args))

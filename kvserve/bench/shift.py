@@ -26,15 +26,9 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from kvserve.loadgen.shift_scenario import (
-    add_shift_arguments,
-    conditions_of,
-    headline,
-    phases_of,
-    plot,
-    shift_row,
-)
-from kvserve.report import emit, log
+from kvserve.loadgen.metrics import RequestRecord
+from kvserve.loadgen.shift_scenario import add_shift_arguments, phases_of, run_scenario
+from kvserve.report import log
 from kvserve.settings import BENCH_ENV, add_config_args, config_from_args, flag_name
 from router.config import CONTROLLER_PREFIX
 from router.control.ratio import RatioConfig
@@ -94,7 +88,9 @@ async def watch_moves(url: str, t0: float, moves: dict[int, dict[str, Any]]) -> 
             await asyncio.sleep(1.0)
 
 
-async def live_run(args: argparse.Namespace, url: str, mode: str) -> dict[str, Any]:
+async def live_run(
+    args: argparse.Namespace, url: str, mode: str
+) -> tuple[list[RequestRecord], list[dict[str, Any]]]:
     from kvserve.loadgen.client import ClientOptions, fetch_models, run_load
     from kvserve.loadgen.shift import shift_requests
 
@@ -115,7 +111,7 @@ async def live_run(args: argparse.Namespace, url: str, mode: str) -> dict[str, A
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-    return shift_row(args, mode, records, [moves[i] for i in sorted(moves)])
+    return records, [moves[i] for i in sorted(moves)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,21 +119,12 @@ def run(args: argparse.Namespace) -> int:
     from workers.config import EngineConfig
 
     engine = config_from_args(EngineConfig, args)
-    rows = []
-    for mode in args.modes:
-        with started(
-            args.workers, engine, args.segment_mib, router_args=router_args(args, mode)
-        ) as cluster:
+
+    def serve(mode: str) -> tuple[list[RequestRecord], list[dict[str, Any]]]:
+        flags = router_args(args, mode)
+        with started(args.workers, engine, args.segment_mib, router_args=flags) as cluster:
             log(f"bench shift: {args.workers} up, controller {mode}")
-            rows.append(asyncio.run(live_run(args, cluster.router_url, mode)))
-            log(f"bench shift: controller {mode}: attainment {rows[-1]['slo_attainment']}")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        plot(
-            rows,
-            phases_of(args),
-            args.out / "shift_live.png",
-            f"P:D controller, live ({args.workers} at start, CPU)",
-        )
-    emit("shift", {**conditions_of(args), "engine": dict(vars(engine))}, rows, headline(rows))
-    return 0
+            return asyncio.run(live_run(args, cluster.router_url, mode))
+
+    plot_as = ("shift_live.png", f"P:D controller, live ({args.workers} at start, CPU)")
+    return run_scenario(args, "shift", serve, plot_as, lambda: {"engine": dict(vars(engine))})

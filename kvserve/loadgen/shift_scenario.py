@@ -3,14 +3,16 @@
 ``--controller-*`` flags with the shift's own defaults: :func:`add_shift_arguments`), the
 phases and controller settings they give (:func:`phases_of`, :func:`ratio_config`), one
 run's row (:func:`shift_row`), the plot of the runs over time (:func:`plot`), the
-conditions (:func:`conditions_of`) and the headline (:func:`headline`). The requests
-themselves are :mod:`kvserve.loadgen.shift`'s.
+conditions (:func:`conditions_of`) and the headline (:func:`headline`); and the scenario
+itself, whatever serves it: each controller mode in turn through a live cluster's or the
+simulator's ``serve`` (:func:`run_scenario`). The requests themselves are
+:mod:`kvserve.loadgen.shift`'s.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,6 +21,7 @@ from kvserve.loadgen.metrics import RequestRecord, summarize
 from kvserve.loadgen.options import WorkloadConfig
 from kvserve.loadgen.shift import Phase, attainment_over_time, parse_phase, phase_starts
 from kvserve.loadgen.slo import AbsoluteSlo, SloTargets
+from kvserve.report import emit, log
 from kvserve.settings import BENCH_ENV, add_config_args, config_from_args, setting
 from router.config import CONTROLLER_PREFIX, RouterConfig
 from router.control.ratio import RatioConfig
@@ -190,3 +193,33 @@ def headline(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "ratio": on / off if on is not None and off else None,
         "target": None,
     }
+
+
+Serve = Callable[[str], tuple[list[RequestRecord], list[dict[str, Any]]]]
+"""``mode -> (records, moves)``: the shift's requests served with the controller ``off`` or
+``on``, and the controller's moves (:func:`shift_row`'s)."""
+
+
+def run_scenario(
+    args: argparse.Namespace,
+    bench: str,
+    serve: Serve,
+    plot_as: tuple[str, str],
+    conditions: Callable[[], dict[str, Any]],
+) -> int:
+    """Each of ``--modes`` through ``serve``, a row each; with ``--out`` the plot (file name
+    and title: ``plot_as``); the JSON of ``bench`` with ``conditions()`` added to the
+    scenario's (asked after the runs); 0."""
+    tool = bench if bench.startswith("sim ") else f"bench {bench}"  # its command's words
+    rows = []
+    for mode in args.modes:
+        records, moves = serve(mode)
+        rows.append(shift_row(args, mode, records, moves))
+        attained = rows[-1]["slo_attainment"]
+        log(f"{tool}: controller {mode}: attainment {attained}, {len(moves)} moves")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        name, title = plot_as
+        plot(rows, phases_of(args), args.out / name, title)
+    emit(bench, {**conditions_of(args), **conditions()}, rows, headline(rows))
+    return 0

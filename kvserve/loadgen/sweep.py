@@ -6,7 +6,9 @@ records (:func:`rate_row`; with a ``conversation`` block for a conversation work
 :func:`~kvserve.loadgen.conversation.conversation_summary`) and its point on the
 attainment curve (:func:`sweep_point`), the conditions of the load (:func:`load_conditions`),
 the ``results`` and ``headline`` of a sweep (:func:`results_and_headline`) and the files of
-``--out`` (:func:`write_out`).
+``--out`` (:func:`write_out`); and the sweep itself, whatever serves it: every rate in turn
+through a live server's or the simulated cluster's ``one_rate`` (:func:`run_sweep`), then
+the JSON and files (:func:`report`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import argparse
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,9 @@ from kvserve.loadgen import options as opt
 from kvserve.loadgen.arrivals import arrival_times
 from kvserve.loadgen.conversation import ConversationPlan, conversation_summary, with_starts
 from kvserve.loadgen.metrics import RequestRecord, bucketed, span_s, summarize
-from kvserve.loadgen.slo import Slo
+from kvserve.loadgen.slo import Slo, sweep_goodput
 from kvserve.loadgen.workloads import RequestSpec, with_arrivals
-from kvserve.report import log
+from kvserve.report import base_conditions, emit, log
 
 WARMUP_SALT = 1_000_001
 CALIBRATION_SALT = 1_000_002
@@ -197,3 +199,44 @@ def results_and_headline(result: dict[str, Any]) -> tuple[list[dict[str, Any]], 
         by_rate = [[opt.json_rate(r), a] for r, a in result["points"]]
         rows.append({"goodput_sweep": sweep.__dict__, "attainment_by_rate": by_rate})
     return rows, headline(result["rows"], result["sweep"])
+
+
+OneRate = Callable[[int, float | None], tuple[dict[str, Any], list[RequestRecord]]]
+"""``(i, rate) -> (row, records)``: the workload salted with ``i`` run at ``rate`` (None:
+all at once) by whatever serves it, as :func:`rate_row`'s row and the requests' records."""
+
+
+def run_sweep(
+    args: argparse.Namespace, one_rate: OneRate, slo: Slo | None, conditions: dict[str, Any]
+) -> dict[str, Any]:
+    """Every rate of ``--rates`` in turn through ``one_rate``: the sweep's result
+    (``conditions``, a row and the records per rate, the attainment points and, with an
+    SLO, the goodput sweep), which :func:`report` prints."""
+    rows: list[dict[str, Any]] = []
+    runs: list[tuple[str, list[RequestRecord]]] = []
+    for i, rate in enumerate(opt.rates(args)):
+        row, records = one_rate(i, rate)
+        rows.append(row)
+        runs.append((f"rate {row['rate']}", records))
+    points = [sweep_point(row) for row in rows]
+    sweep = sweep_goodput(points, args.goodput_threshold) if slo else None
+    return {"conditions": conditions, "rows": rows, "sweep": sweep, "runs": runs, "points": points}
+
+
+def report(bench: str, label: str, args: argparse.Namespace, result: dict[str, Any]) -> int:
+    """Print :func:`run_sweep`'s ``result`` as the JSON of ``bench`` (``serve``, ``sim
+    serve``) and, with ``--out``, write its files (:func:`write_out`; ``label`` names the
+    tool in the log line); 0."""
+    rows, head = results_and_headline(result)
+    payload = {
+        "bench": bench,
+        "conditions": result["conditions"],
+        "results": rows,
+        "headline": head,
+    }
+    if args.out is not None:
+        full = {**base_conditions(), **result["conditions"]}
+        files = write_out(args.out, {**payload, "conditions": full}, result)
+        log(f"{label}: wrote {', '.join(files)}")
+    emit(bench, result["conditions"], rows, head)
+    return 0

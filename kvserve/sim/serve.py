@@ -15,18 +15,8 @@ from typing import Any
 
 from kvserve.loadgen import options as opt
 from kvserve.loadgen.metrics import RequestRecord
-from kvserve.loadgen.slo import sweep_goodput
-from kvserve.loadgen.sweep import (
-    WARMUP_SALT,
-    load_conditions,
-    rate_row,
-    results_and_headline,
-    sweep_point,
-    timed,
-    write_out,
-)
+from kvserve.loadgen.sweep import WARMUP_SALT, load_conditions, rate_row, report, run_sweep, timed
 from kvserve.loadgen.workloads import salted, with_arrivals
-from kvserve.report import base_conditions, emit, log
 from kvserve.sim import deploy
 from kvserve.sim.cluster import SimCluster
 
@@ -57,32 +47,15 @@ def simulate(
     warmup = salted(workload.specs[: args.warmup], WARMUP_SALT, args.vocab)
     if warmup:
         cluster.run(with_arrivals(warmup, [0.0] * len(warmup)))
-    rows: list[dict[str, Any]] = []
-    runs: list[tuple[str, list[RequestRecord]]] = []
-    for i, rate in enumerate(opt.rates(args)):
-        specs = timed(args, salted(workload.specs, i, args.vocab), rate)
-        records = cluster.run(specs)
-        rows.append(rate_row(args, rate, records, slo, None, label="sim serve"))
-        runs.append((f"rate {rows[-1]['rate']}", records))
-    points = [sweep_point(row) for row in rows]
-    sweep = sweep_goodput(points, args.goodput_threshold) if slo else None
+
+    def one_rate(i: int, rate: float | None) -> tuple[dict[str, Any], list[RequestRecord]]:
+        records = cluster.run(timed(args, salted(workload.specs, i, args.vocab), rate))
+        return rate_row(args, rate, records, slo, None, label="sim serve"), records
+
     conditions = {**load_conditions(args, workload, slo), "deployment": conditions}
-    return {"conditions": conditions, "rows": rows, "sweep": sweep, "runs": runs, "points": points}
+    return run_sweep(args, one_rate, slo, conditions)
 
 
 def run(args: argparse.Namespace) -> int:
     cluster, conditions = deploy.build(args)
-    result = simulate(args, cluster, conditions)
-    rows, head = results_and_headline(result)
-    payload = {
-        "bench": "sim serve",
-        "conditions": result["conditions"],
-        "results": rows,
-        "headline": head,
-    }
-    if args.out is not None:
-        full = {**base_conditions(), **result["conditions"]}
-        files = write_out(args.out, {**payload, "conditions": full}, result)
-        log(f"sim serve: wrote {', '.join(files)}")
-    emit("sim serve", result["conditions"], rows, head)
-    return 0
+    return report("sim serve", "sim serve", args, simulate(args, cluster, conditions))

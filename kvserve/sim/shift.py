@@ -12,8 +12,8 @@ import argparse
 from typing import Any
 
 from kvserve.loadgen import shift_scenario as scenario
+from kvserve.loadgen.metrics import RequestRecord
 from kvserve.loadgen.shift import shift_requests
-from kvserve.report import emit, log
 from kvserve.sim import deploy
 from kvserve.sim.request import RoleEvent
 from router.control.ratio import RatioController
@@ -40,30 +40,17 @@ def move_of(event: RoleEvent) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     specs = shift_requests(scenario.phases_of(args), args.seed, args.vocab)
-    rows = []
-    conditions: dict[str, Any] = {}
-    for mode in args.modes:
+    deployment: dict[str, Any] = {}
+
+    def serve(mode: str) -> tuple[list[RequestRecord], list[dict[str, Any]]]:
         controller = RatioController(scenario.ratio_config(args)) if mode == "on" else None
         cluster, conditions = deploy.build(args, controller)
+        deployment.update(conditions)
         records = cluster.run(specs)
-        moves = [move_of(e) for e in cluster.role_events]
-        rows.append(scenario.shift_row(args, mode, records, moves))
-        log(
-            f"sim shift: controller {mode}: attainment {rows[-1]['slo_attainment']}, "
-            f"{len(moves)} moves"
-        )
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        scenario.plot(
-            rows,
-            scenario.phases_of(args),
-            args.out / "shift_sim.png",
-            f"P:D controller, simulated ({args.workers} at start, {args.cost})",
-        )
-    emit(
-        "sim shift",
-        {**scenario.conditions_of(args), "deployment": conditions},
-        rows,
-        scenario.headline(rows),
+        return records, [move_of(e) for e in cluster.role_events]
+
+    title = f"P:D controller, simulated ({args.workers} at start, {args.cost})"
+    plot_as = ("shift_sim.png", title)
+    return scenario.run_scenario(
+        args, "sim shift", serve, plot_as, lambda: {"deployment": deployment}
     )
-    return 0
