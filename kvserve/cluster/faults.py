@@ -125,19 +125,21 @@ class ServingProbe:
         self._stubs: dict[str, WorkerStub] = {}
 
     def __enter__(self) -> ServingProbe:
-        """Open the channels and connect them (a worker that does not answer within the
-        timeout is left out)."""
+        """Open a channel to every running worker and wait (up to the timeout each) until
+        it is connected; one that is not yet stays asked (its channel keeps dialling)."""
         config = self.cluster.cluster_config
-        for name in self.names:
-            if not self.cluster.worker(name).running:
-                continue
-            address = self.cluster.plan_of(name).address
-            channel = self._stack.enter_context(sync_channel(address, config, identity=MONITOR))
-            try:
-                grpc.channel_ready_future(channel).result(timeout=self.timeout)
-            except grpc.FutureTimeoutError:
-                continue
-            self._stubs[name] = WorkerStub(channel)
+        try:
+            for name in self.names:
+                if not self.cluster.worker(name).running:
+                    continue
+                address = self.cluster.plan_of(name).address
+                channel = sync_channel(address, config, identity=MONITOR)
+                self._stubs[name] = WorkerStub(self._stack.enter_context(channel))
+                with contextlib.suppress(grpc.FutureTimeoutError):
+                    grpc.channel_ready_future(channel).result(timeout=self.timeout)
+        except BaseException:
+            self._stack.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

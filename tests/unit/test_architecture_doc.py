@@ -1,6 +1,7 @@
 """docs/architecture.md's components table names every module of the product: each ``.py``
-file (not ``__init__.py`` or generated code) appears, by its name, in the row of the deepest
-folder that has one (``| `router/flow/` | ...``)."""
+file (not ``__init__.py`` or generated code) appears in the row of the deepest folder that
+has one (``| `router/flow/` | ...``), in backticks: by its path within that folder, or by its
+name when it lies directly in it or in a sub-folder the row names (`` `routes/` ``)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,18 @@ def unnamed(text: str, root: Path = ROOT) -> list[str]:
             if not folders:
                 missing.append(f"{relative} (no row for its folder)")
                 continue
-            row = table[max(folders, key=len)]
-            if f"`{path.name}`" not in row and f"{path.name}`" not in row:
+            folder = max(folders, key=len)
+            if not _names(table[folder], relative.removeprefix(folder)):
                 missing.append(relative)
     return missing
+
+
+def _names(row: str, within: str) -> bool:
+    """Whether ``row`` names ``within`` (a path within its folder, ``routes/page.py``)."""
+    if f"`{within}`" in row:
+        return True
+    folder, _, name = within.rpartition("/")
+    return f"`{name}`" in row and (not folder or f"`{folder}/`" in row)
 
 
 def test_every_module_is_named_in_its_folders_row() -> None:
@@ -48,3 +57,7 @@ def test_the_check_sees_a_module_left_out(tmp_path: Path) -> None:
         (tmp_path / relative).write_text("")
     doc = "| `router/` | the process (`main.py`) |\n| `router/flow/` | the flow (`run.py`) |\n"
     assert unnamed(doc, tmp_path) == ["router/flow/new.py"]
+    (tmp_path / "router/flow/sub").mkdir()
+    (tmp_path / "router/flow/sub/deep.py").write_text("")
+    doc += "| `router/flow/` | the flow (`run.py`, `new.py`, `other/deep.py`) |\n"
+    assert unnamed(doc, tmp_path) == ["router/flow/sub/deep.py"]  # not by another's path

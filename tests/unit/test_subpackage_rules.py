@@ -1,4 +1,4 @@
-"""The sub-packages of ``router`` and ``workers`` in layers (docs/architecture.md, "Layout"):
+"""The sub-packages of ``router`` and ``workers`` in layers (docs/architecture.md, section 1):
 a module of a sub-package imports only its own sub-package, those of lower layers, and the
 root modules :data:`ROOT_MODULES` lets it; a root module imports only what its rule names.
 

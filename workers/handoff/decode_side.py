@@ -93,9 +93,10 @@ class DecodeHandoff:
         (expired, or never made) the request is queued like a new one, its prompt reused
         from the pool through admission. Returns the KV read. A take-over that raises
         leaves nothing behind: the reservation CANCELLED, its pages back, nothing tracked.
-        ``pushed``: the check of a direct push into the reservation's pages
-        (:meth:`arrived`, run off this thread:
-        :meth:`workers.handoff.reservations.Reservations.adopt`).
+        ``pushed``: the verdict of the check of a direct push into the reservation's pages
+        (made by :meth:`arrived`, run off this thread by
+        :meth:`workers.handoff.arrival.Arrival.wait`;
+        :meth:`workers.handoff.reservations.Reservations.adopt` credits it).
         """
         vocab = self.model_config.vocab_size
         check_token_ids([first_token], vocab, "first_token")
