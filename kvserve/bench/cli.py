@@ -50,7 +50,7 @@ BENCH = (
     Verb(
         "trace",
         "prefix hit rate of a Mooncake trace: real pool vs LRU, local caches vs shared",
-        "kvserve.bench.trace",
+        "kvserve.bench.trace.run",
     ),
     Verb(
         "shift",

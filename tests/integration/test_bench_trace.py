@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.bench import trace
-from kvserve.bench.tracepool import PoolReplaySettings, pool_replay
+from kvserve.bench.trace import run as trace
+from kvserve.bench.trace.pool import PoolReplaySettings, pool_replay
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.sim.trace.replay import (
     TraceRequest,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvserve.bench.tracessd import TierLoads, ssd_headline, working_set
+from kvserve.bench.trace.ssd import TierLoads, ssd_headline, working_set
 
 
 def test_working_set_counts_distinct_blocks() -> None:

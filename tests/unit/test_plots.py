@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from kvserve.bench import compare, compare_plot, trace_plot
+from kvserve.bench import compare, compare_plot
+from kvserve.bench.trace import plot as trace_plot
 from kvserve.cli import build_parser
 from kvserve.loadgen import plots, shift_scenario
 from kvserve.loadgen.metrics import RequestRecord

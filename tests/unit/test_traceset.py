@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from kvserve.bench import trace
-from kvserve.bench.traceset import MOONCAKE, TRACE_SET, load_traces, trace_names
+from kvserve.bench.trace import run as trace
+from kvserve.bench.trace.traces import MOONCAKE, TRACE_SET, load_traces, trace_names
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.sim.trace.cluster import ClusterSettings, cluster_replay
 from kvserve.sim.trace.policies import HomeSpillPolicy, SessionAffinityPolicy, session_key

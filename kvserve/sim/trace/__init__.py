@@ -3,5 +3,5 @@ a trace's requests and their block chains, and the shared pool's hits (``replay`
 simulated workers (``workers``) and their KV events (``events``), session policies
 (``policies``), the cluster model and its placement by the router's own policies
 (``cluster``), the sweep of locality weights (``sweep``) and the generated traces
-(``gen``). The live replays through a real pool stay in ``kvserve/bench``
-(``tracepool.py``, ``tracessd.py``)."""
+(``gen``). The live replays through a real pool stay with the benchmark
+(:mod:`kvserve.bench.trace`: ``pool.py``, ``ssd.py``)."""

@@ -79,7 +79,7 @@ SHAPES: dict[str, SessionShape] = {
         600, 4.0, _talk(10, L(400, 0.5), L(1000, 0.9), L(120, 0.5), (1.0, 0.75)), 4, L(6000, 0.5)
     ),
 }
-"""The generated shapes of the trace set (:mod:`kvserve.bench.traceset`): ``chat``, a chat
+"""The generated shapes of the trace set (:mod:`kvserve.bench.trace.traces`): ``chat``, a chat
 service whose every prompt opens with the same one-block system prompt, two turns minutes
 apart (as in Mooncake's published conversation trace, whose prompts all share their first
 block and whose turns are a median 2 minutes apart); ``conv-short``, short chats each

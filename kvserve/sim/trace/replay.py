@@ -67,7 +67,7 @@ class TraceRequest(TraceEntry):
 class Trace:
     """One replayed trace: its ``name``, ``requests``, their block ``chains``
     (:func:`block_chain`) and where it comes from (``source``: a path, or a generated
-    shape's settings and seed). Loaded by :func:`kvserve.bench.traceset.load_traces`."""
+    shape's settings and seed). Loaded by :func:`kvserve.bench.trace.traces.load_traces`."""
 
     name: str
     requests: list[TraceRequest]

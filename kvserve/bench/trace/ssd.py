@@ -1,7 +1,7 @@
 """``kvserve bench trace --ssd-fraction F``: the pool's SSD tier on a trace replay.
 
 The working set is the distinct blocks of the replayed requests; the DRAM tier is given a
-segment that holds ``F`` of it (``tracepool.segment_mib``: at least the pool's 16 MiB).
+segment that holds ``F`` of it (``pool.segment_mib``: at least the pool's 16 MiB).
 The same replay runs twice, each through a fresh ``mooncake_master`` on free loopback
 ports: DRAM only, then DRAM + SSD (the master with ``--enable_offload``, the member with
 an SSD directory in a temporary folder, removed afterwards, and the offload settings of
@@ -14,7 +14,7 @@ an SSD directory in a temporary folder, removed afterwards, and the offload sett
    (:meth:`kvpool.store.MooncakeStore.tiers`) and the SSD-only objects and the others are
    read in a batch each (:func:`kvpool.tiers.receive_by_tier`), each batch timed; the
    leading blocks read in full are the request's hits (``hit_blocks``, the hit rates);
-3. every block after the hits is put as ``tracepool`` does (layers, then the meta, with
+3. every block after the hits is put as :mod:`.pool` does (layers, then the meta, with
    its retries on a full pool).
 
 Per tier, each request's batch gives one sample of the time to load a block from it
@@ -40,7 +40,7 @@ from kvpool.keys import KeySpace, longest_prefix
 from kvpool.master import master_stats
 from kvpool.store import MooncakeStore
 from kvpool.tiers import TierStats, receive_by_tier
-from kvserve.bench.tracepool import (
+from kvserve.bench.trace.pool import (
     PoolReplay,
     PoolReplaySettings,
     _Writer,

@@ -1,14 +1,14 @@
 """``kvserve bench trace``: prefix hit rates of a Mooncake-format trace, without a model.
 
 1. Read the trace (``--trace``), or the traces of ``--traces`` (a trace set:
-   :mod:`kvserve.bench.traceset`, generated shapes :mod:`kvserve.sim.trace.gen`), at most
+   :mod:`kvserve.bench.trace.traces`, generated shapes :mod:`kvserve.sim.trace.gen`), at most
    ``--max-requests`` each, and name every block in the pool's key space
    (:func:`kvserve.sim.trace.replay.block_chain`). Every step below runs on each trace.
 2. Per capacity (``--capacities``, in blocks): an offline exact LRU replay (the baseline),
    an offline leaf-first LRU (evicting only chain tails) and, unless ``--no-pool``, replays
    through a real ``mooncake_master`` holding that many blocks, once per ``--evictions``:
    ``master`` (its own eviction) and ``chain`` (kvserve's chain-aware eviction through a
-   real Redis; :mod:`kvserve.bench.tracepool`). Also one unbounded LRU replay: the trace's
+   real Redis; :mod:`kvserve.bench.trace.pool`). Also one unbounded LRU replay: the trace's
    own ceiling.
 3. Per capacity C, worker count N (``--workers``) and router policy (``--policies``): N
    prefill workers with local caches of C/N blocks against one shared cache of C blocks,
@@ -19,7 +19,7 @@
    ``--sweep-decode-weights``): the sweep that measures ``cache_aware``'s locality weights
    (:mod:`kvserve.sim.trace.sweep`) over the same traces, capacities and worker counts,
    choosing by the worst point.
-5. Print one JSON object; with ``--out``, also PNG plots (:mod:`.trace_plot`).
+5. Print one JSON object; with ``--out``, also PNG plots (:mod:`.plot`).
 
 Headline: the real pool's token hit rate over the offline LRU's, the lowest over every
 capacity, with chain-aware eviction (the master's eviction when ``chain`` is not replayed).
@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvpool.config import EVICTION
-from kvserve.bench.tracepool import PoolReplaySettings
-from kvserve.bench.traceset import capacity_rows, cluster_row, load_traces
+from kvserve.bench.trace.pool import PoolReplaySettings
+from kvserve.bench.trace.traces import capacity_rows, cluster_row, load_traces
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.report import emit, log
 from kvserve.settings import BENCH_ENV, add_config_args, setting
@@ -71,7 +71,7 @@ class TraceBenchConfig:
       trace), replayed when ``traces`` is empty;
     - ``traces``: the traces to replay, each named ``mooncake``, a generated shape
       (``chat``, ``conv-short``, ``conv-long``, ``agent``), a file, or ``set`` for all of
-      ``mooncake chat conv-short conv-long agent`` (:mod:`kvserve.bench.traceset`);
+      ``mooncake chat conv-short conv-long agent`` (:mod:`kvserve.bench.trace.traces`);
     - ``max_requests``: requests replayed of each trace (0: all);
     - ``capacities``: cache capacities, in blocks;
     - ``block_bytes``: bytes of each pool object of a block;
@@ -99,7 +99,7 @@ class TraceBenchConfig:
       ``cache_aware`` only, ``home_slack`` to every one: home_spill's spill threshold);
     - ``sweep_decode_weights``: ``cache_aware``'s decode weights to sweep (empty: none);
     - ``ssd_fraction``: also replay DRAM only against DRAM + SSD on a DRAM tier that holds
-      this share of the working set (:mod:`kvserve.bench.tracessd`; 0: not run);
+      this share of the working set (:mod:`kvserve.bench.trace.ssd`; 0: not run);
     - ``seed``: seed of the random policy and of the generated traces;
     - ``out``: folder for PNG plots.
     """
@@ -174,14 +174,14 @@ def run(args: argparse.Namespace) -> int:
         )
     headline = _headline(rows)
     if args.ssd_fraction:
-        from kvserve.bench.tracessd import ssd_headline, ssd_rows
+        from kvserve.bench.trace.ssd import ssd_headline, ssd_rows
 
         first = traces[0]
         rows += ssd_rows(first.requests, first.chains, args, Path(tempfile.gettempdir()))
         headline = ssd_headline(rows)
     emit("trace", _conditions(args, traces, capacities), rows, headline)
     if args.out is not None:
-        from kvserve.bench.trace_plot import plot
+        from kvserve.bench.trace.plot import plot
 
         plot(rows, args.out)
     return 0

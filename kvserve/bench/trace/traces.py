@@ -98,7 +98,7 @@ def capacity_rows(
 ) -> list[dict[str, Any]]:
     """Sections ``ceiling`` and ``capacity`` of ``trace``: its unbounded LRU, then per
     capacity the offline LRU, the leaf-first LRU and one real-pool replay per settings of
-    ``replays`` (:class:`~kvserve.bench.tracepool.PoolReplaySettings`; none: no pool).
+    ``replays`` (:class:`~kvserve.bench.trace.pool.PoolReplaySettings`; none: no pool).
     Records each capacity's LRU token hit rate in ``lru_rate[trace.name, capacity]``."""
     requests, chains = trace.requests, trace.chains
     ceiling, _ = lru_replay(requests, chains, UNBOUNDED)
@@ -111,7 +111,7 @@ def capacity_rows(
         row |= {"capacity_blocks": capacity, "lru": lru.row(), "leaf_lru": leaf.row()}
         row["leaf_lru_vs_lru_tokens"] = ratio(leaf.token_hit_rate, lru.token_hit_rate)
         for settings in replays:
-            from kvserve.bench.tracepool import pool_replay
+            from kvserve.bench.trace.pool import pool_replay
 
             replay = pool_replay(requests, chains, capacity, settings, Path(tempfile.gettempdir()))
             name = POOL_ROWS[settings.eviction]
