@@ -38,7 +38,6 @@ not trust, run TLS too; plaintext with tokens is for loopback or a private netwo
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,14 +49,6 @@ from proto.grpc_client_auth import aio_interceptors, sync_interceptors
 from proto.registry import ClusterConfig
 
 log = logging.getLogger(__name__)
-
-# gRPC's core turns its fork support on by default, and its fork handlers can deadlock the
-# forking thread when another thread is inside gRPC at that moment (seen: the launcher
-# restarting a worker while channels closed hung in fork() for good). Every process here
-# forks only to exec at once (subprocess), which needs none of it: off, unless the
-# operator says otherwise. gRPC reads this when it first initializes (the first channel or
-# server), which every process does through this module, after importing it.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 MAX_MESSAGE_BYTES = 64 << 20
 

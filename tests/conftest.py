@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import kvserve  # noqa: F401  (first: gRPC's fork support off before grpc loads)
 from kvpool.net import PORTS_ENV
 from workers.model.prepare import make_tiny_model, prepare_default_model
 

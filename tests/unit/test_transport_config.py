@@ -136,15 +136,44 @@ def test_the_launcher_forwards_transport_settings(tmp_path: Path) -> None:
     assert len(spec.cluster.cluster_secret) == 64  # made up, since none was given
 
 
+FORK_PROBE = """
+import sys, threading, subprocess, time
+import {first}
+import kvserve.cli  # as every process of the project starts
+import grpc
+channel = grpc.insecure_channel("127.0.0.1:1")
+busy = threading.Thread(target=lambda: grpc.channel_ready_future(channel).result(timeout=30))
+busy.daemon = True
+busy.start()  # another thread inside gRPC while this one forks
+time.sleep(0.3)
+for _ in range(5):
+    subprocess.run(["true"], preexec_fn=lambda: None, check=True)
+"""
+"""Forks to exec while another thread waits inside gRPC, as the launcher does; gRPC core's
+fork handlers, when on, say so on stderr (``fork_posix.cc``: "skipping fork() handlers")."""
+
+
+@pytest.mark.parametrize(("first", "handlers"), [("kvserve", False), ("grpc", True)])
+def test_grpc_fork_handlers_stay_out_of_every_process(first: str, handlers: bool) -> None:
+    """gRPC's fork handlers could deadlock a forking process or abort its child (see
+    :mod:`kvserve`): a process that starts as the project's do (``kvserve`` imported first)
+    has none. gRPC reads the setting when it is imported, so a process that imports grpc
+    first has them (what happened when only :mod:`proto.channels` set it, after its own
+    ``import grpc``). A fresh interpreter, as each process starts."""
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    code = FORK_PROBE.format(first=first)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert ("skipping fork() handlers" in done.stderr) == handlers, done.stderr
+
+
 @pytest.mark.parametrize(("given", "seen"), [(None, "false"), ("true", "true")])
-def test_grpc_fork_support_is_off_unless_the_operator_turns_it_on(
-    given: str | None, seen: str
-) -> None:
-    """Every process forks only to exec; gRPC's fork handlers could deadlock it
-    (:mod:`proto.channels`). A fresh interpreter, as each process starts."""
+def test_the_operator_may_turn_grpc_fork_support_on(given: str | None, seen: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
     if given is not None:
         env["GRPC_ENABLE_FORK_SUPPORT"] = given
-    code = "import os, proto.channels; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"
+    code = "import os, kvserve; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == seen, out.stderr
