@@ -68,5 +68,12 @@ def emit(
     sys.stdout.flush()
 
 
+def command(bench: str) -> str:
+    """The words of the command whose JSON is named ``bench``: the simulator's (``sim
+    serve``) as they are, a benchmark's with ``bench`` before them (``serve`` -> ``bench
+    serve``)."""
+    return bench if bench.startswith("sim ") else f"bench {bench}"
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)

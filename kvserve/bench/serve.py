@@ -155,4 +155,4 @@ def serve_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print its JSON (see the module docstring); 0 on success."""
-    return report("serve", "bench serve", args, serve_bench(args))
+    return report("serve", args, serve_bench(args))

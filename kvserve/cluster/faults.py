@@ -55,11 +55,16 @@ def thaw(cluster: Cluster, name: str) -> None:
     cluster.process(name).send_signal(signal.SIGCONT)
 
 
+def monitor_channel(cluster: Cluster, name: str) -> grpc.Channel:
+    """A channel to worker ``name`` as the ``monitor`` identity (TLS when the cluster has
+    it); the caller closes it."""
+    return sync_channel(cluster.plan_of(name).address, cluster.cluster_config, identity=MONITOR)
+
+
 def load_of(cluster: Cluster, name: str, timeout: float = 2.0) -> pb.LoadReport:
     """Worker ``name``'s load report; raises ``grpc.RpcError`` if it does not answer in
     time."""
-    address = cluster.plan_of(name).address
-    with sync_channel(address, cluster.cluster_config, identity=MONITOR) as channel:
+    with monitor_channel(cluster, name) as channel:
         report: pb.LoadReport = WorkerStub(channel).GetLoad(pb.LoadRequest(), timeout=timeout)
         return report
 
@@ -127,13 +132,11 @@ class ServingProbe:
     def __enter__(self) -> ServingProbe:
         """Open a channel to every running worker and wait (up to the timeout each) until
         it is connected; one that is not yet stays asked (its channel keeps dialling)."""
-        config = self.cluster.cluster_config
         try:
             for name in self.names:
                 if not self.cluster.worker(name).running:
                     continue
-                address = self.cluster.plan_of(name).address
-                channel = sync_channel(address, config, identity=MONITOR)
+                channel = monitor_channel(self.cluster, name)
                 self._stubs[name] = WorkerStub(self._stack.enter_context(channel))
                 with contextlib.suppress(grpc.FutureTimeoutError):
                     grpc.channel_ready_future(channel).result(timeout=self.timeout)

@@ -21,7 +21,7 @@ from kvserve.loadgen.metrics import RequestRecord, summarize
 from kvserve.loadgen.options import WorkloadConfig
 from kvserve.loadgen.shift import Phase, attainment_over_time, parse_phase, phase_starts
 from kvserve.loadgen.slo import AbsoluteSlo, SloTargets
-from kvserve.report import emit, log
+from kvserve.report import command, emit, log
 from kvserve.settings import BENCH_ENV, add_config_args, config_from_args, setting
 from router.config import CONTROLLER_PREFIX, RouterConfig
 from router.control.ratio import RatioConfig
@@ -210,13 +210,12 @@ def run_scenario(
     """Each of ``--modes`` through ``serve``, a row each; with ``--out`` the plot (file name
     and title: ``plot_as``); the JSON of ``bench`` with ``conditions()`` added to the
     scenario's (asked after the runs); 0."""
-    tool = bench if bench.startswith("sim ") else f"bench {bench}"  # its command's words
     rows = []
     for mode in args.modes:
         records, moves = serve(mode)
         rows.append(shift_row(args, mode, records, moves))
         attained = rows[-1]["slo_attainment"]
-        log(f"{tool}: controller {mode}: attainment {attained}, {len(moves)} moves")
+        log(f"{command(bench)}: controller {mode}: attainment {attained}, {len(moves)} moves")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         name, title = plot_as

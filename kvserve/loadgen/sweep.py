@@ -27,7 +27,7 @@ from kvserve.loadgen.conversation import ConversationPlan, conversation_summary,
 from kvserve.loadgen.metrics import RequestRecord, bucketed, span_s, summarize
 from kvserve.loadgen.slo import Slo, sweep_goodput
 from kvserve.loadgen.workloads import RequestSpec, with_arrivals
-from kvserve.report import base_conditions, emit, log
+from kvserve.report import base_conditions, command, emit, log
 
 WARMUP_SALT = 1_000_001
 CALIBRATION_SALT = 1_000_002
@@ -223,10 +223,9 @@ def run_sweep(
     return {"conditions": conditions, "rows": rows, "sweep": sweep, "runs": runs, "points": points}
 
 
-def report(bench: str, label: str, args: argparse.Namespace, result: dict[str, Any]) -> int:
+def report(bench: str, args: argparse.Namespace, result: dict[str, Any]) -> int:
     """Print :func:`run_sweep`'s ``result`` as the JSON of ``bench`` (``serve``, ``sim
-    serve``) and, with ``--out``, write its files (:func:`write_out`; ``label`` names the
-    tool in the log line); 0."""
+    serve``) and, with ``--out``, write its files (:func:`write_out`); 0."""
     rows, head = results_and_headline(result)
     payload = {
         "bench": bench,
@@ -237,6 +236,6 @@ def report(bench: str, label: str, args: argparse.Namespace, result: dict[str, A
     if args.out is not None:
         full = {**base_conditions(), **result["conditions"]}
         files = write_out(args.out, {**payload, "conditions": full}, result)
-        log(f"{label}: wrote {', '.join(files)}")
+        log(f"{command(bench)}: wrote {', '.join(files)}")
     emit(bench, result["conditions"], rows, head)
     return 0

@@ -58,4 +58,4 @@ def simulate(
 
 def run(args: argparse.Namespace) -> int:
     cluster, conditions = deploy.build(args)
-    return report("sim serve", "sim serve", args, simulate(args, cluster, conditions))
+    return report("sim serve", args, simulate(args, cluster, conditions))
