@@ -66,15 +66,17 @@ def fault_mid_stream(
     from the stream's start, so that the fault follows the fifth chunk at once, however
     slowly a loaded machine answers the lookup (the server decodes on meanwhile), over
     channels opened before the stream (:class:`kvserve.cluster.faults.ServingProbe`): a
-    lookup that had to connect first could miss a whole stream on a loaded machine."""
+    lookup that had to connect first could miss a whole stream on a loaded machine. A fault
+    that would come only after the stream ended is not applied: the test fails, saying
+    what the probe saw."""
     hit: list[str] = []
-    ready = threading.Event()
+    ready, done = threading.Event(), threading.Event()
 
     def find_then_fault(probe: faults.ServingProbe) -> None:
         deadline, name = time.monotonic() + 60, None
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not done.is_set():
             name = name or probe.serving()
-            if name is not None and ready.is_set():
+            if name is not None and ready.is_set() and not done.is_set():
                 fault(name)
                 hit.append(name)
                 return
@@ -86,6 +88,7 @@ def fault_mid_stream(
         try:
             text = stream_with_fault(client, prompt, LONG, after=5, fault=ready)
         finally:
+            done.set()
             thread.join(60)
-    assert hit, "no fault was injected: no decode worker was seen serving the stream"
+    assert hit, f"no fault was injected before the stream ended; the probe saw {probe.seen}"
     return text, hit[0]

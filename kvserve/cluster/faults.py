@@ -15,6 +15,7 @@ follow them: used by the fault tests and by ``kvserve chaos``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import signal
@@ -119,46 +120,77 @@ def wait_idle(
 
 
 class ServingProbe:
-    """Which ``role`` worker has a running request, asked over one channel per worker kept
-    open for the probe's life (a context manager): a lookup is then one ``GetLoad``, not a
-    connection, so a loaded machine answers it while a short stream still runs."""
+    """Which worker in ``role`` (as it reports now: roles change at run time) serves a
+    request sent after the probe opened (a context manager): the one that runs a request, or
+    whose count of requests taken rose since. The count stays risen after a short stream
+    ends, so a lookup that came late still names the right worker. Each lookup asks every
+    worker at once over a channel kept open for the probe's life, so a loaded machine
+    answers it while a short stream still runs; a channel whose call failed is opened again
+    (one left in reconnect back-off fails every call at once). :attr:`seen` counts what the
+    lookups saw, for the message of a test that found nobody."""
 
     def __init__(self, cluster: Cluster, role: str, timeout: float = 5.0) -> None:
-        self.cluster, self.timeout = cluster, timeout
-        self.names = [n for n in cluster.worker_names if cluster.plan_of(n).role == role]
-        self._stack = contextlib.ExitStack()
-        self._stubs: dict[str, WorkerStub] = {}
+        self.cluster, self.role, self.timeout = cluster, role, timeout
+        self.seen: collections.Counter[str] = collections.Counter()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._taken: dict[str, int] = {}
+        """Worker -> requests it had taken when first asked (the baseline)."""
 
     def __enter__(self) -> ServingProbe:
-        """Open a channel to every running worker and wait (up to the timeout each) until
-        it is connected; one that is not yet stays asked (its channel keeps dialling)."""
+        """Open a channel to every running worker, wait (up to the timeout each) until it is
+        connected and note what it has taken so far; one that does not answer yet is asked
+        again at each lookup."""
         try:
-            for name in self.names:
-                if not self.cluster.worker(name).running:
-                    continue
-                channel = monitor_channel(self.cluster, name)
-                self._stubs[name] = WorkerStub(self._stack.enter_context(channel))
-                with contextlib.suppress(grpc.FutureTimeoutError):
-                    grpc.channel_ready_future(channel).result(timeout=self.timeout)
+            for name in self.cluster.worker_names:
+                if self.cluster.worker(name).running:
+                    self._open(name)
+            self._ask()
         except BaseException:
-            self._stack.close()
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
 
     def serving(self) -> str | None:
-        """The first running worker with a running request (None: none has one)."""
-        for name, stub in self._stubs.items():
-            if not self.cluster.worker(name).running:
+        """The first worker serving a request sent since the probe opened (None: none yet)."""
+        for name, report in self._ask().items():
+            if report.role != self.role:
                 continue
-            try:
-                if stub.GetLoad(pb.LoadRequest(), timeout=self.timeout).running:
-                    return name
-            except grpc.RpcError:
-                continue
+            if report.running or report.requests > self._taken[name]:
+                return name
         return None
+
+    def _open(self, name: str, wait: bool = True) -> None:
+        channel = self._channels[name] = monitor_channel(self.cluster, name)
+        if wait:
+            with contextlib.suppress(grpc.FutureTimeoutError):
+                grpc.channel_ready_future(channel).result(timeout=self.timeout)
+
+    def _ask(self) -> dict[str, pb.LoadReport]:
+        """Every running worker's load report, asked at once; those that answered."""
+        calls = {
+            name: WorkerStub(channel).GetLoad.future(pb.LoadRequest(), timeout=self.timeout)
+            for name, channel in self._channels.items()
+            if self.cluster.worker(name).running
+        }
+        reports: dict[str, pb.LoadReport] = {}
+        for name, call in calls.items():
+            try:
+                report = reports[name] = call.result()
+            except grpc.RpcError as exc:
+                self.seen[f"{name}: {exc.code().name}"] += 1
+                self._channels.pop(name).close()
+                self._open(name, wait=False)
+                continue
+            self._taken.setdefault(name, report.requests)
+            self.seen[
+                f"{name}: {report.role}, running {report.running}, taken {report.requests}"
+            ] += 1
+        return reports
 
 
 def routable(cluster: Cluster) -> int:

@@ -195,13 +195,17 @@ class Harness:
         stubs: list[StubWorker],
         router_options: Mapping[str, Any] | None = None,
         max_model_len: int = 2048,
+        heartbeat_s: float = ClusterConfig.heartbeat_s,
     ) -> None:
         self.max_model_len = max_model_len
         # a liveness window well past the beat: on a loaded machine (the suite runs several
         # processes on 2 cores) this loop's beat can come seconds late, and a stub must not
         # drop out of routing for that
         self.cluster = ClusterConfig(
-            redis_url=redis_url, cluster=f"rt{uuid.uuid4().hex[:8]}", heartbeat_ttl_s=15.0
+            redis_url=redis_url,
+            cluster=f"rt{uuid.uuid4().hex[:8]}",
+            heartbeat_s=heartbeat_s,
+            heartbeat_ttl_s=max(15.0, 3 * heartbeat_s),
         )
         self.model_dir, self.stubs = model_dir, {s.worker_id: s for s in stubs}
         (self.port,) = free_local_ports(1)
@@ -250,12 +254,15 @@ class Harness:
         self.web_task = asyncio.create_task(self.web.serve())
         while not self.web.started:
             await asyncio.sleep(0.02)
+        if self.config.tokenizer_dir:  # the router's preload, awaited: a first request's
+            # deadline would include it (seconds on a loaded machine; a 1 s one ran out in it)
+            await self.app.state.service.tokenizers.get(lambda: Path(self.config.tokenizer_dir))
 
     def _publish(self, records: list[WorkerRecord]) -> None:
-        now = time.time()
+        now, ttl_s = time.time(), max(120.0, self.cluster.heartbeat_ttl_s)
         for record in records:
             fresh = dataclasses.replace(record, heartbeat_at=now)
-            publish(self.registry, self.cluster.keys, fresh, ttl_s=120)
+            publish(self.registry, self.cluster.keys, fresh, ttl_s=ttl_s)
 
     async def _beat(self, records: list[WorkerRecord]) -> None:
         """The stubs' heartbeats: their records again with a new ``heartbeat_at`` every
