@@ -19,7 +19,8 @@ fi
 # Everything else runs side by side, since most of the suite's time is spent waiting on
 # servers: mypy, and two passes of the tests, each test once, each pass on several processes
 # (pytest-xdist; a file's tests stay on one process, so a module's cluster starts once;
-# spreading them test by test ran too many clusters at once on 2 cores).
+# spreading them test by test ran too many clusters at once on 2 cores), the longest files
+# handed out first (tests/file_order.py; xdist's own reordering by test count is off).
 # The tests that move KV through the pool (marked kv_path: the pool, landing, hand-off and
 # fault tests) run with every transfer through the host staging slots, the GPU path's code
 # but for the device copies (KVSERVE_KV_STAGING=always, tests/staging.py); everything else
@@ -34,12 +35,13 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 .venv/bin/mypy >"$logs/mypy" 2>&1 &
 typing=$!
+by_file=(--dist loadfile --no-loadscope-reorder)
 KVSERVE_TEST_PORTS=26000-32000 KVSERVE_KV_STAGING=always .venv/bin/pytest -q -p no:cacheprovider \
-  --durations=10 -m kv_path -n "${KVSERVE_KV_PROCS:-2}" --dist loadfile >"$logs/staged" 2>&1 &
+  --durations=10 -m kv_path -n "${KVSERVE_KV_PROCS:-2}" "${by_file[@]}" >"$logs/staged" 2>&1 &
 staged=$!
 status=0
 KVSERVE_TEST_PORTS=20000-26000 .venv/bin/pytest -q --durations=20 -m "not kv_path" \
-  -n "${KVSERVE_TEST_PROCS:-3}" --dist loadfile || status=$?
+  -n "${KVSERVE_TEST_PROCS:-3}" "${by_file[@]}" || status=$?
 wait "$staged" || status=$?
 echo "=== the kv_path pass (KVSERVE_KV_STAGING=always) ==="
 cat "$logs/staged"

@@ -9,6 +9,7 @@ import pytest
 
 import kvserve  # noqa: F401  (first: gRPC's fork support off before grpc loads)
 from kvpool.net import PORTS_ENV
+from tests.file_order import STORE, FileDurations
 from workers.model.prepare import make_tiny_model, prepare_default_model
 
 PORT_SPAN_ENV = "KVSERVE_TEST_PORTS"
@@ -16,10 +17,18 @@ PORT_SPAN_ENV = "KVSERVE_TEST_PORTS"
 pass its own), split evenly among its xdist processes (:func:`pytest_configure`)."""
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        STORE, action="store_true", help="measure each file's seconds into tests/durations.json"
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """On an xdist process of a pass that has a port span, give this process its share of
-    the span as :data:`kvpool.net.PORTS_ENV`, so processes running side by side never pick
-    the same free port (outside that, ports are the OS's choice)."""
+    """Order the files longest first (:mod:`tests.file_order`). On an xdist process of a
+    pass that has a port span, give this process its share of the span as
+    :data:`kvpool.net.PORTS_ENV`, so processes running side by side never pick the same free
+    port (outside that, ports are the OS's choice)."""
+    config.pluginmanager.register(FileDurations(config.getoption(STORE)), "file-durations")
     span, worker = os.environ.get(PORT_SPAN_ENV, ""), os.environ.get("PYTEST_XDIST_WORKER", "")
     if not (span and worker):
         return

@@ -10,7 +10,10 @@ registered in a real Redis (beating every ``heartbeat_s``, as workers do); every
 binds 127.0.0.1 only. A stub's ``load`` fields join its registered load report (e.g.
 ``prefill_tokens_per_s``); the harness's ``router_options`` override its
 :class:`RouterConfig` (``api_key``: then :meth:`client` and :meth:`get` send the first key
-unless told otherwise); the stubs register ``max_model_len``.
+unless told otherwise); the stubs register ``max_model_len``; the stubs beat every
+``heartbeat_s``; the harness is entered once the router serves and, unless
+``tokenizer_first`` is False, has its tokenizer loaded. A harness that fails to start stops
+what it started.
 """
 
 from __future__ import annotations
@@ -196,8 +199,9 @@ class Harness:
         router_options: Mapping[str, Any] | None = None,
         max_model_len: int = 2048,
         heartbeat_s: float = ClusterConfig.heartbeat_s,
+        tokenizer_first: bool = True,
     ) -> None:
-        self.max_model_len = max_model_len
+        self.max_model_len, self.tokenizer_first = max_model_len, tokenizer_first
         # a liveness window well past the beat: on a loaded machine (the suite runs several
         # processes on 2 cores) this loop's beat can come seconds late, and a stub must not
         # drop out of routing for that
@@ -227,7 +231,13 @@ class Harness:
 
     def __enter__(self) -> Harness:
         self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+        started = asyncio.run_coroutine_threadsafe(self._start(), self.loop)
+        try:
+            started.result(30)
+        except BaseException:  # nothing left running for the next test
+            started.cancel()
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -254,8 +264,9 @@ class Harness:
         self.web_task = asyncio.create_task(self.web.serve())
         while not self.web.started:
             await asyncio.sleep(0.02)
-        if self.config.tokenizer_dir:  # the router's preload, awaited: a first request's
-            # deadline would include it (seconds on a loaded machine; a 1 s one ran out in it)
+        if self.tokenizer_first and self.config.tokenizer_dir:
+            # the router's preload, awaited: a first request's deadline would include it
+            # (seconds on a loaded machine; a 1 s one ran out in it)
             await self.app.state.service.tokenizers.get(lambda: Path(self.config.tokenizer_dir))
 
     def _publish(self, records: list[WorkerRecord]) -> None:

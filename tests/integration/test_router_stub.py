@@ -308,7 +308,8 @@ def test_health_waits_for_the_tokenizer_loaded_in_the_background(
         return Tokenizer(model_dir)
 
     monkeypatch.setattr(tokenizer_module, "Tokenizer", held)
-    with Harness(redis_url, default_model_dir, [StubWorker("d1", "decode")]) as h:
+    stubs = [StubWorker("d1", "decode")]
+    with Harness(redis_url, default_model_dir, stubs, tokenizer_first=False) as h:
 
         def loading() -> bool:
             status, body = h.get("/health")
