@@ -55,6 +55,23 @@ class PoolUnavailableError(RuntimeError):
     """The pool cannot be joined or reached; callers fall back to recomputing."""
 
 
+def check_master(config: PoolConfig) -> tuple[str, int] | None:
+    """The single master ``config`` names, as ``(host, port)``, once its port answers
+    within :data:`MASTER_PROBE_S` (``None`` for masters in HA mode, found through etcd);
+    raises :class:`PoolUnavailableError` when nothing answers there. Mooncake's own setup
+    retries for about 90 s before giving up, and a vLLM worker would load its model first:
+    this answers in seconds."""
+    host, _, port = config.pool_master.rpartition(":")
+    if not port.isdigit() or config.ha_master:
+        return None
+    master = (host.strip("[]"), int(port))
+    if not port_open(*master, MASTER_PROBE_S):
+        raise PoolUnavailableError(
+            f"nothing answers at {config.pool_master}: is mooncake_master running there?"
+        )
+    return master
+
+
 class MooncakeStore:
     def __init__(
         self, client: Any, master: tuple[str, int] | None = None, ssd: bool = False
@@ -113,14 +130,7 @@ class MooncakeStore:
                 "kvserve's pool-cpu extra (pool-cuda on a GPU machine), and Debian's "
                 "libibverbs1; scripts/setup.sh installs both"
             ) from exc
-        host, _, port = config.pool_master.rpartition(":")
-        single = port.isdigit() and not config.ha_master  # HA masters: found through etcd
-        master = (host.strip("[]"), int(port)) if single else None
-        if master is not None and not port_open(*master, MASTER_PROBE_S):
-            # mooncake's own setup retries for about 90 s before giving up
-            raise PoolUnavailableError(
-                f"nothing answers at {config.pool_master}: is mooncake_master running there?"
-            )
+        master = check_master(config)
         # Mooncake advertises its transfer-engine address from this variable, else from the
         # machine's first LAN interface, whatever the local hostname says: make it say ours.
         os.environ[TRANSFER_ADDRESS_VARIABLE] = config.pool_local_hostname

@@ -3,7 +3,9 @@ vLLM's environment: :func:`kvserve.vllm_env.enter` re-executed the command there
 
 Lifecycle:
 
-1. :func:`workers.serve.serving.admitted` (the registry and TLS settings let this worker in); the
+1. :func:`workers.serve.serving.admitted` (the registry and TLS settings let this worker in),
+   and, for a prefill or decode worker, :func:`kvpool.store.check_master` (the pool's master
+   answers: the role needs the pool, and this fails in seconds, before vLLM starts); the
    KV namespace and wire layout from the model directory, as our engine computes them (so
    a vLLM worker and ours share blocks when model, dtype and block size agree: their KV
    contracts are equal);
@@ -37,6 +39,7 @@ from pathlib import Path
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace, PrefixHasher
 from kvpool.layout import KVLayout
+from kvpool.store import PoolUnavailableError, check_master
 from proto.registry import ClusterConfig, WorkerRecord
 from proto.tokenization import Tokenizer
 from vllm_backend.args import cpu_binding, engine_kwargs, sampling_kwargs
@@ -77,6 +80,14 @@ def serve(
         return 1
     if not admitted(cluster):
         return 1
+    if worker.role != "mixed":  # before vLLM loads its model, which takes a minute
+        try:
+            check_master(pool)
+        except PoolUnavailableError as exc:
+            log.error(
+                "the %s role needs the KV pool, which vLLM could not join: %s", worker.role, exc
+            )
+            return 1
     private = Path(tempfile.mkdtemp(prefix="kvserve-vllm-"))
     try:
         return asyncio.run(_serve(worker, engine, options, pool, cluster, private))

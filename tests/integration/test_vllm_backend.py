@@ -18,7 +18,8 @@ router, gRPC straight to a worker where a test needs one.
   recomputed, the output unchanged; a missing block is a miss, recomputed, unchanged;
 - a vLLM worker's prefix cache reaches the KV event stream under our block names;
 - an unauthenticated call to a vLLM-backed worker is refused;
-- a prefill worker whose vLLM cannot join the pool exits at start, never registered;
+- a prefill worker whose pool master does not answer exits at start, before vLLM loads
+  its model (:func:`kvpool.store.check_master`), never registered;
 - the GPU check's vLLM check (``kvserve.gpucheck.vllm_path``) passes on this cluster;
 - once every request is done, no worker holds a page.
 """
@@ -218,7 +219,7 @@ def test_the_gpu_checks_vllm_check_passes_here(setup: Setup) -> None:
     assert figures["decode_computed_tokens"] == 0 and figures["answered"] == 3
 
 
-def test_a_prefill_worker_whose_vllm_cannot_join_the_pool_does_not_serve(
+def test_a_prefill_worker_whose_pool_master_is_down_exits_before_vllm_starts(
     setup: Setup, tmp_path: Path
 ) -> None:
     port, closed = free_local_ports(2)
@@ -230,10 +231,11 @@ def test_a_prefill_worker_whose_vllm_cannot_join_the_pool_does_not_serve(
     worker = ManagedProcess("no-pool-0", plan.argv, tmp_path / "no-pool.log", dict(plan.env))
     worker.start()
     try:
-        assert worker.wait(300) == 1
+        assert worker.wait(120) == 1
     finally:
         worker.stop(10.0)
-    assert "the prefill role needs the KV pool, which vLLM could not join" in worker.log_tail()
+    said = "the prefill role needs the KV pool, which vLLM could not join: nothing answers at"
+    assert f"{said} 127.0.0.1:{closed}" in worker.log_tail()  # the check before vLLM starts
     assert "no-pool-0" not in registered(setup.cluster)
 
 
