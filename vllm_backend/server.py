@@ -65,6 +65,8 @@ WARMUP_TOKENS = 8
 JOIN_WAIT_S = 10.0
 """Longest wait, once vLLM is up, for its worker side's ``joined`` report (it was sent
 while vLLM started, so it is normally in already)."""
+NO_POOL = "the %s role needs the KV pool, which vLLM could not join"
+"""What a prefill or decode worker logs, with its role, when it exits without the pool."""
 
 
 def serve(
@@ -80,13 +82,11 @@ def serve(
         return 1
     if not admitted(cluster):
         return 1
-    if worker.role != "mixed":  # before vLLM loads its model, which takes a minute
+    if _needs_pool(worker):  # before vLLM loads its model, which takes a minute
         try:
             check_master(pool)
         except PoolUnavailableError as exc:
-            log.error(
-                "the %s role needs the KV pool, which vLLM could not join: %s", worker.role, exc
-            )
+            log.error(f"{NO_POOL}: %s", worker.role, exc)
             return 1
     private = Path(tempfile.mkdtemp(prefix="kvserve-vllm-"))
     try:
@@ -96,6 +96,12 @@ def serve(
         return 1
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+def _needs_pool(worker: WorkerConfig) -> bool:
+    """A prefill or decode worker serves through the pool; a mixed one can serve from
+    vLLM's own cache alone."""
+    return worker.role != "mixed"
 
 
 def _bind_threads(engine: EngineConfig) -> None:
@@ -154,8 +160,8 @@ async def _serve(
         engine.shutdown()
         await inbox.stop()
 
-    if not await state.joined(JOIN_WAIT_S) and worker.role != "mixed":
-        log.error("the %s role needs the KV pool, which vLLM could not join", worker.role)
+    if not await state.joined(JOIN_WAIT_S) and _needs_pool(worker):
+        log.error(NO_POOL, worker.role)
         await stop()
         return 1
     max_model_len = int(engine.llm.vllm_config.model_config.max_model_len)

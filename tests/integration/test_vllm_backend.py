@@ -231,7 +231,7 @@ def test_a_prefill_worker_whose_pool_master_is_down_exits_before_vllm_starts(
     worker = ManagedProcess("no-pool-0", plan.argv, tmp_path / "no-pool.log", dict(plan.env))
     worker.start()
     try:
-        assert worker.wait(120) == 1
+        assert worker.wait(300) == 1
     finally:
         worker.stop(10.0)
     said = "the prefill role needs the KV pool, which vLLM could not join: nothing answers at"
