@@ -116,6 +116,10 @@ def offload_flags(cfg: MasterConfig) -> list[str]:
     return flags
 
 
+START_TIMEOUT_S = 60.0
+"""Seconds each pool service has to be ready at a start: the metadata server is a Python
+process, and on 2 loaded cores one took over 20 s to open its port (a CI run of the suite);
+a service that exits fails the start at once."""
 METADATA = "mooncake_metadata"
 MASTER = "mooncake_master"
 
@@ -197,7 +201,7 @@ class PoolProcesses:
         self._ready = ready
         """Waited on (with the start's timeout) once every service runs (HA: a leader)."""
 
-    def start(self, timeout: float = 20.0) -> PoolProcesses:
+    def start(self, timeout: float = START_TIMEOUT_S) -> PoolProcesses:
         """Start every service in order, each given ``timeout`` seconds to be ready;
         whatever is left of an earlier start is stopped first."""
         self.stop()
@@ -211,7 +215,9 @@ class PoolProcesses:
             raise
         return self
 
-    def restart(self, name: str, grace: float | None = None, timeout: float = 20.0) -> None:
+    def restart(
+        self, name: str, grace: float | None = None, timeout: float = START_TIMEOUT_S
+    ) -> None:
         """Stop service ``name`` (``grace`` seconds before SIGKILL), start it again and wait
         until it is ready; on failure it is left stopped and the error names its log."""
         self.processes[name].restart(grace, timeout)
@@ -279,7 +285,7 @@ class MasterProcess(PoolProcesses):
         }
         """Every service's process by name, in start order."""
 
-    def start(self, timeout: float = 20.0) -> MasterProcess:
+    def start(self, timeout: float = START_TIMEOUT_S) -> MasterProcess:
         self.stop()
         if self.log_path is not None:
             self.log_path.write_bytes(b"")
