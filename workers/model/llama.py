@@ -157,12 +157,16 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Decoder stack and LM head. Construct on the target device/dtype, then load weights."""
+    """Decoder stack and LM head. Construct (on the meta device), allocate, then load
+    weights: no parameter is initialised here, every one is left for the checkpoint."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # The embedding gets its (uninitialised) weight: its default init, normal_ on the
+        # meta device, imports torch._dynamo, seconds of CPU at every worker's start.
+        table = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=table)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

@@ -84,10 +84,11 @@ def load_model(
 ) -> tuple[LlamaModel, ModelConfig]:
     """Build the model on ``device`` in ``dtype`` and load the checkpoint into it.
 
-    The modules are built on the meta device, cast, then allocated on ``device`` directly
-    in ``dtype``: no fp32 copy of the weights ever exists there (twice a bf16 model's
-    size) and no random initialisation runs. Every parameter is then
-    overwritten by the checkpoint (a missing one is refused), converted to ``dtype``."""
+    The modules are built on the meta device (no memory, no random initialisation), then
+    each parameter is replaced by its checkpoint tensor, copied to ``device`` in ``dtype``
+    (a missing one is refused): no fp32 copy of the weights ever exists there (twice a
+    bf16 model's size), and no meta tensor is operated on (meta ops go through torch's
+    Python references, whose first use imports sympy: seconds at every worker's start)."""
     cfg = load_model_config(model_dir)
     state = _hf_to_ours(dict(_read_tensors(safetensors_files(model_dir))))
     if cfg.tie_word_embeddings:
@@ -96,9 +97,7 @@ def load_model(
         if "embed_tokens.weight" not in state and head is not None:
             state["embed_tokens.weight"] = head
     with torch.device("meta"):
-        model = LlamaModel(cfg).to(dtype)
-    model = model.to_empty(device=device)
-    model.tie_weights()  # to_empty gave the head a Parameter of its own
+        model = LlamaModel(cfg)
     expected = set(model.state_dict())
     if cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")
@@ -109,6 +108,8 @@ def load_model(
             f"checkpoint in {model_dir} does not fit {cfg.model_type}: "
             f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
         )
-    model.load_state_dict({n: state[n] for n in expected}, strict=False, assign=False)
+    placed = {n: state[n].to(device=device, dtype=dtype, copy=True) for n in expected}
+    model.load_state_dict(placed, strict=False, assign=True)
+    model.tie_weights()  # the head takes the embedding's new Parameter
     model.eval()
     return model, cfg
