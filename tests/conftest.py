@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import kvserve  # noqa: F401  (first: gRPC's fork support off before grpc loads)
 from kvpool.net import PORTS_ENV
-from tests.file_order import STORE, FileDurations
+from tests.file_order import STORE, FileDurations, FilesAndGroups
 from workers.model.prepare import make_tiny_model, prepare_default_model
 
 PORT_SPAN_ENV = "KVSERVE_TEST_PORTS"
 """``LOW-HIGH``: the ports this pass of the suite may hand out (scripts/test.sh gives each
 pass its own), split evenly among its xdist processes (:func:`pytest_configure`)."""
+SHARED_MODELS_ENV = "KVSERVE_TEST_MODELS"
+"""A folder the processes of one run of the suite share for the models its fixtures make
+(scripts/test.sh gives one to both passes; removed after the run)."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -39,6 +44,13 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[PORTS_ENV] = f"{start}-{start + share}"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own answer
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (scripts/test.sh) keeps the files that share a package's cluster
+    on one process (:class:`tests.file_order.FilesAndGroups`); other modes are xdist's."""
+    return FilesAndGroups(config, log) if config.getvalue("dist") == "loadfile" else None
+
+
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """SmolLM2-135M-Instruct converted from the shipped GGUF (cached across runs)."""
@@ -47,7 +59,16 @@ def default_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
-    """A 4-layer random Llama with GQA and SmolLM2's tokenizer."""
-    return make_tiny_model(
-        tmp_path_factory.mktemp("models") / "tiny-llama", seed=0, tokenizer_dir=default_model_dir
-    )
+    """A 4-layer random Llama with GQA and SmolLM2's tokenizer. Made once per run of
+    scripts/test.sh: in the folder it names in :data:`SHARED_MODELS_ENV`, by the first
+    process to get there (the others wait on the lock and take it; about 9 s of CPU each
+    process saves); in a temporary folder of this session otherwise."""
+    shared = os.environ.get(SHARED_MODELS_ENV)
+    folder = Path(shared) if shared else tmp_path_factory.mktemp("models")
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "tiny-llama"
+    with (folder / "tiny-llama.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (target / "config.json").is_file():
+            make_tiny_model(target, seed=0, tokenizer_dir=default_model_dir)
+    return target

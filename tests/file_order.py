@@ -1,11 +1,11 @@
 """The suite's files, longest first, so that a pass ends soon after its total work allows.
 
-scripts/test.sh hands whole files to its xdist processes (``--dist loadfile``, so that a
-module's cluster starts once) in collection order, with xdist's own reordering (by number
-of tests) off. A pass ends when its last file does; a four-minute file handed out last
-(xdist's order put the vLLM cluster's file late) would set the pass's time alone. Handing
-out the longest files first (longest-processing-time-first) lets the short ones fill in
-around them.
+scripts/test.sh hands whole files to its xdist processes (``--dist loadfile``, with
+:class:`FilesAndGroups`, so that a module's cluster starts once) in collection order, with
+xdist's own reordering (by number of tests) off. A pass ends when its last file does; a
+four-minute file handed out last (xdist's order put the vLLM cluster's file late) would set
+the pass's time alone. Handing out the longest files first (longest-processing-time-first)
+lets the short ones fill in around them.
 
 Durations come from :data:`DURATIONS` (seconds per file: setup, call and teardown of every
 test in it, as measured on 2 cores under the suite's own load); a file it does not list
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 DURATIONS = Path(__file__).with_name("durations.json")
 STORE = "--store-file-durations"
@@ -99,3 +100,29 @@ class FileDurations:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.store and self.measured and not hasattr(session.config, "workerinput"):
             merge_durations(self.measured)
+
+
+ONE_PROCESS = {
+    "eval_cluster": frozenset(
+        f"tests/e2e/{name}.py"
+        for name in (
+            "test_lm_eval",
+            "test_openai_eval_api",
+            "test_status_page",
+            "test_redis_roles_live",
+            "test_router_token_replay",
+        )
+    )
+}
+"""Files that scripts/test.sh runs on one process, by the package-scoped fixture their tests
+share (it then starts once, not once per process). tests/e2e/conftest.py refuses a test
+that takes the fixture from a file not listed here."""
+
+
+class FilesAndGroups(LoadFileScheduling):  # type: ignore[misc]  # xdist is untyped
+    """xdist's scheduler for ``--dist loadfile`` here: whole files to a process, except that
+    the files of one :data:`ONE_PROCESS` entry go to one process together."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        name = file_of(nodeid)
+        return next((group for group, files in ONE_PROCESS.items() if name in files), name)

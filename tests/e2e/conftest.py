@@ -1,8 +1,9 @@
-"""The cluster that the evaluation-API tests and the status page's test share
-(``test_lm_eval.py``, ``test_openai_eval_api.py`` and ``test_status_page.py``, next to each
-other in the run): a prefill and a decode worker on the tiny model, every request
-disaggregated. Package-scoped, so it starts once for all three and stops after the last
-test of this folder."""
+"""The cluster that the tests of this folder that take ``eval_cluster`` share (the
+evaluation-API tests, the status page's, the Redis logins' and the token replay's): a
+prefill and a decode worker on the tiny model, every request disaggregated.
+Package-scoped, so it starts once for all of them and stops after the last test of this
+folder; under xdist the files that use it run on one process
+(:data:`tests.file_order.ONE_PROCESS`), or each process would start its own."""
 
 from __future__ import annotations
 
@@ -12,7 +13,19 @@ from pathlib import Path
 import pytest
 
 from kvserve.cluster.launch import Cluster
+from tests.file_order import ONE_PROCESS, file_of
 from tests.tiny_cluster import tiny_cluster_spec
+
+SHARED = "eval_cluster"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse a test that takes the shared cluster from a file that scripts/test.sh does
+    not keep on the cluster's process (:data:`tests.file_order.ONE_PROCESS`)."""
+    for item in items:
+        name = file_of(item.nodeid)
+        if SHARED in getattr(item, "fixturenames", ()) and name not in ONE_PROCESS[SHARED]:
+            raise pytest.UsageError(f"{name} takes {SHARED}: list it in tests/file_order.py")
 
 
 @pytest.fixture(scope="package")

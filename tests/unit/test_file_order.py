@@ -1,5 +1,5 @@
 """The suite's file order (:mod:`tests.file_order`): longest files first, stable otherwise,
-and the stored durations merged, not overwritten."""
+the stored durations merged, not overwritten, and the units xdist hands out."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.file_order import longest_first, merge_durations, read_durations
+from tests.file_order import FilesAndGroups, longest_first, merge_durations, read_durations
 
 
 @dataclass(frozen=True)
@@ -40,3 +40,12 @@ def test_a_merge_replaces_what_it_measured_and_keeps_the_rest(tmp_path: Path) ->
     merge_durations({"b.py": 7.0, "c.py": 3.0}, path)
     assert read_durations(path) == {"a.py": 1.0, "b.py": 7.0, "c.py": 3.0}
     assert list(json.loads(path.read_text())) == ["a.py", "b.py", "c.py"]
+
+
+def test_a_file_is_one_unit_unless_it_shares_a_process() -> None:
+    split = FilesAndGroups.__new__(FilesAndGroups)._split_scope  # (pure: no state used)
+    assert split("tests/a.py::test_x") == "tests/a.py"
+    assert split("tests/a.py::Case::test_x[1-2]") == "tests/a.py"
+    assert split("tests/e2e/test_lm_eval.py::test_x") == "eval_cluster"
+    assert split("tests/e2e/test_status_page.py::test_y[a]") == "eval_cluster"
+    assert split("tests/e2e/test_dashboard.py::test_z") == "tests/e2e/test_dashboard.py"
