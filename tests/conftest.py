@@ -44,7 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[PORTS_ENV] = f"{start}-{start + share}"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own answer
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own answer
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadfile`` (scripts/test.sh) keeps the files that share a package's cluster
     on one process (:class:`tests.file_order.FilesAndGroups`); other modes are xdist's."""

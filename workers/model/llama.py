@@ -157,8 +157,9 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Decoder stack and LM head. Construct (on the meta device), allocate, then load
-    weights: no parameter is initialised here, every one is left for the checkpoint."""
+    """Decoder stack and LM head. Construct on the meta device, then give it the
+    checkpoint's tensors (:func:`workers.model.loader.load_model`): no parameter is
+    initialised here."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
