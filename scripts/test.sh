@@ -20,10 +20,10 @@ fi
 # servers: mypy, and two passes of the tests, each test once, each pass on several processes
 # (pytest-xdist; a file's tests stay on one process, so a module's cluster starts once;
 # spreading them test by test ran too many clusters at once on 2 cores; files whose tests
-# share a package's cluster stay on one process together: tests/file_order.py's
-# scheduler), the longest files handed out first
-# (tests/file_order.py; xdist's own reordering by test count is off). The suite is CPU-bound
-# on 2 cores: what saves CPU (a process start, a model made once) saves time.
+# share a package's cluster stay on one process together), the longest files handed out
+# first (tests/file_order.py, its scheduler and order; xdist's own reordering by test count
+# is off). The suite is CPU-bound on 2 cores: what saves CPU (a process start, a model made
+# once) saves time.
 # The tests that move KV through the pool (marked kv_path: the pool, landing, hand-off and
 # fault tests) run with every transfer through the host staging slots, the GPU path's code
 # but for the device copies (KVSERVE_KV_STAGING=always, tests/staging.py); everything else

@@ -102,8 +102,10 @@ class FileDurations:
             merge_durations(self.measured)
 
 
+EVAL_CLUSTER = "eval_cluster"
+"""The package-scoped cluster of tests/e2e (its fixture's name)."""
 ONE_PROCESS = {
-    "eval_cluster": frozenset(
+    EVAL_CLUSTER: frozenset(
         f"tests/e2e/{name}.py"
         for name in (
             "test_lm_eval",

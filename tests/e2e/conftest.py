@@ -13,19 +13,18 @@ from pathlib import Path
 import pytest
 
 from kvserve.cluster.launch import Cluster
-from tests.file_order import ONE_PROCESS, file_of
+from tests.file_order import EVAL_CLUSTER, ONE_PROCESS, file_of
 from tests.tiny_cluster import tiny_cluster_spec
-
-SHARED = "eval_cluster"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Refuse a test that takes the shared cluster from a file that scripts/test.sh does
     not keep on the cluster's process (:data:`tests.file_order.ONE_PROCESS`)."""
+    listed = ONE_PROCESS[EVAL_CLUSTER]
     for item in items:
         name = file_of(item.nodeid)
-        if SHARED in getattr(item, "fixturenames", ()) and name not in ONE_PROCESS[SHARED]:
-            raise pytest.UsageError(f"{name} takes {SHARED}: list it in tests/file_order.py")
+        if EVAL_CLUSTER in getattr(item, "fixturenames", ()) and name not in listed:
+            raise pytest.UsageError(f"{name} takes {EVAL_CLUSTER}: list it in tests/file_order.py")
 
 
 @pytest.fixture(scope="package")
