@@ -64,6 +64,11 @@ class PoolConfig:
       (:mod:`kvpool.tiers`): an absolute directory where this member keeps offloaded
       copies of the objects in its segment (created when joining if missing; the
       master needs ``master_enable_offload``). Empty (default): DRAM only.
+    - ``pool_transfer_timeout_s``: a transfer between members that makes no progress for
+      this long fails (Mooncake's TCP transport: ``MC_TCP_PROGRESS_TIMEOUT_SEC`` and
+      ``MC_TCP_STATUS_TIMEOUT_SEC``, whole seconds, at least 1; its own default is 30 s). A
+      member that froze or dropped off the network then costs a reader this long, not 30 s:
+      the read misses and the blocks are recomputed (the pool is a cache).
     - ``pool_request_ttl_s``: lifetime of request-scoped objects (partial last blocks)
       that nobody collected.
     - ``master_metrics_url``: ``http://host:port/metrics`` of ``mooncake_master`` (its
@@ -102,6 +107,7 @@ class PoolConfig:
     pool_confine: bool = True
     pool_segment_mib: int = 512
     pool_local_buffer_mib: int = 64
+    pool_transfer_timeout_s: float = 5.0
     pool_request_ttl_s: float = 60.0
     master_metrics_url: str = ""
     pool_eviction: str = field(default="chain", metadata={"choices": EVICTION})
@@ -121,6 +127,8 @@ class PoolConfig:
             raise ValueError(f"pool_master must be host:port, got {self.pool_master!r}")
         if self.pool_segment_mib < 0 or self.pool_local_buffer_mib < 1:
             raise ValueError("pool_segment_mib must be >= 0 and pool_local_buffer_mib >= 1")
+        if not self.pool_transfer_timeout_s > 0:
+            raise ValueError("pool_transfer_timeout_s must be positive")
         if self.pool_request_ttl_s <= 0:
             raise ValueError("pool_request_ttl_s must be positive")
         for url in filter(None, self.master_metrics_url.split(",")):

@@ -42,6 +42,7 @@ from typing import Any
 from kvpool.config import PoolConfig
 from kvpool.layout import KVLayout
 from kvpool.net import free_local_ports
+from kvpool.store import transfer_environment
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,7 @@ class PushEngine:
             from mooncake.engine import TransferEngine
         except ImportError as exc:
             raise PushError(f"cannot import mooncake.engine: {exc}") from exc
+        transfer_environment(config)
         host = config.pool_local_hostname
         for _ in range(NAME_TRIES):
             name = f"{host}:{free_local_ports(1)[0]}"

@@ -27,6 +27,7 @@ and :meth:`MooncakeStore.tiers` tells where objects would be read from.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -41,6 +42,9 @@ TRANSFER_ADDRESS_VARIABLE = "MC_TCP_BIND_ADDRESS"
 """Mooncake's own variable for the address its TCP transport advertises to the other members
 (despite the name, it binds nothing: :mod:`kvpool.confine` does that); set from
 ``pool_local_hostname`` before each join."""
+TRANSFER_TIMEOUT_VARIABLES = ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC")
+"""Mooncake's TCP transport's stall limits (whole seconds), set from
+``pool_transfer_timeout_s`` before each join (:func:`transfer_environment`)."""
 MASTER_PROBE_S = 2.0
 """How long joining the pool waits for the master's port to answer before giving up."""
 OUTAGE_BACKOFF_S = 1.0
@@ -70,6 +74,16 @@ def check_master(config: PoolConfig) -> tuple[str, int] | None:
             f"nothing answers at {config.pool_master}: is mooncake_master running there?"
         )
     return master
+
+
+def transfer_environment(config: PoolConfig) -> None:
+    """Set the variables Mooncake's transfer engine reads when it starts from ``config``:
+    the address it advertises and how long a stalled transfer lasts."""
+    # Mooncake advertises its transfer-engine address from this variable, else from the
+    # machine's first LAN interface, whatever the local hostname says: make it say ours.
+    os.environ[TRANSFER_ADDRESS_VARIABLE] = config.pool_local_hostname
+    seconds = str(max(1, math.ceil(config.pool_transfer_timeout_s)))
+    os.environ.update(dict.fromkeys(TRANSFER_TIMEOUT_VARIABLES, seconds))
 
 
 class MooncakeStore:
@@ -131,9 +145,7 @@ class MooncakeStore:
                 "libibverbs1; scripts/setup.sh installs both"
             ) from exc
         master = check_master(config)
-        # Mooncake advertises its transfer-engine address from this variable, else from the
-        # machine's first LAN interface, whatever the local hostname says: make it say ours.
-        os.environ[TRANSFER_ADDRESS_VARIABLE] = config.pool_local_hostname
+        transfer_environment(config)
         ssd_dir = ""
         if config.pool_ssd_dir:
             try:

@@ -1,0 +1,62 @@
+"""A pool member that froze (SIGSTOP: a hung host, a stopped container) holds blocks another
+member reads: the read is a miss within ``pool_transfer_timeout_s``, and the reader goes on
+(it recomputes). Real ``mooncake_master``, real members in processes of their own.
+
+Mooncake's TCP transport alone waits 30 s for a stalled transfer; a decode worker resuming a
+request whose blocks sat in a frozen worker's segment stalled that long with every request
+it held (seen in ``tests/e2e/test_dashboard.py``). The test's own time limit, far under
+30 s and far over the 1 s set here, is what makes it able to fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kvpool.pool import KVPool
+from kvpool.store import TRANSFER_TIMEOUT_VARIABLES, MooncakeStore
+from tests.integration.pool_fixtures import (
+    LAYOUT,
+    NAMESPACE,
+    chain,
+    make_slab,
+    pool_config,
+    running_master,
+)
+from tests.staging import pool_memory
+
+pytestmark = pytest.mark.kv_path
+
+
+@pytest.mark.timeout(25)
+def test_a_frozen_member_costs_a_reader_a_miss_not_a_stall(tmp_path: Path) -> None:
+    with running_master(tmp_path) as master:
+        argv = [sys.executable, "-m", "tests.integration.pool_writer"]
+        argv += [master.rpc_address, master.metadata_url, "5", "4"]
+        with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as w:
+            assert w.stdin is not None and w.stdout is not None
+            assert w.stdout.readline().strip() == "4"  # in the writer's own segment
+            config = replace(pool_config(master), pool_transfer_timeout_s=1)
+            store = MooncakeStore.connect(config)
+            assert all(os.environ[name] == "1" for name in TRANSFER_TIMEOUT_VARIABLES)
+            pool = KVPool(store, NAMESPACE, LAYOUT, pool_memory(make_slab(), LAYOUT), "reader")
+            try:
+                hashes = chain(5, 4)
+                assert pool.lookup(hashes) == 4  # the master still lists them
+                os.kill(w.pid, signal.SIGSTOP)
+                try:
+                    assert pool.load(hashes, [0, 1, 2, 3]) == 0  # a miss, not a hang
+                finally:
+                    os.kill(w.pid, signal.SIGCONT)
+                assert pool.stats.checksum_failures == 0
+            finally:
+                pool.close()
+                store.close()
+                w.stdin.close()
+                w.wait(30)
