@@ -21,6 +21,12 @@ from workers.config import EngineConfig, VllmOptions
 
 BLOCK = 16
 MODEL_NAME = "tiny-llama"
+FAST_FAULT_ROUTER = ("--peer-timeout-s", "2")
+"""Router flags of a cluster whose tests freeze or cut off workers: a frozen peer fails its
+calls within about 2 s."""
+FAST_FAULT_WORKER = (*FAST_FAULT_ROUTER, "--pool-transfer-timeout-s", "2")
+"""Worker flags of such a cluster: the same, and a read of blocks held in a frozen worker's
+pool segment misses within 2 s (Mooncake's transport spins a core while it waits)."""
 
 
 def tiny_cluster_spec(

@@ -35,10 +35,15 @@ from tests.browser import chromium_page, screenshot, sign_in
 from tests.dashboard import queries
 from tests.midstream import fault_mid_stream
 from tests.prometheus import Prometheus, prometheus_binary
-from tests.tiny_cluster import MODEL_NAME, prompt_of, tiny_cluster_spec
+from tests.tiny_cluster import (
+    FAST_FAULT_ROUTER,
+    FAST_FAULT_WORKER,
+    MODEL_NAME,
+    prompt_of,
+    tiny_cluster_spec,
+)
 
 CLIENT_KEY, SCRAPE_KEY = "sk-test-client-0123456789", "sk-test-scrape-0123456789"
-PEER_TIMEOUT = ("--peer-timeout-s", "2")  # a frozen decode worker fails its calls in ~2 s
 CONTROLLER = (
     "--controller", "--controller-interval-s", "0.5", "--controller-window-s", "30",
     "--controller-ttft-slo-s", "1e-6", "--controller-tpot-slo-s", "1000",
@@ -98,8 +103,8 @@ def test_every_dashboard_query_returns_data(tiny_model_dir: Path, tmp_path: Path
         decode=3,
         api_key=f"client={CLIENT_KEY},prometheus={SCRAPE_KEY}",
         worker_metrics_base_port=9100,  # replaced by free ports, like every other one
-        router_args=(*CONTROLLER, *PEER_TIMEOUT),
-        worker_args=PEER_TIMEOUT,
+        router_args=(*CONTROLLER, *FAST_FAULT_ROUTER),
+        worker_args=FAST_FAULT_WORKER,
     )
     key_file = tmp_path / "router_key"
     key_file.write_text(SCRAPE_KEY)

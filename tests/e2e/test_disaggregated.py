@@ -54,7 +54,15 @@ from proto.registry import Keys, connect, list_workers, seal_record
 from tests.integration.pool_member import listening
 from tests.integration.reference import hf_greedy
 from tests.midstream import LONG, complete, fault_mid_stream
-from tests.tiny_cluster import BLOCK, MODEL_NAME, cluster_client, prompt_of, tiny_cluster_spec
+from tests.tiny_cluster import (
+    BLOCK,
+    FAST_FAULT_ROUTER,
+    FAST_FAULT_WORKER,
+    MODEL_NAME,
+    cluster_client,
+    prompt_of,
+    tiny_cluster_spec,
+)
 from workers.config import EngineConfig
 from workers.core.sequence import SamplingParams
 from workers.engine.engine import Engine
@@ -62,7 +70,6 @@ from workers.engine.engine import Engine
 pytestmark = pytest.mark.kv_path
 
 SUBNET = "203.0.113.0/24"  # TEST-NET-3; `kvserve up --hosts` defaults to TEST-NET-2
-PEER_TIMEOUT = ("--peer-timeout-s", "2")  # a host cut off fails its calls within ~2 s
 NO_HOSTS = unavailable()  # '' as root with CAP_NET_ADMIN, as in CI
 needs_hosts = pytest.mark.skipif(bool(NO_HOSTS), reason=f"no separate hosts here: {NO_HOSTS}")
 
@@ -77,8 +84,8 @@ def net_cluster(
         prefill=2,
         decode=2,
         policy="round_robin",
-        router_args=PEER_TIMEOUT,
-        worker_args=PEER_TIMEOUT,
+        router_args=FAST_FAULT_ROUTER,
+        worker_args=FAST_FAULT_WORKER,
     )
     tag = f"kvt{os.getpid() % 100000}"
     net = None if NO_HOSTS else NetHosts.for_spec(spec, SUBNET, tag)

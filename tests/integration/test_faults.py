@@ -19,11 +19,15 @@ from kvserve.cluster import faults
 from kvserve.cluster.launch import Cluster
 from proto.registry import connect, list_workers
 from tests.midstream import LONG, complete, fault_mid_stream
-from tests.tiny_cluster import cluster_client, prompt_of, tiny_cluster_spec
+from tests.tiny_cluster import (
+    FAST_FAULT_ROUTER,
+    FAST_FAULT_WORKER,
+    cluster_client,
+    prompt_of,
+    tiny_cluster_spec,
+)
 
 pytestmark = pytest.mark.kv_path
-
-PEER_TIMEOUT = ("--peer-timeout-s", "2")  # a frozen peer fails its calls within ~2 s
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +37,8 @@ def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         tmp_path_factory.mktemp("faults"),
         decode=2,
         policy="round_robin",
-        router_args=PEER_TIMEOUT,
-        worker_args=PEER_TIMEOUT,
+        router_args=FAST_FAULT_ROUTER,
+        worker_args=FAST_FAULT_WORKER,
     )
     with Cluster(spec).start() as running:
         yield running
