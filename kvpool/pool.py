@@ -26,7 +26,6 @@ evict least recently used chain tails to keep the pool under a budget
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable, Sequence
 
@@ -38,7 +37,7 @@ from kvpool.keys import KeySpace, completeness, longest_prefix
 from kvpool.layout import KVLayout
 from kvpool.meta import BlockMeta, MetaCodec, MetaFault, layer_digest
 from kvpool.span_io import CacheSpan, DirectIO, Received, SpanCopier, SpanIO, StagedIO
-from kvpool.stats import Lease, PoolStats
+from kvpool.stats import Lease, Leases, PoolStats
 from kvpool.store import MooncakeStore
 from kvpool.tiers import receive_by_tier
 
@@ -84,7 +83,7 @@ class KVPool:
         self.digest = layer_digest(namespace.algorithm)
         """``digest(ptr, size)``: the layer digest of the namespace's algorithm."""
         self.stats = PoolStats()
-        self._leases: list[Lease] = []  # a heap
+        self._leases = Leases()
         self.slab_ptr = memory if isinstance(memory, int) else memory.cache_ptr
         """Where the KV slab starts (host or device memory)."""
         self.io: SpanIO = (
@@ -287,7 +286,7 @@ class KVPool:
 
     def lease(self, request_id: str, expires: float) -> None:
         """Have :meth:`sweep` remove ``request_id``'s partial block after ``expires``."""
-        heapq.heappush(self._leases, Lease(expires, request_id))
+        self._leases.add(request_id, expires)
 
     def put_partial(self, request_id: str, page: int, num_tokens: int) -> bool:
         """Publish a request's partial last block (``num_tokens`` valid) under a lease."""
@@ -318,8 +317,8 @@ class KVPool:
         """Remove this writer's partial blocks whose lease ran out; returns how many."""
         now = time.time() if now is None else now
         expired = 0
-        while self._leases and self._leases[0].expires <= now:
-            expired += self.drop_partial(heapq.heappop(self._leases).request_id)
+        while (request_id := self._leases.pop_expired(now)) is not None:
+            expired += self.drop_partial(request_id)
         self.stats.expired_requests += expired
         return expired
 

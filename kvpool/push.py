@@ -181,11 +181,15 @@ def coalesce(
 @dataclass(frozen=True)
 class PushOutcome:
     """How a push went (mirrors ``proto`` ``PushResult``): ``metas[i]`` is the meta object
-    of block ``first_block + i`` when ``ok``; ``error`` says why not otherwise."""
+    of block ``first_block + i`` when ``ok``; ``error`` says why not otherwise. ``bytes``
+    and ``seconds``: the KV its last step pushed after the first token was answered (not
+    in that token's usage)."""
 
     ok: bool
     metas: list[bytes]
     error: str = ""
+    bytes: int = 0
+    seconds: float = 0.0
 
 
 class PushError(RuntimeError):

@@ -1,8 +1,11 @@
 """What a worker's view of the pool counts (:class:`PoolStats`) and the leases of its
-request-scoped partial blocks (:class:`Lease`); both used by :class:`kvpool.pool.KVPool`."""
+request-scoped partial blocks (:class:`Lease`, held in :class:`Leases`); both used by
+:class:`kvpool.pool.KVPool`."""
 
 from __future__ import annotations
 
+import heapq
+import threading
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -15,6 +18,26 @@ class Lease(NamedTuple):
 
     expires: float
     request_id: str
+
+
+class Leases:
+    """The partial blocks a writer leased, soonest expiry first; thread-safe (a push's last
+    step leases from the kv-write thread, the engine sweeps)."""
+
+    def __init__(self) -> None:
+        self._heap: list[Lease] = []
+        self._lock = threading.Lock()
+
+    def add(self, request_id: str, expires: float) -> None:
+        with self._lock:
+            heapq.heappush(self._heap, Lease(expires, request_id))
+
+    def pop_expired(self, now: float) -> str | None:
+        """The request id of a lease over at ``now`` (removed), or None when none is."""
+        with self._lock:
+            if not self._heap or self._heap[0].expires > now:
+                return None
+            return heapq.heappop(self._heap).request_id
 
 
 @dataclass

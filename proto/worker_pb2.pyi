@@ -11,8 +11,10 @@ A disaggregated request, in the order the router drives it:
                the pool, then tokens stream back until the request finishes.
 Direct push (ReserveRequest.offer_push): the decode worker answers where its reserved pages
 are (ReserveReply.push_target), the router hands that to the prefill worker
-(PrefillRequest.push_target), which writes each layer there as it is computed and answers
-the pushed blocks' MAC'd metas (PrefillReply.push); Generate carries them
+(PrefillRequest.push_target), which writes each layer there as it is computed, answers
+the first token at once and the pushed blocks' MAC'd metas when the push is done (a
+second PrefillReply with push set: the transfer stays off the first token's path);
+Generate carries them
 (GenerateRequest.pushed_metas) and the decode worker checks its pages against them. The
 prefill worker still publishes the full blocks (and the partial last one) to the pool, in
 the background: a push that failed falls back to the pool.
@@ -473,6 +475,10 @@ Global___PushResult: _TypeAlias = PushResult  # noqa: Y015
 
 @_typing.final
 class PrefillReply(_message.Message):
+    """The first message of a Prefill stream: the first token (push unset). The second, only for a
+    request that came with a push_target: push, and in transfer the KV it moved after the first.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     FIRST_TOKEN_FIELD_NUMBER: _builtins.int
@@ -499,7 +505,7 @@ class PrefillReply(_message.Message):
 
     @_builtins.property
     def push(self) -> Global___PushResult:
-        """set when the request came with a push_target"""
+        """the second message's: how the push went"""
 
     def __init__(
         self,

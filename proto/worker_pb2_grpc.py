@@ -39,7 +39,7 @@ class WorkerStub:
                 request_serializer=proto_dot_worker__pb2.ReserveRequest.SerializeToString,
                 response_deserializer=proto_dot_worker__pb2.ReserveReply.FromString,
                 _registered_method=True)
-        self.Prefill = channel.unary_unary(
+        self.Prefill = channel.unary_stream(
                 '/kvserve.worker.v1.Worker/Prefill',
                 request_serializer=proto_dot_worker__pb2.PrefillRequest.SerializeToString,
                 response_deserializer=proto_dot_worker__pb2.PrefillReply.FromString,
@@ -76,7 +76,9 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Prefill(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One PrefillReply with the first token; with a push_target, a second one with push set
+        (and the KV that push moved in transfer) follows when the push is done.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -113,7 +115,7 @@ def add_WorkerServicer_to_server(servicer, server):
                     request_deserializer=proto_dot_worker__pb2.ReserveRequest.FromString,
                     response_serializer=proto_dot_worker__pb2.ReserveReply.SerializeToString,
             ),
-            'Prefill': grpc.unary_unary_rpc_method_handler(
+            'Prefill': grpc.unary_stream_rpc_method_handler(
                     servicer.Prefill,
                     request_deserializer=proto_dot_worker__pb2.PrefillRequest.FromString,
                     response_serializer=proto_dot_worker__pb2.PrefillReply.SerializeToString,
@@ -187,7 +189,7 @@ class Worker:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/kvserve.worker.v1.Worker/Prefill',

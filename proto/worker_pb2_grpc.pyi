@@ -11,8 +11,10 @@ A disaggregated request, in the order the router drives it:
                the pool, then tokens stream back until the request finishes.
 Direct push (ReserveRequest.offer_push): the decode worker answers where its reserved pages
 are (ReserveReply.push_target), the router hands that to the prefill worker
-(PrefillRequest.push_target), which writes each layer there as it is computed and answers
-the pushed blocks' MAC'd metas (PrefillReply.push); Generate carries them
+(PrefillRequest.push_target), which writes each layer there as it is computed, answers
+the first token at once and the pushed blocks' MAC'd metas when the push is done (a
+second PrefillReply with push set: the transfer stays off the first token's path);
+Generate carries them
 (GenerateRequest.pushed_metas) and the decode worker checks its pages against them. The
 prefill worker still publishes the full blocks (and the partial last one) to the pool, in
 the background: a push that failed falls back to the pool.
@@ -51,7 +53,10 @@ class WorkerStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> WorkerAsyncStub: ...
     Reserve: _grpc.UnaryUnaryMultiCallable[_worker_pb2.ReserveRequest, _worker_pb2.ReserveReply]
-    Prefill: _grpc.UnaryUnaryMultiCallable[_worker_pb2.PrefillRequest, _worker_pb2.PrefillReply]
+    Prefill: _grpc.UnaryStreamMultiCallable[_worker_pb2.PrefillRequest, _worker_pb2.PrefillReply]
+    """One PrefillReply with the first token; with a push_target, a second one with push set
+    (and the KV that push moved in transfer) follows when the push is done.
+    """
     Generate: _grpc.UnaryStreamMultiCallable[_worker_pb2.GenerateRequest, _worker_pb2.TokenChunk]
     Abort: _grpc.UnaryUnaryMultiCallable[_worker_pb2.AbortRequest, _worker_pb2.AbortReply]
     GetLoad: _grpc.UnaryUnaryMultiCallable[_worker_pb2.LoadRequest, _worker_pb2.LoadReport]
@@ -61,7 +66,10 @@ class WorkerStub:
 class WorkerAsyncStub(WorkerStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Reserve: _aio.UnaryUnaryMultiCallable[_worker_pb2.ReserveRequest, _worker_pb2.ReserveReply]  # type: ignore[assignment]
-    Prefill: _aio.UnaryUnaryMultiCallable[_worker_pb2.PrefillRequest, _worker_pb2.PrefillReply]  # type: ignore[assignment]
+    Prefill: _aio.UnaryStreamMultiCallable[_worker_pb2.PrefillRequest, _worker_pb2.PrefillReply]  # type: ignore[assignment]
+    """One PrefillReply with the first token; with a push_target, a second one with push set
+    (and the KV that push moved in transfer) follows when the push is done.
+    """
     Generate: _aio.UnaryStreamMultiCallable[_worker_pb2.GenerateRequest, _worker_pb2.TokenChunk]  # type: ignore[assignment]
     Abort: _aio.UnaryUnaryMultiCallable[_worker_pb2.AbortRequest, _worker_pb2.AbortReply]  # type: ignore[assignment]
     GetLoad: _aio.UnaryUnaryMultiCallable[_worker_pb2.LoadRequest, _worker_pb2.LoadReport]  # type: ignore[assignment]
@@ -80,7 +88,10 @@ class WorkerServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _worker_pb2.PrefillRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_worker_pb2.PrefillReply, _abc.Awaitable[_worker_pb2.PrefillReply]]: ...
+    ) -> _typing.Union[_abc.Iterator[_worker_pb2.PrefillReply], _abc.AsyncIterator[_worker_pb2.PrefillReply]]:
+        """One PrefillReply with the first token; with a push_target, a second one with push set
+        (and the KV that push moved in transfer) follows when the push is done.
+        """
 
     @_abc_1.abstractmethod
     def Generate(

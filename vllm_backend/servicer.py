@@ -199,7 +199,9 @@ class VllmServicer(ServicerBase):
         local = self.names.holds(chain) * self.block_tokens
         return pb.ReserveReply(ok=True, num_pages=pages, local_tokens=local)
 
-    async def Prefill(self, request: pb.PrefillRequest, context: Context) -> pb.PrefillReply:
+    async def Prefill(
+        self, request: pb.PrefillRequest, context: Context
+    ) -> AsyncIterator[pb.PrefillReply]:
         await self._admit("Prefill", context)
         await self._check(request, context)
         params = await self._params(request.params, context)
@@ -214,10 +216,9 @@ class VllmServicer(ServicerBase):
             self._release(call)
             facts = self.state.forget(rid)
         out.transfer = facts.written
-        reply = prefill_reply(out)
+        yield prefill_reply(out)
         if request.HasField("push_target"):
-            reply.push.CopyFrom(pb.PushResult(ok=False, error=NO_PUSH))
-        return reply
+            yield pb.PrefillReply(push=pb.PushResult(ok=False, error=NO_PUSH))
 
     async def Generate(
         self, request: pb.GenerateRequest, context: Context

@@ -32,6 +32,9 @@ from workers.core.outputs import RequestOutput
 from workers.core.sequence import SamplingParams
 from workers.engine.engine import Engine
 
+PUSH_ANSWER_S = 60.0
+"""How long a hand-off waits for the prefill's push to be answered (after its first token)."""
+
 
 @dataclass
 class Handoff:
@@ -74,7 +77,7 @@ def handoff(
     t0 = time.perf_counter()
     prefill.add_request(prompt, params, request_id, handoff=True, push=target)
     first = run_until_first(prefill, request_id)
-    result.push = first.push
+    pushed = result.push = first.push.result(PUSH_ANSWER_S) if first.push is not None else None
     result.prefill_seconds = time.perf_counter() - t0
     result.first = first
     result.write = first.transfer or Transfer()
@@ -84,10 +87,10 @@ def handoff(
         decode.abort(request_id)
         return result
     t1 = time.perf_counter()
-    arrival = decode.arrived(request_id, bool(first.push and first.push.ok))
+    arrival = decode.arrived(request_id, bool(pushed and pushed.ok))
     if arrival.landing is not None:
         arrival.landing.done.wait(landing_wait_s)
-    check, metas = arrival.check, first.push.metas if first.push else []
+    check, metas = arrival.check, pushed.metas if pushed else []
     verdict = check.run(metas) if check is not None else None
     token = first.new_token_ids[0]
     result.read = decode.adopt(request_id, prompt, token, params, pushed=verdict)

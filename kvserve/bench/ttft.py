@@ -95,6 +95,7 @@ def worker_calls(cluster: Any, prompts: list[list[int]], pause_s: float) -> dict
     from proto import worker_pb2 as pb
     from proto.channels import sync_channel
     from proto.grpc_auth import ROUTER
+    from proto.prefill import prefill_answer
     from proto.worker_pb2_grpc import WorkerStub
 
     addr = {p.role: p.address for p in cluster.plan.workers}
@@ -122,8 +123,10 @@ def worker_calls(cluster: Any, prompts: list[list[int]], pause_s: float) -> dict
             request = pb.PrefillRequest(request_id=rid, prompt_token_ids=prompt, params=params)
             if reserved.HasField("push_target"):
                 request.push_target.CopyFrom(reserved.push_target)
-            reply = prefill.Prefill(request, timeout=30)
+            replies = prefill.Prefill(request, timeout=30)
+            first = next(iter(replies))  # the first token (the push's answer follows)
             t2 = time.perf_counter()
+            reply = prefill_answer([first, *replies])
             generate = pb.GenerateRequest(
                 request_id=rid, prompt_token_ids=prompt, params=params,
                 first_token=reply.first_token,

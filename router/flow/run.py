@@ -5,15 +5,17 @@ Disaggregated (the plan names a prefill worker):
 1. ``Reserve`` on the first decode candidate that accepts, waiting in the router's queue
    for KV memory while none has free pages (:mod:`router.flow.reservation`: the turn, the
    retries, which candidate is left out, the 400/503/504 when none can hold it);
-2. ``Prefill`` on the prefill worker; its first token is yielded at once (the TTFT);
+2. ``Prefill`` on the prefill worker; its first token (the stream's first message) is
+   yielded at once (the TTFT);
 3. if the first token already finished the request, ``Abort`` frees the reservation on the
    decode worker and the flow ends; else
 4. ``Generate`` with ``first_token`` on the decode worker; its chunks are yielded.
 
 Direct push (``FlowPlan.push``, :attr:`router.config.RouterConfig.kv_handoff`): the
 ``Reserve`` asks for a push target; when the decode worker offers one, the ``Prefill``
-carries it, and a prefill whose push succeeded answers the pushed blocks' metas, which the
-first ``Generate`` (to that decode worker only) carries on. A push that failed answers no
+carries it, and a prefill whose push succeeded answers the pushed blocks' metas in a second
+message, after its first token (the push's last layers stay off the first token's path),
+which the first ``Generate`` (to that decode worker only) carries on. A push that failed answers no
 metas: that ``Generate`` goes without, and the decode worker reads the pool, where the
 prefill worker left the KV (the fallback). The router never reads the metas: it holds no
 pool block key; the decode worker checks them.
@@ -45,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -65,6 +68,9 @@ from router.flow.types import (
 from router.placement.candidates import Candidates, Renew
 from router.placement.kv_wait import KVWaitQueue
 from router.placement.live_worker import LiveWorker
+
+if TYPE_CHECKING:
+    PrefillCall = grpc.aio.UnaryStreamCall[pb.PrefillRequest, pb.PrefillReply]
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +131,9 @@ class RequestFlow:
         )
         if (target := self._reserver.push_target) is not None:
             request.push_target.CopyFrom(target)
+        call = prefill.stub.Prefill(request, timeout=self.plan.time_left())
         try:
-            reply = await prefill.stub.Prefill(request, timeout=self.plan.time_left())
+            reply = await call.read()
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in TRY_ELSEWHERE:
                 raise
@@ -137,11 +144,11 @@ class RequestFlow:
             async for chunk in self._generate_anywhere(decoder, None):
                 yield chunk
             return
+        if not isinstance(reply, pb.PrefillReply):  # grpc.aio.EOF: the stream ended empty
+            raise unavailable(f"prefill worker {prefill.worker_id} answered no token")
         tally = self._tally
         tally.prefilled(prefill.worker_id, reply.usage)
-        pushed = self._pushed(reply, decoder)
-        if reply.HasField("transfer"):
-            self.observer.on_transfer("write", reply.transfer)
+        self.observer.on_transfer("write", reply.transfer)
         tally.first_token("disagg", prefill.worker_id)
         tally.completion_tokens = 1
         finish = tally.finish_reason(reply.finish_reason)
@@ -149,26 +156,39 @@ class RequestFlow:
         params, pid = self.plan.params, prefill.worker_id
         logprobs = checked_logprobs(got, 1, params, "logprobs", pid)
         if finish is not None:
+            call.cancel()  # a push still running is of no use now
             await self._involved.abort([decoder])  # nothing to decode: free the reservation now
             yield Chunk(reply.text, (reply.first_token,), finish, tally.usage(), logprobs)
             return
         yield Chunk(reply.text, (reply.first_token,), logprobs=logprobs)
+        pushed = await self._pushed(call, decoder)
         async for chunk in self._generate_anywhere(decoder, reply.first_token, pushed):
             yield chunk
 
-    def _pushed(self, reply: pb.PrefillReply, decoder: LiveWorker) -> list[bytes]:
-        """The metas of a direct push that succeeded (none: the decode worker reads the
-        pool; a failed push is logged)."""
-        if not reply.HasField("push"):
+    async def _pushed(self, call: PrefillCall, decoder: LiveWorker) -> list[bytes]:
+        """The rest of the prefill's answer, after its first token: the metas of a direct
+        push that succeeded (none: the decode worker reads the pool; a push that failed, or
+        a prefill worker lost before saying, is logged)."""
+        rid, result = self.plan.request_id, None
+        try:
+            async for more in call:
+                self.observer.on_transfer("write", more.transfer)
+                result = more.push if more.HasField("push") else result
+        except grpc.aio.AioRpcError as exc:
+            log.warning("the prefill of %s ended before its push was answered (%s): it goes "
+                        "through the pool", rid, exc.code().name)  # fmt: skip
+            self.observer.on_handoff("push_failed")
+            return []
+        if result is None:
             self.observer.on_handoff("pool")
             return []
-        if not reply.push.ok:
+        if not result.ok:
             log.info("the KV push of %s to %s failed (%s): it goes through the pool",
-                     self.plan.request_id, decoder.worker_id, reply.push.error)  # fmt: skip
+                     rid, decoder.worker_id, result.error)  # fmt: skip
             self.observer.on_handoff("push_failed")
             return []
         self.observer.on_handoff("push")
-        return list(reply.push.metas)
+        return list(result.metas)
 
     async def _local(self) -> AsyncGenerator[Chunk, None]:
         if self._decoder is None:

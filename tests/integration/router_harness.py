@@ -126,7 +126,9 @@ class StubWorker(WorkerServicer):
         return pb.ReserveReply(ok=not self.refuse, reason="full" if self.refuse else "")
 
     @override
-    async def Prefill(self, request: pb.PrefillRequest, context: Any) -> pb.PrefillReply:
+    async def Prefill(
+        self, request: pb.PrefillRequest, context: Any
+    ) -> AsyncIterator[pb.PrefillReply]:
         await self._admit("Prefill", request.request_id, context)
         prompt = list(request.prompt_token_ids)
         first = out_token(prompt, 0)
@@ -139,7 +141,7 @@ class StubWorker(WorkerServicer):
         )
         for logprob in stub_logprob(first, request.params, "logprobs"):
             reply.logprob.CopyFrom(logprob)
-        return reply
+        yield reply
 
     @override
     async def Generate(

@@ -30,6 +30,7 @@ from proto import worker_pb2 as pb
 from proto.credentials import NotGrantedError
 from proto.grants import grant
 from proto.grpc_auth import MONITOR, ROUTER
+from proto.prefill import prefill_answer
 from proto.registry import ClusterConfig
 from proto.trust import new_secret
 from proto.worker_pb2_grpc import WorkerStub
@@ -52,7 +53,7 @@ ACTS: dict[str, Call] = {
     "SetRole": lambda ch: WorkerStub(ch).SetRole(pb.SetRoleRequest(role="prefill"), timeout=30),
     "Abort": lambda ch: WorkerStub(ch).Abort(pb.AbortRequest(request_id=HELD), timeout=30),
     "Reserve": lambda ch: WorkerStub(ch).Reserve(GRAB, timeout=30),
-    "Prefill": lambda ch: WorkerStub(ch).Prefill(PREFILL, timeout=60),
+    "Prefill": lambda ch: prefill_answer(WorkerStub(ch).Prefill(PREFILL, timeout=60)),
     "Generate": lambda ch: list(WorkerStub(ch).Generate(GENERATE, timeout=60)),
 }
 """One call of every verb that acts on the worker."""
@@ -184,7 +185,7 @@ def test_router_may_call_every_verb(worker: Served) -> None:
         stub = WorkerStub(channel)
         assert stub.Reserve(GRAB, timeout=30).ok and worker.load().reserved == 1
         assert stub.Abort(pb.AbortRequest(request_id=GRAB.request_id), timeout=30).found
-        first = stub.Prefill(PREFILL, timeout=60).first_token
+        first = prefill_answer(stub.Prefill(PREFILL, timeout=60)).first_token
         chunks = list(stub.Generate(GENERATE, timeout=60))
         assert chunks[0].token_ids[0] == first  # greedy: the same first token
         assert sum(len(c.token_ids) for c in chunks) == GREEDY.max_tokens

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -33,6 +34,8 @@ from workers.config import EngineConfig
 from workers.core.sequence import SamplingParams
 from workers.engine.engine import Engine
 from workers.handoff.push_receive import PushCheck, PushVerdict
+from workers.handoff.push_state import PushJob
+from workers.handoff.pusher import Pusher
 from workers.handoff.reservations import PUSH_QUARANTINE_S
 
 pytestmark = pytest.mark.kv_path
@@ -258,12 +261,14 @@ def test_pushed_blocks_are_verified_while_the_prefill_runs(
     assert watch is not None
     prefill.add_request(ids, GREEDY, rid, handoff=True, push=decode.push_target(rid))
     first = run_until_first(prefill, rid)
-    assert first.push is not None and first.push.ok
+    assert first.push is not None
+    pushed = first.push.result(60)
+    assert pushed.ok
     prefill.prefill.flush()  # every full block's meta is in the pool now
     assert watch.done.wait(30) and watch.count == 4
     check = decode.arrived(rid, pushed=True).check
     assert check is not None and check.skip == 4
-    verdict = check.run(first.push.metas)
+    verdict = check.run(pushed.metas)
     assert verdict.tokens == len(ids)
     decode.adopt(rid, ids, first.new_token_ids[0], GREEDY, pushed=verdict)
     tokens = list(first.new_token_ids)
@@ -285,10 +290,12 @@ def test_a_salted_prompt_is_pushed_under_its_salts_names(
     assert decode.reserve(rid, ids, 4, 60.0, salt, offer_push=True) is not None
     prefill.add_request(ids, GREEDY, rid, True, salt, decode.push_target(rid))
     first = run_until_first(prefill, rid)
-    assert first.push is not None and first.push.ok
+    assert first.push is not None
+    pushed = first.push.result(60)
+    assert pushed.ok
     check = decode.arrived(rid, pushed=True).check
-    assert check is not None and check.run(first.push.metas).tokens == len(ids)
-    decode.adopt(rid, ids, first.new_token_ids[0], GREEDY, salt, check.run(first.push.metas))
+    assert check is not None and check.run(pushed.metas).tokens == len(ids)
+    decode.adopt(rid, ids, first.new_token_ids[0], GREEDY, salt, check.run(pushed.metas))
     computed = decode.stats.prompt_tokens_computed
     while decode.has_unfinished:
         decode.step()
@@ -327,7 +334,9 @@ def test_a_target_is_taken_once_and_never_after_its_lease(pair: tuple[Engine, En
     assert made is not None
     prefill.add_request(ids, GREEDY, rid, handoff=True, push=made)
     first = run_until_first(prefill, rid)
-    assert first.push is not None and first.push.ok
+    assert first.push is not None
+    pushed = first.push.result(60)
+    assert pushed.ok
     assert decode.abort(rid)
     settle(prefill)
     replays = [(rid, made)]
@@ -339,8 +348,10 @@ def test_a_target_is_taken_once_and_never_after_its_lease(pair: tuple[Engine, En
     for replay_id, target in replays:
         prefill.add_request(ids, GREEDY, replay_id, handoff=True, push=target)
         out = run_until_first(prefill, replay_id)
-        assert out.push is not None and not out.push.ok
-        errors.append(out.push.error)
+        assert out.push is not None
+        refused = out.push.result(60)
+        assert not refused.ok
+        errors.append(refused.error)
         prefill.abort(replay_id)
     assert "taken before" in errors[0] and "lease is over" in errors[1]
     settle(prefill)
@@ -354,3 +365,42 @@ def test_a_reservation_without_offer_lands_from_the_pool(pair: tuple[Engine, Eng
     assert decode.push_target("no-offer") is None
     assert decode.reservations.landing("no-offer") is not None
     assert decode.abort("no-offer") and idle(decode)
+
+
+def test_the_first_token_does_not_wait_for_the_push(
+    pair: tuple[Engine, Engine], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prompt's last step answers its first token while its layers are still being
+    pushed (here: held back until the token is out); how the push went comes after, with
+    the KV that step moved, and the decode engine then goes on from the pushed pages."""
+    prefill, decode = pair
+    gate = threading.Event()
+    push_layer = Pusher.push_layer
+
+    def held_back(self: Pusher, jobs: list[PushJob], layer: int) -> None:
+        if any(job.final for job in jobs):
+            gate.wait(60)
+        push_layer(self, jobs, layer)
+
+    monkeypatch.setattr(Pusher, "push_layer", held_back)
+    ids, rid = prompt(91, 77), "early"
+    assert decode.reserve(rid, ids, GREEDY.max_tokens, 60.0, offer_push=True) is not None
+    prefill.add_request(ids, GREEDY, rid, handoff=True, push=decode.push_target(rid))
+    first = run_until_first(prefill, rid)
+    assert first.push is not None and not first.push.done()  # answered before its push
+    gate.set()
+    pushed = first.push.result(60)
+    assert pushed.ok and pushed.bytes > 0
+    layout = decode.pool.layout if decode.pool is not None else None
+    assert layout is not None and len(pushed.metas) == -(-len(ids) // layout.block_tokens)
+    check = decode.arrived(rid, pushed=True).check
+    assert check is not None
+    verdict = check.run(pushed.metas)
+    assert verdict.tokens == len(ids)  # every pushed page verifies
+    decode.adopt(rid, ids, first.new_token_ids[0], GREEDY, pushed=verdict)
+    tokens = list(first.new_token_ids)
+    while decode.has_unfinished:
+        tokens += [t for out in decode.step() if out.request_id == rid for t in out.new_token_ids]
+    assert tokens == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
+    settle(prefill)
+    assert idle(prefill) and idle(decode)

@@ -16,6 +16,7 @@ import redis
 
 from proto import worker_pb2 as pb
 from proto import worker_pb2_grpc
+from proto.prefill import prefill_answer
 from proto.registry import Keys, WorkerRecord, list_workers
 from tests.integration.worker_process import Services, start_worker, wait_serving, worker_services
 
@@ -59,7 +60,7 @@ def test_worker_registers_drains_on_role_change_refuses_misfits_and_withdraws(
         greedy = pb.SamplingParams(max_tokens=4, temperature=0)
         prefill = pb.PrefillRequest(request_id="held-p", prompt_token_ids=held_prompt,
                                     params=greedy)  # fmt: skip
-        first = stub.Prefill(prefill, timeout=60).first_token
+        first = prefill_answer(stub.Prefill(prefill, timeout=60)).first_token
         changed: list[pb.SetRoleReply] = []
         switching = threading.Thread(
             target=lambda: changed.append(stub.SetRole(pb.SetRoleRequest(role="decode")))

@@ -32,6 +32,7 @@ from proto.channels import sync_channel
 from proto.grpc_auth import MONITOR, ROUTER
 from proto.kv_events import Stored
 from proto.kv_stream import read_batches
+from proto.prefill import prefill_answer
 from proto.registry import connect
 from proto.worker_pb2_grpc import WorkerStub
 from tests.integration.worker_process import wait_serving
@@ -132,10 +133,9 @@ def prefill(setup: Setup, worker: str, prompt: list[int]) -> pb.PrefillReply:
         params=pb.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
     )
     with _stub(setup, worker, ROUTER) as channel:
-        reply: pb.PrefillReply = WorkerStub(channel).Prefill(
-            request, timeout=120, wait_for_ready=True
+        return prefill_answer(
+            WorkerStub(channel).Prefill(request, timeout=120, wait_for_ready=True)
         )
-        return reply
 
 
 def load(setup: Setup, worker: str) -> pb.LoadReport:

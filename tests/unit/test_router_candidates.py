@@ -49,9 +49,20 @@ class Stub:
         self._call("Reserve")
         return pb.ReserveReply(ok=True)
 
-    async def Prefill(self, request: pb.PrefillRequest, timeout: float) -> pb.PrefillReply:
-        self._call("Prefill")
-        return pb.PrefillReply(first_token=7, text=" x", finish_reason=pb.FINISH_REASON_LENGTH)
+    def Prefill(self, request: pb.PrefillRequest, timeout: float) -> Any:
+        stub = self
+
+        class Call:
+            async def read(self) -> pb.PrefillReply:
+                stub._call("Prefill")
+                return pb.PrefillReply(
+                    first_token=7, text=" x", finish_reason=pb.FINISH_REASON_LENGTH
+                )
+
+            def cancel(self) -> None:
+                pass
+
+        return Call()
 
     def Generate(self, request: pb.GenerateRequest, timeout: float) -> Any:
         stub = self

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from kvpool.push import PushOutcome
@@ -37,9 +38,10 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob] | None = None
     """On the request's first output, when it asked (``SamplingParams.prompt_logprobs``):
     prompt tokens 2.. (the first has none)."""
-    push: PushOutcome | None = None
-    """On a hand-off's first token, when it came with a push target
-    (:mod:`workers.handoff.pusher`)."""
+    push: Future[PushOutcome] | None = None
+    """On a hand-off's first token, when it came with a push target: how the push goes,
+    set once its last layers are written (:mod:`workers.handoff.pusher`); the first token
+    does not wait for it."""
 
 
 @dataclass

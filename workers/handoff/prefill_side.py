@@ -14,12 +14,15 @@ them. Two transports sit behind it:
 
 Lifecycle: made with the engine; :meth:`accept` when a hand-off request comes with a push
 target; per step :meth:`unpin` (pages the background writes no longer read), then
-:meth:`plan`; on a hand-off's first token, :meth:`answered` (how its push went, once);
+:meth:`plan`; on a hand-off's first token, :meth:`answered` (how its push goes: a future,
+set when the prompt's last step, which may end after that token, is done; given once);
 :meth:`flush` to wait for the background writes (offline use, tests); :meth:`close` at
 shutdown. Engine thread only, like the engine.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import Future
 
 from kvpool.config import PoolConfig
 from kvpool.pool import KVPool
@@ -61,23 +64,30 @@ class PrefillHandoff:
         if self.pusher is not None:
             self.pusher.unpin()
 
-    def answered(self, seq: Sequence) -> PushOutcome | None:
-        """How ``seq``'s push went, on its first token: its metas when it succeeded; None
+    def answered(self, seq: Sequence) -> Future[PushOutcome] | None:
+        """How ``seq``'s push goes, on its first token: its metas when it succeeded, once
+        known (the prompt's last step may still be pushing: it sets the answer then); None
         when it had no push, or was answered already (an answer is given once)."""
         state = push_state(seq)
         if state is None or self.pusher is None:
             return None
         seq.push = None
-        return self.pusher.outcome(state)
+        if not state.settling:  # its steps are over: the answer is known now
+            state.answer.set_result(self.pusher.outcome(state))
+        return state.answer
 
     def flush(self) -> None:
-        """Wait until every queued pool write is done (the pushes' background ones too)."""
+        """Wait until every queued pool write is done (the pushes' background ones too:
+        the last steps that end on kv-write hand theirs to kv-publish)."""
+        self.streamer.flush()
         if self.pusher is not None:
             self.pusher.flush()
         self.streamer.flush()
 
     def close(self) -> None:
-        """Stop the push (its background writes finish first), then the pool writer."""
+        """Stop the pool writer (the pushes' last steps end there first), then the push (its
+        background writes finish first)."""
+        self.streamer.flush()
         if self.pusher is not None:
             self.pusher.close()
             self.pusher = None

@@ -2,15 +2,17 @@
 one hand-off's push, carried in its sequence's opaque ``push`` slot and read back by
 :func:`push_state`, and :class:`PushJob`, one step's share of it. Plain data, changed on
 the engine thread (``next_block``, ``done``) and on the pool's ``kv-write`` thread while a
-step's pushes run (``sums``, ``bytes``, ``seconds``, ``error``)."""
+step's pushes run (``sums``, ``bytes``, ``seconds``, ``error``); a prompt's last step, which
+ends after its first token was answered, changes them all there (``answer`` last)."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kvpool.layout import KVLayout
-from kvpool.push import PushTarget
+from kvpool.push import PushOutcome, PushTarget
 from workers.core.sequence import Sequence
 
 
@@ -35,6 +37,11 @@ class PushState:
     """Every block was pushed."""
     bytes: int = 0
     seconds: float = 0.0
+    answer: Future[PushOutcome] = field(default_factory=Future)
+    """How the push went, once known: what the prefill answers after its first token."""
+    settling: bool = False
+    """The prompt's last step finishes after its first token (engine thread sets it) and
+    that finish sets :attr:`answer` (:class:`~workers.handoff.push_step.PushStepWrite`)."""
 
     def fail(self, why: str) -> None:
         if not self.error:

@@ -7,15 +7,20 @@ layer is computed, then hands the step's pool writes to ``kv-publish``
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Protocol
 
 from kvpool.block_write import BlockWrite, PendingBlock
 from kvpool.pool import KVPool
+from kvpool.push import PushOutcome
 from kvpool.span_io import DirectIO
 from kvpool.stream import StepWrite, Transfer
-from workers.handoff.push_state import PushJob
+from workers.handoff.push_state import PushJob, PushState
+
+log = logging.getLogger(__name__)
 
 
 class StepPusher(Protocol):
@@ -28,6 +33,8 @@ class StepPusher(Protocol):
     ) -> Future[int]: ...
 
     def release(self, pins: list[int]) -> None: ...
+
+    def outcome(self, state: PushState) -> PushOutcome: ...
 
 
 class PushStepWrite(StepWrite):
@@ -42,15 +49,37 @@ class PushStepWrite(StepWrite):
         self.pusher = pusher
         self.pins = pins
         self._before = sum(job.state.bytes for job in jobs), sum(j.state.seconds for j in jobs)
+        self._states = {id(j.state): (j.state, (j.state.bytes, j.state.seconds)) for j in jobs}
+        """Each push of the step, and its bytes and seconds before it."""
+        self._keys = {block.meta_key for block in inner.write.blocks}
+        self._published = False
 
     def on_layer(self, layer: int) -> None:
         if self.executor is not None:
             self._pending.append(self.executor.submit(self.pusher.push_layer, self.jobs, layer))
 
     def finish(self, wait_commit: bool = False) -> Transfer:
+        """A prompt's last step (every job final, no wait asked) ends at once: its first
+        token is answered while the last layers' pushes run, and :meth:`_settle` ends it on
+        the kv-write thread (each state's ``answer``). Any other step waits for its pushes."""
         t0 = time.perf_counter()
+        if self.executor is not None and not wait_commit and all(j.final for j in self.jobs):
+            for job in self.jobs:
+                job.state.settling = True
+            self.in_flight.update(self._keys)  # not planned again before their commit
+            self.executor.submit(self._settle)  # after this step's layer pushes: one thread
+            return Transfer(0, 0.0, time.perf_counter() - t0)
         for layer_push in self._pending:
             layer_push.result()
+        self._publish(wait_commit)
+        nbytes = sum(job.state.bytes for job in self.jobs) - self._before[0]
+        seconds = sum(job.state.seconds for job in self.jobs) - self._before[1]
+        return Transfer(nbytes, seconds, time.perf_counter() - t0)
+
+    def _publish(self, wait_commit: bool, on_writer: bool = False) -> None:
+        """Mark what was pushed, then hand the step's pool writes to kv-publish; a failed
+        push's (and ``wait_commit``) waits until the pool has them (``on_writer``: this runs
+        on the kv-write thread, so nothing queued there is left to wait for)."""
         for state, _, end, _, _, final in self.jobs:
             if not state.error:
                 state.next_block = end
@@ -67,14 +96,38 @@ class PushStepWrite(StepWrite):
         write = pool.begin_write(blocks, indexed)
         if isinstance(pool.io, DirectIO):  # what was pushed is not digested again
             write = KnownSumsWrite(pool, blocks, self._known_sums(), indexed)
+        self.in_flight.difference_update(self._keys - {block.meta_key for block in blocks})
         published = self.pusher.publish(write, self.in_flight, self.pins)
+        self._published = True
         if failed or wait_commit:  # the pool carries a failed push's KV: it must be there now
             published.result()
-            if self.executor is not None:  # earlier steps' commits, queued on kv-write
+            if self.executor is not None and not on_writer:  # earlier steps' commits
                 self.executor.submit(lambda: None).result()
-        nbytes = sum(job.state.bytes for job in self.jobs) - self._before[0]
-        seconds = sum(job.state.seconds for job in self.jobs) - self._before[1]
-        return Transfer(nbytes, seconds, time.perf_counter() - t0)
+
+    def _settle(self) -> None:
+        """The end of a prompt's last step, on the kv-write thread after its layer pushes:
+        :meth:`_publish`, then each push's answer, with the KV it moved. A failure here
+        fails the push (the decode worker then reads the pool, or recomputes)."""
+        error = ""
+        try:
+            for layer_push in self._pending:
+                layer_push.result()
+            self._publish(False, on_writer=True)
+        except Exception as exc:
+            log.exception("finishing a prompt's last push step failed")
+            error = f"finishing the push failed: {exc}"
+            if not self._published:  # its pages and keys are not the publisher's to free
+                self.in_flight.difference_update(self._keys)
+                self.pusher.release(self.pins)
+        for state, before in self._states.values():
+            if error:
+                state.fail(error)
+            moved = replace(
+                self.pusher.outcome(state),
+                bytes=state.bytes - before[0],
+                seconds=state.seconds - before[1],
+            )
+            state.answer.set_result(moved)
 
     def _known_sums(self) -> dict[str, list[bytes]]:
         """The layer digests of the blocks pushed in full so far, by meta key."""

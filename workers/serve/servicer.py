@@ -34,6 +34,7 @@ from workers.serve.servicer_base import Context, ServicerBase
 from workers.serve.wire import (
     load_report,
     prefill_reply,
+    push_reply,
     push_target,
     push_target_msg,
     token_chunk,
@@ -107,7 +108,11 @@ class WorkerServicer(ServicerBase):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return reply
 
-    async def Prefill(self, request: pb.PrefillRequest, context: Context) -> pb.PrefillReply:
+    async def Prefill(
+        self, request: pb.PrefillRequest, context: Context
+    ) -> AsyncIterator[pb.PrefillReply]:
+        """The first token at once; with a push target, how the push went when it is done
+        (its last layers may still be on their way when the first token is answered)."""
         await self._admit("Prefill", context)
         await self._check(request, context)
         params = await self._params(request.params, context)
@@ -124,11 +129,13 @@ class WorkerServicer(ServicerBase):
                 lambda e: e.add_request(prompt, params, rid, True, salt, target),
                 context,
             )
-            out = await outputs.get()
+            out = await delivered(await outputs.get(), context)
+            yield prefill_reply(out)
+            if out.push is not None:
+                yield push_reply(await asyncio.wrap_future(out.push))
         except asyncio.CancelledError:
             await self._cancel(request.request_id)
             raise
-        return prefill_reply(await delivered(out, context))
 
     async def Generate(
         self, request: pb.GenerateRequest, context: Context

@@ -86,8 +86,8 @@ def token_chunk(out: RequestOutput) -> pb.TokenChunk:
 
 
 def prefill_reply(out: RequestOutput) -> pb.PrefillReply:
-    """A ``Prefill``'s answer: the first token's output (its text, finish, usage, the KV
-    written, its logprob, and the push's outcome when it came with a target)."""
+    """A ``Prefill``'s first answer: the first token's output (its text, finish, usage, the
+    KV written, its logprob)."""
     return pb.PrefillReply(
         first_token=out.new_token_ids[0],
         text=out.text_delta,
@@ -95,8 +95,13 @@ def prefill_reply(out: RequestOutput) -> pb.PrefillReply:
         usage=usage(out),
         transfer=transfer(out.transfer),
         logprob=logprobs(out.logprobs)[0] if out.logprobs else None,
-        push=push_result(out.push) if out.push is not None else None,
     )
+
+
+def push_reply(outcome: PushOutcome) -> pb.PrefillReply:
+    """A ``Prefill``'s second answer: how its push went, and the KV it moved after the first."""
+    moved = Transfer(outcome.bytes, outcome.seconds)
+    return pb.PrefillReply(push=push_result(outcome), transfer=transfer(moved))
 
 
 def transfer(t: Transfer | None) -> pb.Transfer:
