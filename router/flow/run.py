@@ -170,8 +170,8 @@ class RequestFlow:
         push that succeeded (none: the decode worker reads the pool; a push that failed, or
         a prefill worker lost before saying, is logged)."""
         rid, result = self.plan.request_id, None
-        try:
-            async for more in call:
+        try:  # read(), as for the first message: gRPC refuses iterating after a read
+            while isinstance(more := await call.read(), pb.PrefillReply):
                 self.observer.on_transfer("write", more.transfer)
                 result = more.push if more.HasField("push") else result
         except grpc.aio.AioRpcError as exc:

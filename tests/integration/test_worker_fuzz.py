@@ -103,7 +103,8 @@ calls = st.one_of(
 
 
 def drain(stream: bool, call: Any) -> grpc.StatusCode:
-    """Read a call (a ``Generate`` stream, or a unary call's future) to its end; its status."""
+    """Read a call (a ``Generate`` or ``Prefill`` stream, or a unary call's future) to its
+    end; its status."""
     try:
         if stream:
             for _ in call:
@@ -129,7 +130,7 @@ def test_random_calls_never_crash_hang_or_leak(
     open_calls: list[tuple[bool, Any]] = []
     for verb, request in script:
         method = getattr(worker.stub, verb)
-        if verb == "Generate":  # read later: calls interleave
+        if verb in ("Generate", "Prefill"):  # streams, read later: calls interleave
             open_calls.append((True, method(request, timeout=CALL_S)))
         else:
             open_calls.append((False, method.future(request, timeout=CALL_S)))

@@ -57,7 +57,7 @@ class Stub:
                 stub._call("Prefill")
                 return pb.PrefillReply(
                     first_token=7, text=" x", finish_reason=pb.FINISH_REASON_LENGTH
-                )
+                )  # finished: the flow reads no more
 
             def cancel(self) -> None:
                 pass
