@@ -16,6 +16,7 @@ from proto.records import ROLES
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("kvserve", "vllm")
 ATTENTION = ("auto", "native", "torch")
+PUSH_TIMINGS = ("auto", "layerwise", "after_token")
 CACHE_DIR_ENV = "KVSERVE_CACHE_DIR"
 """The variable of :attr:`CacheConfig.cache_dir`."""
 
@@ -42,6 +43,14 @@ class EngineConfig:
       ``native`` on a CPU where the kernels build, else ``torch``.
     - ``kv_streaming``: with a pool, write each layer's KV while the next layer computes
       (off: after the step; only for measuring what streaming hides).
+    - ``kv_push_timing``: when the prompt's last step pushes its KV to a decode worker
+      (:mod:`workers.handoff.pusher`). ``layerwise``: each layer as it is computed, hidden
+      behind the next layer where the transfer has a resource of its own (RDMA, a GPU's
+      copy engine); ``after_token``: every layer once the first token is answered, so a
+      transfer that runs on the compute's own cores (Mooncake's TCP on a CPU worker) does
+      not slow the first token, and delays only the second; ``auto`` (default):
+      ``layerwise`` on a GPU, ``after_token`` on the CPU. Earlier chunks of a long prompt
+      push layer by layer either way.
     - ``step_log_dir``: if set, every step's batch shape and wall time is appended to
       ``<dir>/steps-<pid>.jsonl`` (:mod:`workers.core.step_log`; a worker process uses
       ``<dir>/<role>/``), for ``kvserve sim calibrate --from-step-logs``.
@@ -60,13 +69,26 @@ class EngineConfig:
     threads: int = 0
     attention: str = field(default="auto", metadata={"choices": ATTENTION})
     kv_streaming: bool = True
+    kv_push_timing: str = field(default="auto", metadata={"choices": PUSH_TIMINGS})
     step_log_dir: str = ""
+
+    @property
+    def push_after_token(self) -> bool:
+        """Whether a prompt's last step pushes its KV after its first token
+        (``kv_push_timing``, ``auto`` resolved by the device)."""
+        if self.kv_push_timing == "auto":
+            return self.device == "cpu"
+        return self.kv_push_timing == "after_token"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.kv_push_timing not in PUSH_TIMINGS:
+            raise ValueError(
+                f"kv_push_timing must be one of {PUSH_TIMINGS}, got {self.kv_push_timing!r}"
+            )
         if self.attention == "native" and self.device != "cpu":
             raise ValueError("attention 'native' runs on the CPU only: use 'auto' or 'torch'")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

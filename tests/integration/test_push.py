@@ -367,13 +367,20 @@ def test_a_reservation_without_offer_lands_from_the_pool(pair: tuple[Engine, Eng
     assert decode.abort("no-offer") and idle(decode)
 
 
+@pytest.mark.parametrize("after_token", [False, True], ids=["layerwise", "after_token"])
 def test_the_first_token_does_not_wait_for_the_push(
-    pair: tuple[Engine, Engine], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    pair: tuple[Engine, Engine],
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    after_token: bool,
 ) -> None:
     """The prompt's last step answers its first token while its layers are still being
-    pushed (here: held back until the token is out); how the push went comes after, with
+    pushed (here: held back until the token is out), whether they were queued layer by
+    layer or all after the token (``kv_push_timing``); how the push went comes after, with
     the KV that step moved, and the decode engine then goes on from the pushed pages."""
     prefill, decode = pair
+    assert prefill.prefill is not None and prefill.prefill.pusher is not None
+    monkeypatch.setattr(prefill.prefill.pusher, "after_token", after_token)
     gate = threading.Event()
     push_layer = Pusher.push_layer
 
@@ -383,7 +390,7 @@ def test_the_first_token_does_not_wait_for_the_push(
         push_layer(self, jobs, layer)
 
     monkeypatch.setattr(Pusher, "push_layer", held_back)
-    ids, rid = prompt(91, 77), "early"
+    ids, rid = prompt(91 + after_token, 77), f"early-{after_token}"  # nothing cached
     assert decode.reserve(rid, ids, GREEDY.max_tokens, 60.0, offer_push=True) is not None
     prefill.add_request(ids, GREEDY, rid, handoff=True, push=decode.push_target(rid))
     first = run_until_first(prefill, rid)

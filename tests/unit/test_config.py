@@ -34,6 +34,15 @@ def test_engine_config_rejects_bad_values() -> None:
         EngineConfig(block_tokens=0)
 
 
+def test_a_prompts_last_push_waits_for_its_token_where_it_shares_the_cores() -> None:
+    assert EngineConfig().push_after_token  # auto, on the CPU
+    assert not EngineConfig(device="cuda").push_after_token  # auto, on a GPU
+    assert EngineConfig(device="cuda", kv_push_timing="after_token").push_after_token
+    assert not EngineConfig(kv_push_timing="layerwise").push_after_token
+    with pytest.raises(ValueError, match="kv_push_timing"):
+        EngineConfig(kv_push_timing="later")
+
+
 def test_settings_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVSERVE_KV_CACHE_MIB", "77")
     monkeypatch.setenv("KVSERVE_PREFIX_CACHING", "false")

@@ -81,7 +81,11 @@ class Engine(DecodeHandoff):
         self.pool = parts.pool
         self.scheduler = Scheduler(parts.scheduler_config(config), self.hasher, remote=self.pool)
         blocks, streaming = self.scheduler.blocks, config.kv_streaming
-        self.prefill = PrefillHandoff(self.pool, pool, blocks, streaming) if self.pool else None
+        self.prefill = (
+            PrefillHandoff(self.pool, pool, blocks, streaming, config.push_after_token)
+            if self.pool
+            else None
+        )
         """The prefill half of hand-offs: the step's pool writes and direct pushes
         (:mod:`workers.handoff.prefill_side`); None without the pool."""
         self.reservations = Reservations(self.scheduler, self.pool, config.kv_streaming)

@@ -42,10 +42,15 @@ class PrefillHandoff:
     ``streaming``: write layer by layer (``EngineConfig.kv_streaming``; a push needs it)."""
 
     def __init__(
-        self, pool: KVPool, config: PoolConfig | None, blocks: BlockManager, streaming: bool
+        self,
+        pool: KVPool,
+        config: PoolConfig | None,
+        blocks: BlockManager,
+        streaming: bool,
+        push_after_token: bool = False,
     ) -> None:
         self.streamer = KVStreamer(pool, blocks, streaming)
-        self.pusher = Pusher(pool, config, blocks) if config is not None else None
+        self.pusher = Pusher(pool, config, blocks, push_after_token) if config is not None else None
 
     def accept(self, seq: Sequence, target: PushTarget) -> None:
         """Hand-off ``seq`` came with ``target``: push its prompt there too (a worker without

@@ -42,7 +42,12 @@ class PushStepWrite(StepWrite):
     kv-write thread layer by layer, its pool writes afterwards on kv-publish."""
 
     def __init__(
-        self, inner: StepWrite, jobs: list[PushJob], pusher: StepPusher, pins: list[int]
+        self,
+        inner: StepWrite,
+        jobs: list[PushJob],
+        pusher: StepPusher,
+        pins: list[int],
+        after_token: bool = False,
     ) -> None:
         super().__init__(inner.write, inner.executor, inner.owners, inner.leases, inner.in_flight)
         self.jobs = jobs
@@ -51,11 +56,14 @@ class PushStepWrite(StepWrite):
         self._before = sum(job.state.bytes for job in jobs), sum(j.state.seconds for j in jobs)
         self._states = {id(j.state): (j.state, (j.state.bytes, j.state.seconds)) for j in jobs}
         """Each push of the step, and its bytes and seconds before it."""
+        self.after_token = after_token
+        """Push every layer at :meth:`finish`, not as each is computed (a prompt's last step
+        whose transfer would slow its compute: ``EngineConfig.kv_push_timing``)."""
         self._keys = {block.meta_key for block in inner.write.blocks}
         self._published = False
 
     def on_layer(self, layer: int) -> None:
-        if self.executor is not None:
+        if self.executor is not None and not self.after_token:
             self._pending.append(self.executor.submit(self.pusher.push_layer, self.jobs, layer))
 
     def finish(self, wait_commit: bool = False) -> Transfer:
@@ -63,6 +71,9 @@ class PushStepWrite(StepWrite):
         token is answered while the last layers' pushes run, and :meth:`_settle` ends it on
         the kv-write thread (each state's ``answer``). Any other step waits for its pushes."""
         t0 = time.perf_counter()
+        if self.executor is not None and self.after_token:  # every layer is computed now
+            push, layers = self.pusher.push_layer, self.write.pool.layout.num_layers
+            self._pending = [self.executor.submit(push, self.jobs, n) for n in range(layers)]
         if self.executor is not None and not wait_commit and all(j.final for j in self.jobs):
             for job in self.jobs:
                 job.state.settling = True

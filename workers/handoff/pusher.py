@@ -62,8 +62,13 @@ class Pusher:
     :meth:`state_for` per request -> :meth:`plan` per step and :meth:`unpin` between steps
     (engine thread) -> :meth:`close`."""
 
-    def __init__(self, pool: KVPool, config: PoolConfig, blocks: BlockManager) -> None:
+    def __init__(
+        self, pool: KVPool, config: PoolConfig, blocks: BlockManager, after_token: bool = False
+    ) -> None:
         self.pool = pool
+        self.after_token = after_token
+        """A prompt's last step pushes once its first token is answered, not layer by layer
+        (``EngineConfig.kv_push_timing``)."""
         self.config = config
         self.blocks = blocks
         self.publisher = ThreadPoolExecutor(1, thread_name_prefix="kv-publish")
@@ -132,7 +137,8 @@ class Pusher:
             return write
         pins = [block.page for block in write.write.blocks] + [p for j in jobs for p in j.src]
         self.blocks.pool.touch(pins)
-        return PushStepWrite(write, jobs, self, pins)
+        held = self.after_token and all(job.final for job in jobs)
+        return PushStepWrite(write, jobs, self, pins, held)
 
     def _push_engine(self) -> PushEngine | None:
         """This process's push engine, started on first use (kv-write thread)."""
