@@ -5,9 +5,10 @@ Our :class:`workers.config.EngineConfig` maps onto vLLM's arguments where vLLM h
 same knob (:func:`engine_kwargs`): model, dtype, block size, KV cache size (``kv_cache_mib``
 -> ``kv_cache_memory_bytes``, or ``num_kv_blocks`` -> ``num_gpu_blocks_override``),
 ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len`` and prefix caching. Settings
-that belong to our engine alone (``attention``, ``kv_streaming`` off, ``step_log_dir``) are
-refused rather than ignored. The KV connector (:mod:`vllm_backend.connector`) and vLLM's KV
-events (to the worker: :mod:`vllm_backend.events`) are always on.
+that belong to our engine alone (``attention``, ``kv_streaming`` off, ``step_log_dir``,
+``kv_push_timing``) are refused rather than ignored. The KV connector
+(:mod:`vllm_backend.connector`) and vLLM's KV events (to the worker:
+:mod:`vllm_backend.events`) are always on.
 
 Sampling (:func:`sampling_kwargs`) follows :class:`workers.core.sequence.SamplingParams` field by
 field. What the worker does itself instead of vLLM: stop strings and the text
@@ -57,6 +58,8 @@ def engine_kwargs(
         raise ValueError("--no-kv-streaming is kvserve's engine's: vLLM's connector streams")
     if engine.step_log_dir:
         raise ValueError("--step-log-dir is kvserve's engine's: vLLM writes no step log")
+    if engine.kv_push_timing != "auto":
+        raise ValueError("--kv-push-timing is kvserve's engine's: a vLLM worker pushes no KV")
     extra = json.loads(options.vllm_engine_args)
     if owned := sorted(OWNED & set(extra)):
         raise ValueError(f"vllm_engine_args may not set {', '.join(owned)}: the worker does")

@@ -112,7 +112,11 @@ def test_engine_arguments_carry_our_settings_and_refuse_ours_alone(tmp_path: Pat
     assert args["kv_events_config"]["endpoint"] == "ipc://e"
     extra = VllmOptions(vllm_engine_args='{"gpu_memory_utilization": 0.5}')
     assert engine_kwargs(engine, extra, tmp_path, tmp_path, "e")["gpu_memory_utilization"] == 0.5
-    for bad in (EngineConfig(attention="torch"), EngineConfig(kv_streaming=False)):
+    for bad in (
+        EngineConfig(attention="torch"),
+        EngineConfig(kv_streaming=False),
+        EngineConfig(kv_push_timing="layerwise"),
+    ):
         with pytest.raises(ValueError, match="kvserve's"):
             engine_kwargs(bad, VllmOptions(), tmp_path, tmp_path, "e")
     with pytest.raises(ValueError, match="block_size"):
