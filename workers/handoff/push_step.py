@@ -1,9 +1,11 @@
 """A step's writes when it pushes (:mod:`workers.handoff.pusher`, steps 2 and 3):
 :class:`PushStepWrite` queues each layer's push on the pool's ``kv-write`` thread as the
-layer is computed, then hands the step's pool writes to ``kv-publish``
-(:class:`KnownSumsWrite`: what was pushed is not digested again). Made by
-:meth:`workers.handoff.pusher.Pusher.plan` for one step; :meth:`PushStepWrite.finish` or
-:meth:`PushStepWrite.abandon` ends it."""
+layer is computed (or, for a prompt's last step with ``after_token``, every layer at its
+finish), then hands the step's pool writes to ``kv-publish`` (:class:`KnownSumsWrite`:
+what was pushed is not digested again). A prompt's last step does not wait for its pushes:
+its first token is answered at once and the step ends on ``kv-write`` (``_settle``), which
+sets each push's answer. Made by :meth:`workers.handoff.pusher.Pusher.plan` for one step;
+:meth:`PushStepWrite.finish` or :meth:`PushStepWrite.abandon` ends it."""
 
 from __future__ import annotations
 
@@ -53,7 +55,6 @@ class PushStepWrite(StepWrite):
         self.jobs = jobs
         self.pusher = pusher
         self.pins = pins
-        self._before = sum(job.state.bytes for job in jobs), sum(j.state.seconds for j in jobs)
         self._states = {id(j.state): (j.state, (j.state.bytes, j.state.seconds)) for j in jobs}
         """Each push of the step, and its bytes and seconds before it."""
         self.after_token = after_token
@@ -83,8 +84,10 @@ class PushStepWrite(StepWrite):
         for layer_push in self._pending:
             layer_push.result()
         self._publish(wait_commit)
-        nbytes = sum(job.state.bytes for job in self.jobs) - self._before[0]
-        seconds = sum(job.state.seconds for job in self.jobs) - self._before[1]
+        moved = [
+            (s.bytes - before[0], s.seconds - before[1]) for s, before in self._states.values()
+        ]
+        nbytes, seconds = sum(b for b, _ in moved), sum(t for _, t in moved)
         return Transfer(nbytes, seconds, time.perf_counter() - t0)
 
     def _publish(self, wait_commit: bool, on_writer: bool = False) -> None:

@@ -15,7 +15,9 @@ in place, fails the push at once). Then, per step:
 2. :meth:`~workers.handoff.push_step.PushStepWrite.on_layer` queues that layer's push on the
    pool's ``kv-write`` thread while the next layer computes; each span is digested after
    it was written;
-3. :meth:`~workers.handoff.push_step.PushStepWrite.finish` waits for the pushes only, then hands
+3. :meth:`~workers.handoff.push_step.PushStepWrite.finish` waits for the pushes only (on the
+   prompt's last step it does not wait: the first token goes out and this step ends on
+   ``kv-write``; with ``after_token`` that step's layers are all queued there), then hands
    the step's pool writes (layers, then metas:
    :meth:`kvpool.block_write.BlockWrite.write_all`) to the ``kv-publish`` thread: the
    prompt's full blocks reach the pool for prefix reuse after
@@ -25,10 +27,11 @@ in place, fails the push at once). Then, per step:
    failed, the step waits for the pool write instead, partial block included, so the
    decode worker finds the KV in the pool (the fallback).
 
-:meth:`Pusher.outcome` gives the pushed blocks' metas (:mod:`kvpool.meta`: digests and
-MAC under the pool block key, under the names the decode worker will check them against)
-once the prompt is done. A push that fails (target gone or refusing, its lease over)
-writes nothing more; the request goes on, and its KV goes to the pool.
+:meth:`Pusher.outcome` gives (in ``PushState.answer``) the pushed blocks' metas
+(:mod:`kvpool.meta`: digests and MAC under the pool block key, under the names the decode
+worker will check them against) once the prompt is done. A push that fails (target gone
+or refusing, its lease over) writes nothing more; the request goes on, and its KV goes to
+the pool.
 """
 
 from __future__ import annotations
