@@ -411,3 +411,35 @@ def test_the_first_token_does_not_wait_for_the_push(
     assert tokens == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
     settle(prefill)
     assert idle(prefill) and idle(decode)
+
+
+def test_a_push_answer_nobody_waits_for_leaves_the_others_answered(
+    pair: tuple[Engine, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two hand-offs end their prompts in one step; the first one's answer is given up
+    (its ``Prefill`` call ended: the router cancels it when the first token finished the
+    request): the second's push is still answered, and every page comes back."""
+    prefill, decode = pair
+    gate = threading.Event()
+    push_layer = Pusher.push_layer
+
+    def held_back(self: Pusher, jobs: list[PushJob], layer: int) -> None:
+        gate.wait(60)
+        push_layer(self, jobs, layer)
+
+    monkeypatch.setattr(Pusher, "push_layer", held_back)
+    rids, prompts = ["left", "kept"], [prompt(95, 20), prompt(96, 20)]  # one step: 40 <= 48
+    for rid, ids in zip(rids, prompts, strict=True):
+        assert decode.reserve(rid, ids, GREEDY.max_tokens, 60.0, offer_push=True) is not None
+        prefill.add_request(ids, GREEDY, rid, handoff=True, push=decode.push_target(rid))
+    firsts = {out.request_id: out for out in prefill.step()}
+    assert set(firsts) == set(rids)
+    left, kept = (firsts[rid].push for rid in rids)
+    assert left is not None and kept is not None and left.cancel()
+    gate.set()
+    assert kept.result(30).ok
+    for rid in rids:
+        assert decode.abort(rid)
+    settle(prefill)
+    decode.housekeeping(time.monotonic() + PUSH_QUARANTINE_S + 1)  # aborted push pages
+    assert idle(prefill) and idle(decode)

@@ -9,9 +9,10 @@ sets each push's answer. Made by :meth:`workers.handoff.pusher.Pusher.plan` for 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import replace
 from typing import Protocol
 
@@ -141,7 +142,8 @@ class PushStepWrite(StepWrite):
                 bytes=state.bytes - before[0],
                 seconds=state.seconds - before[1],
             )
-            state.answer.set_result(moved)
+            with contextlib.suppress(InvalidStateError):  # given up: its call ended
+                state.answer.set_result(moved)
 
     def _known_sums(self) -> dict[str, list[bytes]]:
         """The layer digests of the blocks pushed in full so far, by meta key."""
