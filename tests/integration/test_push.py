@@ -31,6 +31,7 @@ from kvserve.bench.handoff import handoff, run_until_first
 from tests.integration.pool_fixtures import pool_config, running_master
 from tests.integration.reference import hf_greedy
 from workers.config import EngineConfig
+from workers.core.outputs import RequestOutput
 from workers.core.sequence import SamplingParams
 from workers.engine.engine import Engine
 from workers.handoff.push_receive import PushCheck, PushVerdict
@@ -94,6 +95,32 @@ def pool_block_verifies(pool: KVPool, block_hash: int) -> bool:
 
 def idle(engine: Engine) -> bool:
     return engine.num_free_blocks == engine.num_blocks and not engine.reservations
+
+
+def adopt_and_decode(
+    decode: Engine, rid: str, ids: list[int], first: RequestOutput, verdict: PushVerdict
+) -> list[int]:
+    """``decode`` adopts ``rid`` after the remote prefill's ``first`` output (its pushed
+    pages judged by ``verdict``) and decodes it to the end: every output token."""
+    decode.adopt(rid, ids, first.new_token_ids[0], GREEDY, pushed=verdict)
+    tokens = list(first.new_token_ids)
+    while decode.has_unfinished:
+        tokens += [t for out in decode.step() if out.request_id == rid for t in out.new_token_ids]
+    return tokens
+
+
+def hold_last_pushes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Hold back every push of a prompt's last step until the returned event is set."""
+    gate = threading.Event()
+    push_layer = Pusher.push_layer
+
+    def held_back(self: Pusher, jobs: list[PushJob], layer: int) -> None:
+        if any(job.final for job in jobs):
+            gate.wait(60)
+        push_layer(self, jobs, layer)
+
+    monkeypatch.setattr(Pusher, "push_layer", held_back)
+    return gate
 
 
 @pytest.mark.parametrize("length", [7, 32, 77])  # partial only, aligned, full + partial
@@ -270,10 +297,7 @@ def test_pushed_blocks_are_verified_while_the_prefill_runs(
     assert check is not None and check.skip == 4
     verdict = check.run(pushed.metas)
     assert verdict.tokens == len(ids)
-    decode.adopt(rid, ids, first.new_token_ids[0], GREEDY, pushed=verdict)
-    tokens = list(first.new_token_ids)
-    while decode.has_unfinished:
-        tokens += [t for out in decode.step() if out.request_id == rid for t in out.new_token_ids]
+    tokens = adopt_and_decode(decode, rid, ids, first, verdict)
     assert tokens == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
     settle(prefill)
     assert idle(prefill) and idle(decode)
@@ -381,15 +405,7 @@ def test_the_first_token_does_not_wait_for_the_push(
     prefill, decode = pair
     assert prefill.prefill is not None and prefill.prefill.pusher is not None
     monkeypatch.setattr(prefill.prefill.pusher, "after_token", after_token)
-    gate = threading.Event()
-    push_layer = Pusher.push_layer
-
-    def held_back(self: Pusher, jobs: list[PushJob], layer: int) -> None:
-        if any(job.final for job in jobs):
-            gate.wait(60)
-        push_layer(self, jobs, layer)
-
-    monkeypatch.setattr(Pusher, "push_layer", held_back)
+    gate = hold_last_pushes(monkeypatch)
     ids, rid = prompt(91 + after_token, 77), f"early-{after_token}"  # nothing cached
     assert decode.reserve(rid, ids, GREEDY.max_tokens, 60.0, offer_push=True) is not None
     prefill.add_request(ids, GREEDY, rid, handoff=True, push=decode.push_target(rid))
@@ -404,10 +420,7 @@ def test_the_first_token_does_not_wait_for_the_push(
     assert check is not None
     verdict = check.run(pushed.metas)
     assert verdict.tokens == len(ids)  # every pushed page verifies
-    decode.adopt(rid, ids, first.new_token_ids[0], GREEDY, pushed=verdict)
-    tokens = list(first.new_token_ids)
-    while decode.has_unfinished:
-        tokens += [t for out in decode.step() if out.request_id == rid for t in out.new_token_ids]
+    tokens = adopt_and_decode(decode, rid, ids, first, verdict)
     assert tokens == hf_greedy(tiny_model_dir, ids, GREEDY.max_tokens)
     settle(prefill)
     assert idle(prefill) and idle(decode)
@@ -420,14 +433,7 @@ def test_a_push_answer_nobody_waits_for_leaves_the_others_answered(
     (its ``Prefill`` call ended: the router cancels it when the first token finished the
     request): the second's push is still answered, and every page comes back."""
     prefill, decode = pair
-    gate = threading.Event()
-    push_layer = Pusher.push_layer
-
-    def held_back(self: Pusher, jobs: list[PushJob], layer: int) -> None:
-        gate.wait(60)
-        push_layer(self, jobs, layer)
-
-    monkeypatch.setattr(Pusher, "push_layer", held_back)
+    gate = hold_last_pushes(monkeypatch)
     rids, prompts = ["left", "kept"], [prompt(95, 20), prompt(96, 20)]  # one step: 40 <= 48
     for rid, ids in zip(rids, prompts, strict=True):
         assert decode.reserve(rid, ids, GREEDY.max_tokens, 60.0, offer_push=True) is not None

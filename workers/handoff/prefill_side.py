@@ -87,7 +87,6 @@ class PrefillHandoff:
         self.streamer.flush()
         if self.pusher is not None:
             self.pusher.flush()
-        self.streamer.flush()
 
     def close(self) -> None:
         """Stop the pool writer (the pushes' last steps end there first), then the push (its
