@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workers.model import fused
 from workers.model.attention import AttentionBatch, paged_attention
 from workers.model.config import ModelConfig
 from workers.model.rope import RotaryTable, apply_rotary
@@ -93,6 +94,14 @@ class RMSNorm(nn.Module):
         h = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
         return self.weight * h.to(x.dtype)
 
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` of ``[T, n]`` rows in one C++ pass (:mod:`workers.model.fused`)."""
+        return fused.rms_norm(x, self.weight, self.eps)
+
+    def add_fused_(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        """In place, in one C++ pass: ``residual += x``, then ``x = self(residual)``."""
+        fused.add_rms_norm_(x, residual, self.weight, self.eps)
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -118,7 +127,10 @@ class Attention(nn.Module):
         v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, cos_sin)
+        if batch.native and fused.usable(q):
+            fused.rotary_(q, k, cos_sin)
+        else:
+            q, k = apply_rotary(q, k, cos_sin)
         o = paged_attention(q, k, v, layer_cache, batch, self.scale)
         out: torch.Tensor = self.o_proj(o.reshape(-1, cfg.q_size))
         return out
@@ -130,9 +142,15 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, fuse: bool = False) -> torch.Tensor:
+        """``fuse``: SiLU-and-mul in one C++ pass (float32 CPU activations only)."""
+        gate_up = self.gate_up_proj(x)
+        if fuse:
+            act = fused.silu_and_mul(gate_up.contiguous())
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        out: torch.Tensor = self.down_proj(act)
         return out
 
 
@@ -151,6 +169,13 @@ class DecoderLayer(nn.Module):
         layer_cache: torch.Tensor,
         batch: AttentionBatch,
     ) -> torch.Tensor:
+        """The layer's output; with the native kernels and float32 activations, ``x`` itself,
+        updated in place (the caller owns it: the embedding's output or the last layer's)."""
+        if batch.native and fused.usable(x):
+            h = self.self_attn(self.input_layernorm.fused(x), cos_sin, layer_cache, batch)
+            h = h.contiguous()
+            self.post_attention_layernorm.add_fused_(h, x)
+            return x.add_(self.mlp(h, fuse=True))
         x = x + self.self_attn(self.input_layernorm(x), cos_sin, layer_cache, batch)
         out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return out
@@ -198,6 +223,8 @@ class LlamaModel(nn.Module):
             x = layer(x, cos_sin, layer_cache, batch)
             if on_layer is not None:  # no sync: a copy out of a GPU waits on an event
                 on_layer(i)  # recorded by on_layer (workers/handoff/staging.py)
+        if batch.native and fused.usable(x):
+            return self.norm.fused(x)
         return self.norm(x)  # type: ignore[no-any-return]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

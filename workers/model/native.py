@@ -56,7 +56,7 @@ from workers.model.prepare import cache_dir
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "paged_attention.cpp")
+SOURCES = ("ops.cpp", "paged_attention.cpp", "pointwise.cpp")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-Wall", "-Wno-unused-function")
 LDFLAGS = ("-fopenmp",)
 
@@ -222,7 +222,8 @@ def unavailable_reason() -> str | None:
     return _error
 
 
-def _ops() -> ModuleType:
+def ops() -> ModuleType:
+    """The loaded extension (built on first use); ``RuntimeError`` if it cannot be."""
     if _module is None and not available():
         raise RuntimeError(f"native paged-attention kernels unavailable: {_error}")
     assert _module is not None
@@ -231,7 +232,7 @@ def _ops() -> ModuleType:
 
 def vector_width() -> int:
     """fp32 lanes per SIMD vector the kernels were compiled for (16 AVX-512, 8 AVX2)."""
-    return int(_ops().vector_width())
+    return int(ops().vector_width())
 
 
 def write_kv(
@@ -245,7 +246,7 @@ def write_kv(
     contiguous. Two tokens with the same slot: one of them wins, unspecified which.
     Raises ``RuntimeError`` on bad shapes, dtypes or slots past the cache.
     """
-    _ops().write_kv(k, v, layer_cache, slot_mapping)
+    ops().write_kv(k, v, layer_cache, slot_mapping)
 
 
 def paged_attention(
@@ -276,7 +277,7 @@ def paged_attention(
     ``RuntimeError`` on bad shapes or dtypes, a page id outside the cache, or a
     sequence with more queries than context.
     """
-    _ops().paged_attention(out, q, layer_cache, block_tables, context_lens, query_starts, scale)
+    ops().paged_attention(out, q, layer_cache, block_tables, context_lens, query_starts, scale)
 
 
 def main() -> int:

@@ -1,4 +1,5 @@
-// Python bindings: argument checks, write_kv, and the call into the attention kernel.
+// Python bindings: argument checks, write_kv, the call into the attention kernel, and the
+// fused pointwise ops (pointwise.cpp).
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -7,6 +8,7 @@
 #include <cstring>
 
 #include "kernel.h"
+#include "pointwise.h"
 #include "simd.h"
 
 namespace kvserve {
@@ -155,7 +157,7 @@ void paged_attention(const at::Tensor& out, const at::Tensor& q, const at::Tenso
 }  // namespace kvserve
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "kvserve's CPU paged-attention kernels";
+  m.doc() = "kvserve's CPU kernels: paged attention and the fused pointwise ops";
   m.def("write_kv", &kvserve::write_kv, "Write K/V rows into their cache slots",
         pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("layer_cache"),
         pybind11::arg("slot_mapping"), pybind11::call_guard<pybind11::gil_scoped_release>());
@@ -163,6 +165,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("out"), pybind11::arg("q"), pybind11::arg("layer_cache"),
         pybind11::arg("block_tables"), pybind11::arg("context_lens"),
         pybind11::arg("query_starts"), pybind11::arg("scale"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("rms_norm", &kvserve::rms_norm, "RMSNorm of each row", pybind11::arg("out"),
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("eps"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("add_rms_norm", &kvserve::add_rms_norm, "residual += x, then x = RMSNorm(residual)",
+        pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"),
+        pybind11::arg("eps"), pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("silu_and_mul", &kvserve::silu_and_mul, "silu(gate) * up", pybind11::arg("out"),
+        pybind11::arg("x"), pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("rotary", &kvserve::rotary, "Rotary embedding of q and k, in place", pybind11::arg("q"),
+        pybind11::arg("k"), pybind11::arg("cos"), pybind11::arg("sin"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("vector_width", [] { return kvserve::kW; }, "fp32 lanes per SIMD vector");
 }
