@@ -186,7 +186,8 @@ def paged_attention(
     paged = batch.num_paged
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if batch.native:
-        q = q.contiguous()  # the kernel wants unit-stride rows (projections may be transposed)
+        if q.stride(-1) != 1:  # the kernel wants unit-stride rows (a skinny product's are not)
+            q = q.contiguous()
         native.write_kv(k, v, layer_cache, batch.slot_mapping)
         if paged:
             native.paged_attention(
