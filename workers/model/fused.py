@@ -4,9 +4,9 @@ The model takes this path wherever it takes the native attention (``batch.native
 with the kernels built) and its activations are float32; everywhere else it runs the torch
 composition these replace (:class:`workers.model.llama.RMSNorm`,
 :func:`workers.model.rope.apply_rotary`, ``F.silu(gate) * up``). Each op reads and writes
-its rows once instead of a pass and a temporary per torch op: on one core, per layer of a
-512-token prefill of the tiny model, 1.6 ms of pointwise work in torch (see
-docs/benchmarks.md). Results equal the torch path's up to fp32 rounding (summation order,
+its rows once instead of a pass and a temporary per torch op (the torch ops took 23 ms of
+the tiny model's 312 ms 512-token prefill step on one core; the step with these, 293 ms:
+docs/benchmarks.md, section 6). Results equal the torch path's up to fp32 rounding (summation order,
 fused multiply-adds, a polynomial ``exp``).
 
 Every tensor is float32 on the CPU and contiguous in its last dimension (row strides are

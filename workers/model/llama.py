@@ -94,7 +94,7 @@ class RMSNorm(nn.Module):
         h = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
         return self.weight * h.to(x.dtype)
 
-    def fused(self, x: torch.Tensor) -> torch.Tensor:
+    def fused_forward(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` of ``[T, n]`` rows in one C++ pass (:mod:`workers.model.fused`)."""
         return fused.rms_norm(x, self.weight, self.eps)
 
@@ -172,7 +172,7 @@ class DecoderLayer(nn.Module):
         """The layer's output; with the native kernels and float32 activations, ``x`` itself,
         updated in place (the caller owns it: the embedding's output or the last layer's)."""
         if batch.native and fused.usable(x):
-            h = self.self_attn(self.input_layernorm.fused(x), cos_sin, layer_cache, batch)
+            h = self.self_attn(self.input_layernorm.fused_forward(x), cos_sin, layer_cache, batch)
             h = h.contiguous()
             self.post_attention_layernorm.add_fused_(h, x)
             return x.add_(self.mlp(h, fuse=True))
@@ -224,7 +224,7 @@ class LlamaModel(nn.Module):
             if on_layer is not None:  # no sync: a copy out of a GPU waits on an event
                 on_layer(i)  # recorded by on_layer (workers/handoff/staging.py)
         if batch.native and fused.usable(x):
-            return self.norm.fused(x)
+            return self.norm.fused_forward(x)
         return self.norm(x)  # type: ignore[no-any-return]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
