@@ -85,11 +85,13 @@ class PushStepWrite(StepWrite):
         for layer_push in self._pending:
             layer_push.result()
         self._publish(wait_commit)
-        moved = [
-            (s.bytes - before[0], s.seconds - before[1]) for s, before in self._states.values()
-        ]
-        nbytes, seconds = sum(b for b, _ in moved), sum(t for _, t in moved)
+        moved = self._moved()
+        nbytes, seconds = sum(b for _, b, _ in moved), sum(t for _, _, t in moved)
         return Transfer(nbytes, seconds, time.perf_counter() - t0)
+
+    def _moved(self) -> list[tuple[PushState, int, float]]:
+        """Each push of the step, with the bytes and seconds it moved in this step."""
+        return [(s, s.bytes - b, s.seconds - t) for s, (b, t) in self._states.values()]
 
     def _publish(self, wait_commit: bool, on_writer: bool = False) -> None:
         """Mark what was pushed, then hand the step's pool writes to kv-publish; a failed
@@ -134,14 +136,10 @@ class PushStepWrite(StepWrite):
             if not self._published:  # its pages and keys are not the publisher's to free
                 self.in_flight.difference_update(self._keys)
                 self.pusher.release(self.pins)
-        for state, before in self._states.values():
+        for state, nbytes, seconds in self._moved():
             if error:
                 state.fail(error)
-            moved = replace(
-                self.pusher.outcome(state),
-                bytes=state.bytes - before[0],
-                seconds=state.seconds - before[1],
-            )
+            moved = replace(self.pusher.outcome(state), bytes=nbytes, seconds=seconds)
             with contextlib.suppress(InvalidStateError):  # given up: its call ended
                 state.answer.set_result(moved)
 
