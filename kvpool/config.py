@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
+from kvpool.confine import parse_peers
 from kvpool.master import master_metrics_address
 
 PROTOCOLS = ("tcp", "rdma")
@@ -58,6 +59,14 @@ class PoolConfig:
       ``pool_local_hostname`` only, instead of every interface as Mooncake does
       (:mod:`kvpool.confine`: an ``LD_PRELOAD`` library, built with the system C compiler;
       without one, a warning and every interface).
+    - ``pool_peers``: who may connect to those ports (with ``pool_confine``; the library
+      closes any other connection as it is accepted): ``auto`` (default) allows local
+      processes of this process's own user when ``pool_local_hostname`` is a loopback
+      address, and any peer otherwise (with a warning); ``any``; or a comma-separated list
+      of ``uid:N`` (a local process of user N) and IPv4 addresses or networks
+      (``10.0.0.0/24``). Mooncake's ports serve whoever connects: its data port writes and
+      reads any registered memory (the live KV cache, moved in place), its handshake port
+      aborts the process on a malformed message (:func:`kvpool.confine.peer_rules`).
     - ``pool_segment_mib``: memory this process contributes to the pool.
     - ``pool_local_buffer_mib``: the client's own transfer buffer.
     - ``pool_ssd_dir``: the pool's second tier, Mooncake's own SSD offload
@@ -105,6 +114,7 @@ class PoolConfig:
     pool_rdma_devices: str = ""
     pool_local_hostname: str = "127.0.0.1"
     pool_confine: bool = True
+    pool_peers: str = "auto"
     pool_segment_mib: int = 512
     pool_local_buffer_mib: int = 64
     pool_transfer_timeout_s: float = 5.0
@@ -125,6 +135,7 @@ class PoolConfig:
             etcd_endpoints(self.pool_master)  # raises when malformed
         elif ":" not in self.pool_master:
             raise ValueError(f"pool_master must be host:port, got {self.pool_master!r}")
+        parse_peers(self.pool_peers)  # raises when malformed
         if self.pool_segment_mib < 0 or self.pool_local_buffer_mib < 1:
             raise ValueError("pool_segment_mib must be >= 0 and pool_local_buffer_mib >= 1")
         if not self.pool_transfer_timeout_s > 0:

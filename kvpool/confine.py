@@ -1,11 +1,15 @@
-"""Keep Mooncake's own listeners off every interface but the member's address.
+"""Keep Mooncake's own listeners off every interface but the member's address, and off
+every peer but the pool's members.
 
 Mooncake 0.3.13's transfer engine (and Mooncake's current source) opens its ports on every
-interface, whatever ``pool_local_hostname`` says: anyone who reaches the machine could read
-and write the member's registered KV memory through them. ``csrc/confine.c`` is a small
-``LD_PRELOAD`` library that rebinds the wildcard binds made from inside a Mooncake library
-to one IPv4 address (its header says exactly which binds); nothing else in the process is
-touched (the worker's gRPC, the router's HTTP bind where their settings say).
+interface, whatever ``pool_local_hostname`` says, and serves whoever connects: its data
+port writes and reads any memory registered with it (with a KV cache moved in place, the
+live cache), its handshake port aborts the process on a malformed message.
+``csrc/confine.c`` is a small ``LD_PRELOAD`` library that rebinds the wildcard binds made
+from inside a Mooncake library to one IPv4 address, and closes each connection those
+listeners accept from a peer that no rule of ``PoolConfig.pool_peers`` allows (its header
+says exactly which calls and how); nothing else in the process is touched (the worker's
+gRPC, the router's HTTP bind where their settings say).
 
 Lifecycle: a process that will join the pool calls :func:`confine` first thing (``kvserve
 worker`` and ``kvserve router`` do, when :attr:`PoolConfig.pool_confine` is on, the
@@ -14,13 +18,14 @@ on first use (the system C compiler, ``cc``; into ``<cache>/confine/``, replaced
 atomically, so concurrent builders are harmless) and re-executes the process with it in
 ``LD_PRELOAD`` (same pid, same argv, same open files; once: a process that still lacks it
 after the re-exec logs a warning and goes on). Without a C compiler, or for an address that
-is not IPv4, it logs a warning and the listeners stay on every interface (firewall them;
-``docs/security.md``).
+is not IPv4, it logs a warning and the listeners stay on every interface, open to every
+peer (firewall them; ``docs/security.md``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 import os
 import platform
@@ -37,6 +42,43 @@ SOURCE = Path(__file__).parent / "csrc" / "confine.c"
 ADDRESS_VARIABLE = "KVSERVE_POOL_CONFINE_ADDR"
 """Read by the library: the IPv4 address Mooncake's wildcard binds go to (internal, set by
 :func:`confine` for the re-executed process; not a user setting)."""
+PEERS_VARIABLE = "KVSERVE_CONFINE_PEERS"
+"""Read by the library: the peers Mooncake's listeners keep (:func:`peer_rules`; internal,
+set by :func:`confine` from ``PoolConfig.pool_peers``)."""
+
+
+def parse_peers(setting: str) -> list[str] | None:
+    """``PoolConfig.pool_peers`` checked: ``None`` for ``auto``, ``[]`` for ``any``, else
+    its rules in the library's form (``uid:N``, ``A.B.C.D/P``); ValueError names the first
+    one that is not a rule."""
+    text = setting.strip()
+    if text in ("auto", "any"):
+        return None if text == "auto" else []
+    rules = []
+    for item in (part.strip() for part in text.split(",")):
+        if item.startswith("uid:") and item[4:].isdigit() and int(item[4:]) < 2**32 - 1:
+            rules.append(f"uid:{int(item[4:])}")
+            continue
+        try:
+            rules.append(str(ipaddress.IPv4Network(item, strict=False)))
+        except ValueError:
+            raise ValueError(
+                f"pool_peers: {item!r} is not uid:N or an IPv4 address or network "
+                "(or say auto or any)"
+            ) from None
+    return rules
+
+
+def peer_rules(setting: str, host: str) -> str:
+    """The library's rule list for ``setting`` on a member at ``host`` (empty: every peer):
+    ``auto`` is this process's user when ``host`` is a loopback address (every member runs
+    on this machine, reached through loopback), else every peer."""
+    rules = parse_peers(setting)
+    if rules is None:
+        address = ipv4_of(host)
+        local = address is not None and ipaddress.IPv4Address(address).is_loopback
+        rules = [f"uid:{os.getuid()}"] if local else []
+    return ",".join(rules)
 
 
 def library_path(cache: Path) -> Path:
@@ -81,10 +123,11 @@ def loaded(library: Path) -> bool:
         return False
 
 
-def confine(host: str, cache: Path) -> None:
-    """Make sure this process's Mooncake listeners bind ``host`` only: returns when they
-    will (or when they cannot, with a warning); otherwise re-executes the process with the
-    library (and does not return)."""
+def confine(host: str, cache: Path, peers: str = "auto") -> None:
+    """Make sure this process's Mooncake listeners bind ``host`` only and keep only the
+    peers ``peers`` (``PoolConfig.pool_peers``) allows: returns when they will (or when they
+    cannot, with a warning); otherwise re-executes the process with the library (and does
+    not return)."""
     address = ipv4_of(host)
     if address is None:
         log.warning(
@@ -98,14 +141,26 @@ def confine(host: str, cache: Path) -> None:
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         log.warning("pool listeners stay on every interface: cannot build %s: %s", SOURCE, exc)
         return
-    if loaded(library) and os.environ.get(ADDRESS_VARIABLE) == address:
-        log.info("pool listeners confined to %s", address)
-        return
-    if os.environ.get(ADDRESS_VARIABLE) == address:  # re-executed, yet not loaded
-        log.warning("pool listeners stay on every interface: LD_PRELOAD did not load %s", library)
+    rules = peer_rules(peers, host)
+    wanted = {ADDRESS_VARIABLE: address, PEERS_VARIABLE: rules}
+    if all(os.environ.get(k) == v for k, v in wanted.items()):
+        if not loaded(library):  # re-executed, yet not loaded
+            log.warning(
+                "pool listeners stay on every interface, open to every peer: LD_PRELOAD did "
+                "not load %s",
+                library,
+            )
+            return
+        log.info("pool listeners confined to %s, for %s", address, rules or "every peer")
+        if not rules:
+            log.warning(
+                "the transfer engine's ports on %s serve every peer that reaches them: set "
+                "pool_peers, or keep that network to the pool's members (docs/security.md)",
+                address,
+            )
         return
     env = dict(os.environ)
-    env[ADDRESS_VARIABLE] = address
+    env.update(wanted)
     env["LD_PRELOAD"] = " ".join(p for p in (str(library), env.get("LD_PRELOAD", "")) if p)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.config import PoolConfig
+from kvpool.confine import parse_peers
 from kvpool.master import MasterConfig
 from kvpool.net import free_local_ports
 from kvserve.cluster.deployment import SEGMENT_MIB
@@ -266,8 +267,15 @@ class ClusterSpec:
         return PoolHA.of(self.pool_master, self.pool_masters, self.pool_ha_ports)
 
     def pool_config(self, name: str) -> PoolConfig:
-        """The pool settings of process ``name`` (a worker or the router)."""
+        """The pool settings of process ``name`` (a worker or the router). On separate
+        hosts (:attr:`hosts`), ``pool_peers`` left at ``auto`` becomes the workers' own
+        addresses: only they move KV between transfer engines (the router holds no
+        segment), and this machine's own address on the hosts' network, which every local
+        user reaches them from, is not one of them."""
         ssd, ha, master = self.pool.pool_ssd_dir, self.pool_ha, self.pool_master
+        peers = self.pool.pool_peers
+        if self._placed(name) and parse_peers(peers) is None:
+            peers = ",".join(sorted({self.host_of(w) for w, _ in self.worker_roles()}))
         return dataclasses.replace(
             self.pool,
             pool_master=ha.address if ha else master.rpc_address,
@@ -275,6 +283,7 @@ class ClusterSpec:
             master_metrics_url=ha.metrics_urls if ha else master.metrics_url,
             pool_local_hostname=self.host_of(name) if self._placed(name) else LOOPBACK,
             pool_ssd_dir=str(Path(ssd) / name) if ssd and not is_router(name) else "",
+            pool_peers=peers,
         )
 
     def with_free_ports(self) -> ClusterSpec:

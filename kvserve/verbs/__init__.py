@@ -16,9 +16,13 @@ import importlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvserve.settings import add_config_args
 from kvserve.settings_file import FileLayer, active
+
+if TYPE_CHECKING:
+    from kvpool.config import PoolConfig
 
 Run = Callable[[argparse.Namespace], int]
 
@@ -96,12 +100,12 @@ def start_logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def confine_first(pool_confine: bool, hostname: str, joins: bool) -> None:
+def confine_first(pool: PoolConfig, joins: bool) -> None:
     """Before anything else, confine this process's Mooncake listeners to its pool address
-    ``hostname`` (:mod:`kvpool.confine`; may re-execute the process) when it joins the
-    pool and ``pool_confine`` is on."""
-    if joins and pool_confine:
+    and its pool peers (:mod:`kvpool.confine`; may re-execute the process) when it joins
+    the pool and ``pool.pool_confine`` is on."""
+    if joins and pool.pool_confine:
         from kvpool.confine import confine
         from workers.model.prepare import cache_dir
 
-        confine(hostname, cache_dir())
+        confine(pool.pool_local_hostname, cache_dir(), pool.pool_peers)

@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
     """Serve until stopped (confined to the pool address first when it looks up the pool)."""
     start_logging(args.log_level)
     router, pool = config_from_args(RouterConfig, args), config_from_args(PoolConfig, args)
-    confine_first(pool.pool_confine, pool.pool_local_hostname, router.pool_lookup)
+    confine_first(pool, router.pool_lookup)
     from router.main import serve
 
     serve(router, config_from_args(ClusterConfig, args), pool)

@@ -34,11 +34,11 @@ def run(args: argparse.Namespace) -> int:
                 log.error("%s", exc)
                 return 1
             enter(env)  # returns only inside vLLM's environment
-        confine_first(pool.pool_confine, pool.pool_local_hostname, worker.use_pool)
+        confine_first(pool, worker.use_pool)
         from vllm_backend.server import serve as serve_vllm
 
         return serve_vllm(worker, engine, options, pool, cluster)
-    confine_first(pool.pool_confine, pool.pool_local_hostname, worker.use_pool)
+    confine_first(pool, worker.use_pool)
     from workers.serve.server import serve
 
     return serve(worker, engine, pool, cluster)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,7 +52,7 @@ from proto import worker_pb2_grpc
 from proto.channels import sync_channel
 from proto.grpc_auth import ROUTER
 from proto.registry import Keys, connect, list_workers, seal_record
-from tests.integration.pool_member import listening
+from tests.integration.pool_member import listening, listening_on
 from tests.integration.reference import hf_greedy
 from tests.midstream import LONG, complete, fault_mid_stream
 from tests.tiny_cluster import (
@@ -143,6 +144,24 @@ def test_workers_and_the_router_listen_on_their_own_address_only(cluster: Cluste
         found = listening(int(cluster.process(name).pid or 0))
         assert len(found) >= 3, (name, found)  # its own service and the transfer engine's
         assert set(found) <= {own, f"::ffff:{own}"}, (name, found)
+
+
+@needs_hosts
+def test_this_machine_reaches_no_workers_transfer_engine(cluster: Cluster) -> None:
+    """Every local user connects to the hosts from this machine's address on their network;
+    a worker's transfer-engine ports (what it listens on besides its gRPC and metrics)
+    close such a connection at once (``pool_peers``: the workers' addresses only), where
+    Mooncake alone would wait for a request (this probe sends none, so a port that serves
+    it times out)."""
+    for name in cluster.worker_names:
+        plan = cluster.plan_of(name)
+        ports = {port for _, port in listening_on(int(cluster.process(name).pid or 0))}
+        engine = ports - {plan.port, plan.metrics_port}
+        assert len(engine) >= 2, (name, ports)  # the handshake and data ports
+        for port in engine:
+            with socket.create_connection((plan.host, port), timeout=10) as sock:
+                sock.settimeout(5)
+                assert sock.recv(1) == b"", (name, port)
 
 
 def test_an_outsider_without_the_secret_is_refused_and_changes_nothing(

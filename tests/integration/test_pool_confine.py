@@ -10,57 +10,19 @@ does on its own (this is what makes the test able to fail).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from kvpool.confine import build
 from kvpool.master import MasterConfig
 from tests.integration.pool_fixtures import running_master
+from tests.integration.pool_member import member
 
 HOST = "127.0.0.2"
 CONFINED = {HOST, f"::ffff:{HOST}"}
 WILDCARD = {"0.0.0.0", "::"}
-
-
-class Member:
-    """A running ``tests.integration.pool_member`` process."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
-        self.hello = self._answer()
-
-    def _answer(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, f"the member exited: {self.proc.communicate(timeout=30)[1][-3000:]}"
-        answer: dict[str, Any] = json.loads(line)
-        return answer
-
-    def roundtrip(self, key: str) -> bool:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"roundtrip {key}\n")
-        self.proc.stdin.flush()
-        return bool(self._answer()["ok"])
-
-
-@contextmanager
-def member(master: MasterConfig, segment_mib: int, confined: bool, cache: Path) -> Iterator[Member]:
-    argv = [sys.executable, "-m", "tests.integration.pool_member", master.rpc_address]
-    argv += [master.metadata_url, HOST, str(segment_mib), "1" if confined else "0", str(cache)]
-    with subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as proc:
-        try:
-            yield Member(proc)
-        finally:
-            proc.communicate(timeout=60)  # closes stdin: the member leaves and exits
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +36,8 @@ def test_confined_listeners_bind_the_members_address_and_carry_data(
     master: MasterConfig, tmp_path: Path
 ) -> None:
     with (
-        member(master, 64, True, tmp_path) as holder,
-        member(master, 0, True, tmp_path) as writer,
+        member(master, HOST, 64, True, tmp_path) as holder,
+        member(master, HOST, 0, True, tmp_path) as writer,
     ):
         for m in (holder, writer):
             assert m.hello["listening"], "a pool member opens transfer-engine ports"
@@ -87,7 +49,7 @@ def test_confined_listeners_bind_the_members_address_and_carry_data(
 def test_without_confinement_mooncake_listens_on_every_interface(
     master: MasterConfig, tmp_path: Path
 ) -> None:
-    with member(master, 16, False, tmp_path) as loose:
+    with member(master, HOST, 16, False, tmp_path) as loose:
         assert set(loose.hello["listening"]) & WILDCARD, loose.hello["listening"]
 
 

@@ -1,0 +1,119 @@
+"""Only the pool's members reach a member's transfer-engine ports (``PoolConfig.pool_peers``,
+:mod:`kvpool.confine`), against a real mooncake_master and real members in processes of
+their own, and an intruder that speaks Mooncake's TCP transport itself
+(``tests/integration/pool_intruder.py``).
+
+Without a rule (``any``: Mooncake on its own) an intruder that reaches the ports writes the
+member's registered memory (with a KV cache moved in place: its live pages) and kills the
+member with one malformed handshake; that is what makes these tests able to fail. With a
+rule that does not allow it, neither happens, while the members the rule allows still move
+data through each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvpool.master import MasterConfig
+from tests.integration.pool_fixtures import running_master
+from tests.integration.pool_member import Member, member
+
+HOST = "127.0.0.2"
+INTRUDER = Path(__file__).with_name("pool_intruder.py")
+PAYLOAD = b"kvserve-intruder"
+OTHER_UID = os.getuid() + 1
+"""An account that is not this one: a rule for it alone refuses this user's processes."""
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> Iterator[MasterConfig]:
+    """A master of the test's own: a member killed here stays in its master's segment
+    list until the master gives up on it, and puts there meanwhile fail."""
+    with running_master(tmp_path, master_host=HOST) as config:
+        yield config
+
+
+def intrude(
+    master: MasterConfig,
+    target: Member,
+    source: str = HOST,
+    argv0: tuple[str, ...] = (),
+    actions: str = "write,handshake",
+) -> dict[str, Any]:
+    """Run the intruder (as ``argv0`` + a Python, default this one) against ``target``."""
+    python = (*argv0, "/usr/bin/python3") if argv0 else (sys.executable,)
+    argv = [*python, str(INTRUDER), master.metadata_url, target.hello["segment"], source]
+    done = subprocess.run(
+        [*argv, PAYLOAD.hex(), actions], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
+def alive(target: Member) -> bool:
+    """The member still runs and still moves data."""
+    return target.proc.poll() is None and target.roundtrip("peers/alive")
+
+
+@pytest.mark.timeout(300)
+def test_without_a_rule_an_intruder_writes_a_members_memory_and_kills_it(
+    master: MasterConfig, tmp_path: Path
+) -> None:
+    with member(master, HOST, 16, True, tmp_path, "any") as target:
+        answer = intrude(master, target, actions="write")
+        assert answer["write"] == "applied"
+        assert target.peek(answer["address"], len(PAYLOAD)) == PAYLOAD
+        intrude(master, target, actions="handshake")
+        assert target.proc.wait(timeout=30) != 0, "one malformed handshake ends the member"
+
+
+@pytest.mark.timeout(300)
+def test_a_peer_no_rule_allows_neither_writes_nor_kills_a_member(
+    master: MasterConfig, tmp_path: Path
+) -> None:
+    with member(master, HOST, 16, True, tmp_path, f"uid:{OTHER_UID},127.0.0.1") as target:
+        answer = intrude(master, target)
+        assert answer["write"] == "closed" and answer["handshake"] == "closed"
+        assert target.peek(answer["address"], len(PAYLOAD)) != PAYLOAD
+        assert alive(target)
+
+
+@pytest.mark.timeout(300)
+def test_a_rule_lets_in_its_user_or_its_network_and_members_move_data(
+    master: MasterConfig, tmp_path: Path
+) -> None:
+    mine = f"uid:{os.getuid()}"
+    with (
+        member(master, HOST, 16, True, tmp_path, mine) as holder,
+        member(master, HOST, 0, True, tmp_path, mine) as writer,
+    ):
+        assert writer.roundtrip("peers/a") and writer.roundtrip("peers/b")
+        answer = intrude(master, holder, actions="write")
+        assert answer["write"] == "applied", "the rule is per account"
+    with member(master, HOST, 16, True, tmp_path, f"uid:{OTHER_UID},127.0.0.1/32") as holder:
+        assert intrude(master, holder, source="127.0.0.3")["write"] == "closed"
+        assert intrude(master, holder, source="127.0.0.1", actions="write")["write"] == "applied"
+        assert alive(holder)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+def test_by_default_another_local_user_is_kept_out(master: MasterConfig, tmp_path: Path) -> None:
+    nobody = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+    with (
+        member(master, HOST, 16, True, tmp_path) as holder,
+        member(master, HOST, 0, True, tmp_path) as writer,
+    ):
+        answer = intrude(master, holder, argv0=nobody)
+        assert answer["write"] == "closed" and answer["handshake"] == "closed"
+        assert holder.peek(answer["address"], len(PAYLOAD)) != PAYLOAD
+        assert writer.roundtrip("peers/default") and alive(holder)
