@@ -39,11 +39,11 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from kvserve.cluster.host import Host
 from kvserve.cluster.redis import new_password
-from kvserve.cluster.runas import PREFLIGHT, RunAs
+from kvserve.cluster.runas import PREFLIGHT, ROLES, RunAs, accounts, role_of
 from kvserve.cluster.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ __all__ = [
     "NetHosts",
     "NetnsError",
     "RunAs",
+    "accounts",
     "ip",
     "unavailable",
 ]
@@ -84,15 +85,16 @@ def ip(*args: str) -> str:
 class NetHosts:
     """Network namespaces as separate hosts (see the module docstring for the lifecycle).
 
-    ``run_as``: the account every process runs as (:class:`RunAs`); None keeps the
-    launcher's own (root)."""
+    ``run_as``: the account each role's processes run as (:func:`accounts`, by
+    :func:`role_of`), or one :class:`RunAs` for every process; None keeps the launcher's
+    own (root)."""
 
     def __init__(
         self,
         names: Sequence[str],
         subnet: str = DEFAULT_SUBNET,
         tag: str = DEFAULT_TAG,
-        run_as: RunAs | None = None,
+        run_as: RunAs | Mapping[str, RunAs] | None = None,
     ) -> None:
         if not TAG.fullmatch(tag):
             raise ValueError(f"tag must be 1-8 lowercase letters or digits, got {tag!r}")
@@ -113,14 +115,16 @@ class NetHosts:
         self.names = list(names)
         self.addresses = {n: str(a) for n, a in zip(names, addresses[1:], strict=False)}
         self._veth = {n: f"{tag}v{i}" for i, n in enumerate(names)}
-        self.run_as = run_as
+        roles = dict.fromkeys(ROLES, run_as) if isinstance(run_as, RunAs) else run_as
+        self.run_as: dict[str, RunAs] | None = dict(roles) if roles else None
+        """Each role's account (None: the launcher's own)."""
 
     def namespace(self, name: str) -> str:
         return f"{self.tag}-{name}"
 
     def prefix(self, name: str) -> tuple[str, ...]:
-        """The argv prefix that runs a command on host ``name`` (as :attr:`run_as`)."""
-        account = self.run_as.prefix() if self.run_as is not None else ()
+        """The argv prefix that runs a command on host ``name`` (as its role's account)."""
+        account = self.run_as[role_of(name)].prefix() if self.run_as is not None else ()
         return ("ip", "netns", "exec", self.namespace(name), *account)
 
     def hosts(self) -> dict[str, Host]:
@@ -132,7 +136,7 @@ class NetHosts:
         spec: ClusterSpec,
         subnet: str = DEFAULT_SUBNET,
         tag: str = DEFAULT_TAG,
-        run_as: RunAs | None = None,
+        run_as: RunAs | Mapping[str, RunAs] | None = None,
     ) -> NetHosts:
         """One host for each process of ``spec`` (:meth:`ClusterSpec.process_names`)."""
         return cls(spec.process_names(), subnet, tag, run_as)

@@ -1,11 +1,19 @@
-"""The unprivileged account that the processes of ``kvserve up --hosts`` run as
-(:class:`RunAs`): the argv prefix that switches to it from root, and the model directory as
+"""The unprivileged accounts that the processes of ``kvserve up --hosts`` run as
+(:class:`RunAs`): the argv prefix that switches to one from root, and the model directory as
 that account sees it (:data:`PREFLIGHT`). :mod:`kvserve.cluster.netns` puts the prefix
-after ``ip netns exec``."""
+after ``ip netns exec``.
+
+Each role has an account (:func:`accounts`, one per :data:`ROLES`, :func:`role_of` says
+which a process has): the routers and the balancer, the workers, and the services (Redis,
+the master). Started by plain root, the three are distinct accounts made up for the run
+(:meth:`RunAs.transient`), so a broken-into worker cannot signal the router, nor a router a
+worker; started through sudo, every role runs as the user who ran it (whose files the
+processes read); ``--hosts-user`` names one account for all, or one per role."""
 
 from __future__ import annotations
 
 import dataclasses
+import grp
 import os
 import pwd
 import subprocess
@@ -13,6 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvserve.cluster.processes import child_environment
+from kvserve.cluster.router_names import BALANCER, is_router
+
+ROLES = ("router", "worker", "service")
+"""The roles that each run as an account of their own."""
+WORKER_PREFIXES = ("prefill-", "decode-", "mixed-")
+TRANSIENT_UIDS = range(61184, 65520)
+"""Where :meth:`RunAs.transient` finds ids: systemd's range for accounts made up at run time
+(``DynamicUser``), which holds no account of its own on a normal system."""
 
 PREFLIGHT = """
 import os, sys
@@ -40,6 +56,12 @@ class RunAs:
     uid: int
     gid: int
     home: str
+    named: bool = True
+    """Listed in the account database (its groups come from there); False: made up for the
+    run (:meth:`transient`, no supplementary groups)."""
+    cache: str = ""
+    """The ``KVSERVE_CACHE_DIR`` its processes get (``kvserve.cluster.shared_cache``; empty:
+    their own)."""
 
     def __post_init__(self) -> None:
         if self.uid == 0 or self.gid == 0:
@@ -69,12 +91,24 @@ class RunAs:
         who = cls.of(sudo_uid)
         return dataclasses.replace(who, gid=int(sudo_gid)) if sudo_gid.isdigit() else who
 
+    @classmethod
+    def transient(cls, role: str, taken: set[int]) -> RunAs:
+        """An account for ``role`` made up for the run: the first id of
+        :data:`TRANSIENT_UIDS` that no account, no group and nothing in ``taken`` has (its
+        group id too), home ``/nonexistent``."""
+        for uid in TRANSIENT_UIDS:
+            if uid not in taken and not _exists(uid):
+                return cls(f"kvserve-{role}", uid, uid, "/nonexistent", named=False)
+        raise ValueError(f"no free id in {TRANSIENT_UIDS} for a {role} account")
+
     def prefix(self) -> tuple[str, ...]:
         """The argv prefix that runs a command as this account (started as root)."""
-        creds = (f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups")
+        groups = "--init-groups" if self.named else "--clear-groups"
+        creds = (f"--reuid={self.uid}", f"--regid={self.gid}", groups)
         keep = ("--no-new-privs", "--pdeathsig", "keep", "--")
         account = (f"HOME={self.home}", f"USER={self.name}", f"LOGNAME={self.name}")
-        return ("setpriv", *creds, *keep, "env", *account)
+        cache = (f"KVSERVE_CACHE_DIR={self.cache}",) if self.cache else ()
+        return ("setpriv", *creds, *keep, "env", *account, *cache)
 
     def model_dir(self, python: str, model: str, timeout: float = 120.0) -> str:
         """The model directory the processes use when run as this account: ``model``, or
@@ -93,3 +127,50 @@ class RunAs:
             f"processes run as {self.name} (uid {self.uid}), which cannot start {python} "
             f"with kvserve: {why} (run through sudo as a user who can, or --hosts-user)"
         )
+
+
+def _exists(uid: int) -> bool:
+    """Whether an account or a group has id ``uid``."""
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        try:
+            grp.getgrgid(uid)
+        except KeyError:
+            return False
+    return True
+
+
+def role_of(name: str) -> str:
+    """The role (:data:`ROLES`) of process ``name``."""
+    if is_router(name) or name == BALANCER:
+        return "router"
+    return "worker" if name.startswith(WORKER_PREFIXES) else "service"
+
+
+def accounts(
+    setting: str = "", environ: Mapping[str, str] | None = None, euid: int | None = None
+) -> dict[str, RunAs]:
+    """Each role's account for ``setting`` (``--hosts-user``): one account (a name or uid)
+    for every role, or ``router=A,worker=B,service=C``; empty: the module docstring's
+    default for a launcher with ``environ`` and ``euid`` (default: this process's).
+    ValueError for an unknown account or role, a role left out, or root."""
+    if "=" in setting:
+        pairs: dict[str, str] = {}
+        for part in setting.split(","):
+            role, _, user = part.partition("=")
+            pairs[role.strip()] = user
+        if sorted(pairs) != sorted(ROLES) or setting.count("=") != len(ROLES):
+            raise ValueError(f"--hosts-user names each of {', '.join(ROLES)} once, got {setting!r}")
+        return {role: RunAs.of(pairs[role].strip()) for role in ROLES}
+    if setting:
+        return dict.fromkeys(ROLES, RunAs.of(setting))
+    env = os.environ if environ is None else environ
+    euid = os.geteuid() if euid is None else euid
+    sudo = env.get("SUDO_UID", "")
+    if euid != 0 or (sudo.isdigit() and int(sudo) != 0):
+        return dict.fromkeys(ROLES, RunAs.invoker(env, euid))
+    made: dict[str, RunAs] = {}
+    for role in ROLES:
+        made[role] = RunAs.transient(role, {a.uid for a in made.values()})
+    return made

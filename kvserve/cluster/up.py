@@ -6,9 +6,11 @@
    ``KVSERVE_API_KEY``'s; with ``--free-ports`` every port is a free loopback port
    instead; with ``--hosts`` every process gets its own network host first
    (:class:`kvserve.cluster.netns.NetHosts`: a namespace with its own address on a private
-   bridge), where it runs as an unprivileged user (:class:`kvserve.cluster.netns.RunAs`: the one
-   who ran sudo, else ``nobody``; checked before anything starts), and the hosts are
-   removed again after step 5;
+   bridge), where it runs as an unprivileged account of its role's
+   (:func:`kvserve.cluster.runas.accounts`: the one who ran sudo, else one made up for each
+   role; checked before anything starts) and loads the build outputs the launcher prepared
+   where it cannot write (:mod:`kvserve.cluster.shared_cache`), and the hosts (and those
+   outputs) are removed again after step 5;
 2. the :class:`Cluster` starts mooncake_master, Redis (always with a password, or an ACL
    user with ``--redis-username``), the workers (each pinned to its own cores when there
    are enough) and the router, and waits until all are healthy; every secret reaches a
@@ -34,13 +36,16 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from kvserve.cluster import shared_cache
 from kvserve.cluster.launch import Cluster, ClusterSpec
-from kvserve.cluster.netns import NetHosts, NetnsError, RunAs
+from kvserve.cluster.netns import NetHosts, NetnsError, accounts
 from kvserve.cluster.up_settings import spec_from_args as spec_from_args  # the tests import it here
 
 ROUTER_PATHS = {"OpenAI API": "/v1", "metrics": "/metrics", "cache stats": "/v1/cache/stats"}
@@ -157,10 +162,22 @@ def _restart_router(cluster: Cluster, name: str) -> None:
 
 
 def net_hosts(spec: ClusterSpec, args: argparse.Namespace) -> NetHosts:
-    """The hosts of ``--hosts``: one per process of ``spec``, each process run as
-    ``--hosts-user`` (default: :meth:`RunAs.invoker`)."""
-    run_as = RunAs.of(args.hosts_user) if args.hosts_user else RunAs.invoker()
-    return NetHosts.for_spec(spec, args.hosts_subnet, args.hosts_tag, run_as)
+    """The hosts of ``--hosts``: one per process of ``spec``, each process run as its role's
+    account of ``--hosts-user`` (:func:`accounts`)."""
+    return NetHosts.for_spec(spec, args.hosts_subnet, args.hosts_tag, accounts(args.hosts_user))
+
+
+def as_accounts(spec: ClusterSpec, net: NetHosts, cache: Path) -> ClusterSpec:
+    """``spec`` for processes run as ``net``'s accounts by root: its model as they see it
+    (the same directory for the routers and the workers, who read it; ValueError if not),
+    and every account given ``cache`` (:mod:`kvserve.cluster.shared_cache`, filled here)."""
+    assert net.run_as is not None
+    seen = {net.run_as[r].model_dir(spec.python, spec.engine.model) for r in ("router", "worker")}
+    if len(seen) != 1:
+        raise ValueError(f"the routers and the workers would read different models: {seen}")
+    shared_cache.prepare(cache)
+    net.run_as = {role: dataclasses.replace(a, cache=str(cache)) for role, a in net.run_as.items()}
+    return dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, model=seen.pop()))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,11 +186,11 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     net = net_hosts(spec, args) if args.hosts else None
     try:
-        if net is not None and net.run_as is not None and os.geteuid() == 0:
-            model = net.run_as.model_dir(spec.python, spec.engine.model)  # as they see it
-            spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, model=model))
-        with net.made() if net is not None else contextlib.nullcontext():
-            return _run(Cluster(net.place(spec) if net is not None else spec), args)
+        with tempfile.TemporaryDirectory(prefix="kvserve-cache-") as cache:
+            if net is not None and net.run_as is not None and os.geteuid() == 0:
+                spec = as_accounts(spec, net, Path(cache))
+            with net.made() if net is not None else contextlib.nullcontext():
+                return _run(Cluster(net.place(spec) if net is not None else spec), args)
     except (NetnsError, ValueError) as exc:
         print(f"kvserve up: error: {exc}", file=sys.stderr, flush=True)
         return 1

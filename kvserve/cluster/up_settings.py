@@ -67,7 +67,9 @@ class UpConfig:
     - ``hosts_subnet``: addresses for --hosts (an IPv4 subnet);
     - ``hosts_tag``: prefix of the namespaces and links of --hosts;
     - ``hosts_user``: with --hosts, run every process as this user (name or uid; never
-      root; default: the user who ran sudo, else nobody);
+      root), or each role as its own (``router=A,worker=B,service=C``); default: the user
+      who ran sudo, else an account made up for each role
+      (:func:`kvserve.cluster.runas.accounts`);
     - ``startup_timeout_s``: seconds to wait for every process to be healthy;
     - ``ask``: once healthy, send this chat message through the router and print the
       answer;

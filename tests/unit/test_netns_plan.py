@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import kvserve.cli as cli
-from kvserve.cluster.netns import PREFLIGHT, NetHosts, RunAs
+from kvserve.cluster.netns import PREFLIGHT, NetHosts, RunAs, accounts
 from kvserve.cluster.plan import plan_cluster
 from kvserve.cluster.processes import ManagedProcess, child_environment
 from kvserve.cluster.up import client_key, net_hosts, spec_from_args
@@ -36,8 +36,8 @@ def test_up_hosts_puts_every_process_on_its_own_address() -> None:
     assert {n: placed.host_of(n) for n in names} == {
         n: f"10.77.0.{i}" for i, n in enumerate(names, start=2)
     }
-    run_as = RunAs.invoker()
-    assert placed.prefix_of("decode-1") == ("ip", "netns", "exec", "kvq-decode-1", *run_as.prefix())
+    worker = accounts()["worker"]
+    assert placed.prefix_of("decode-1") == ("ip", "netns", "exec", "kvq-decode-1", *worker.prefix())
     assert placed.cluster.redis_password == spec.cluster.redis_password  # made up by the spec
     no_password = dataclasses.replace(
         spec, cluster=dataclasses.replace(spec.cluster, redis_password="")

@@ -15,7 +15,9 @@ A binary already built for the key is loaded as it is, without cpp_extension: th
 covers everything it was built from, so it fits whichever checkout built it (cpp_extension
 would rebuild it for a checkout at another path, holding the lock for minutes while every
 worker starting meanwhile waits); one that does not load (a build killed while linking) is
-built again.
+built again. A folder this process cannot write (one a launcher prepared for processes of
+other accounts: ``kvserve.cluster.shared_cache``) is loaded from without the lock: nobody
+builds there.
 
 Nothing is built or loaded at import: :func:`available` (for callers that can fall back to
 the torch path) and :func:`build` (for the setup script) do it once per process, under a
@@ -115,6 +117,12 @@ def _module_name(key: str) -> str:
     return f"kvserve_paged_attention_{key}"
 
 
+def library(key: str | None = None) -> Path:
+    """The built extension's file in :func:`build_dir` (present once :func:`build` ran)."""
+    key = key or cache_key()
+    return build_dir(key) / f"{_module_name(key)}.so"
+
+
 def _ensure_ninja_on_path() -> None:
     """cpp_extension runs ``ninja`` from PATH; a virtualenv's may not be on it."""
     if shutil.which("ninja") is None:
@@ -141,6 +149,11 @@ def _build_lock(folder: Path) -> Iterator[None]:
 def _load() -> ModuleType:
     key = cache_key()
     folder = build_dir(key)
+    if folder.is_dir() and not os.access(folder, os.W_OK):  # prepared for us: no builder
+        built = _load_built(key, folder)
+        if built is None:
+            raise ImportError(f"no loadable build in {folder}, which this process cannot write")
+        return built
     folder.mkdir(parents=True, exist_ok=True)
     with _build_lock(folder):
         built = _load_built(key, folder)
