@@ -45,6 +45,9 @@ ADDRESS_VARIABLE = "KVSERVE_POOL_CONFINE_ADDR"
 PEERS_VARIABLE = "KVSERVE_CONFINE_PEERS"
 """Read by the library: the peers Mooncake's listeners keep (:func:`peer_rules`; internal,
 set by :func:`confine` from ``PoolConfig.pool_peers``)."""
+EVERY_CALLER_VARIABLE = "KVSERVE_CONFINE_EVERY_CALLER"
+"""Read by the library: ``1`` applies the peer rules to every listener of the process, not
+only Mooncake's own (:func:`service_env`)."""
 
 
 def parse_peers(setting: str) -> list[str] | None:
@@ -165,3 +168,20 @@ def confine(host: str, cache: Path, peers: str = "auto") -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def service_env(host: str, cache: Path) -> dict[str, str]:
+    """The environment that keeps every listener of a pool service on ``host`` (the master,
+    the metadata server: no ``kvserve`` process, so started with it) to the peers ``auto``
+    allows there: on loopback, processes of this user. Empty where that is every peer (a
+    host that is not loopback), or when the library cannot be built (a warning)."""
+    rules = peer_rules("auto", host)
+    if not rules:
+        return {}
+    try:
+        library = build(cache)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        log.warning("the pool's services serve every local user: cannot build %s: %s", SOURCE, exc)
+        return {}
+    preload = " ".join(p for p in (str(library), os.environ.get("LD_PRELOAD", "")) if p)
+    return {"LD_PRELOAD": preload, PEERS_VARIABLE: rules, EVERY_CALLER_VARIABLE: "1"}

@@ -24,7 +24,8 @@
  * A refused connection is closed and the next one is accepted in its place (on a
  * non-blocking listener: EAGAIN when none is waiting, which the caller's event loop takes
  * as "wait"). A rule list that does not parse refuses every peer. Unset or empty: every
- * peer is kept.
+ * peer is kept. With KVSERVE_CONFINE_EVERY_CALLER=1 the rules apply to every accept of the
+ * process, whoever calls it (a pool service: the master, or the Python metadata server).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -200,6 +201,7 @@ static accept4_fn real_accept4;
 static struct in_addr target;
 static int have_target;
 static struct peer_rules rules;
+static int every_caller;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void init(void) {
@@ -208,12 +210,20 @@ static void init(void) {
     const char *addr = getenv("KVSERVE_POOL_CONFINE_ADDR");
     have_target = addr != NULL && inet_pton(AF_INET, addr, &target) == 1;
     parse_rules(getenv("KVSERVE_CONFINE_PEERS"), &rules);
+    const char *every = getenv("KVSERVE_CONFINE_EVERY_CALLER");
+    every_caller = every != NULL && strcmp(every, "1") == 0;
 }
+
 
 static int from_mooncake(const void *caller) {
     Dl_info info;
     return dladdr(caller, &info) != 0 && info.dli_fname != NULL &&
            strstr(info.dli_fname, "mooncake") != NULL;
+}
+
+/* Whether an accept called from caller is filtered. */
+static int filtered(const void *caller) {
+    return rules.active && (every_caller || from_mooncake(caller));
 }
 
 int bind(int fd, const struct sockaddr *addr, socklen_t len) {
@@ -257,7 +267,7 @@ static int filtered_accept(int fd, struct sockaddr *addr, socklen_t *len, int fl
 
 int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
     pthread_once(&once, init);
-    if (!rules.active || !from_mooncake(__builtin_return_address(0))) {
+    if (!filtered(__builtin_return_address(0))) {
         return real_accept4(fd, addr, len, flags);
     }
     return filtered_accept(fd, addr, len, flags);
@@ -265,7 +275,7 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
 
 int accept(int fd, struct sockaddr *addr, socklen_t *len) {
     pthread_once(&once, init);
-    if (!rules.active || !from_mooncake(__builtin_return_address(0))) {
+    if (!filtered(__builtin_return_address(0))) {
         return real_accept4(fd, addr, len, 0);
     }
     return filtered_accept(fd, addr, len, 0);

@@ -38,10 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from kvpool.confine import service_env
 from kvpool.master import MasterConfig
 from kvpool.net import port_open
 from kvserve.cluster.processes import ManagedProcess, Readiness
 from kvserve.extras import POOL, install_hint
+from workers.model.prepare import cache_dir
 
 
 def wheel_binary(name: str) -> Path:
@@ -133,6 +135,8 @@ class PoolService:
     argv: tuple[str, ...]
     host: str
     ports: tuple[int, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    """Its own environment: the confinement library on loopback (:func:`service_env`)."""
 
     def ready(self) -> bool:
         return all(port_open(self.host, p) for p in self.ports)
@@ -159,20 +163,17 @@ def pool_services(cfg: MasterConfig) -> tuple[PoolService, ...]:
     The master alone may be restarted: the metadata server keeps the members' entries and
     they remount their segments at the new master by themselves. A master in HA mode
     (``master_etcd_endpoints``) runs alone, ready once its metrics port answers (a standby
-    serves no RPC)."""
+    serves no RPC). On loopback each serves only this user's processes
+    (:func:`kvpool.confine.service_env`): another local user can neither redirect the
+    members' transfers through the metadata server nor mount a segment of its own."""
+    env = tuple(service_env(cfg.master_host, cache_dir()).items())
+    master = tuple(master_command(cfg))
     if cfg.master_etcd_endpoints:
-        ports = (cfg.master_metrics_port,)
-        return (PoolService(MASTER, tuple(master_command(cfg)), cfg.master_host, ports),)
+        return (PoolService(MASTER, master, cfg.master_host, (cfg.master_metrics_port,), env),)
+    metadata, host = tuple(metadata_command(cfg)), cfg.master_host
     return (
-        PoolService(
-            METADATA, tuple(metadata_command(cfg)), cfg.master_host, (cfg.master_metadata_port,)
-        ),
-        PoolService(
-            MASTER,
-            tuple(master_command(cfg)),
-            cfg.master_host,
-            (cfg.master_port, cfg.master_metrics_port),
-        ),
+        PoolService(METADATA, metadata, host, (cfg.master_metadata_port,), env),
+        PoolService(MASTER, master, host, (cfg.master_port, cfg.master_metrics_port), env),
     )
 
 
@@ -192,7 +193,12 @@ class PoolProcesses:
         self.cfg = cfg
         self.processes = {
             s.name: ManagedProcess(
-                s.name, s.argv, log_dir / f"{s.name}.log", prefix=prefix, ready=s.readiness
+                s.name,
+                s.argv,
+                log_dir / f"{s.name}.log",
+                env=dict(s.env),
+                prefix=prefix,
+                ready=s.readiness,
             )
             for s in (pool_services(cfg) if services is None else services)
         }
@@ -279,7 +285,13 @@ class MasterProcess(PoolProcesses):
         self._ready = None
         self.processes = {
             s.name: ManagedProcess(
-                s.name, s.argv, log_path, ready=s.readiness, grace=5.0, foreground=True
+                s.name,
+                s.argv,
+                log_path,
+                env=dict(s.env),
+                ready=s.readiness,
+                grace=5.0,
+                foreground=True,
             )
             for s in pool_services(cfg)
         }

@@ -2,9 +2,11 @@
 tests/integration/test_pool_peers.py. Standard library only, so any account's Python can
 run it as a file.
 
-``python3 pool_intruder.py METADATA_URL SEGMENT SOURCE_ADDRESS PAYLOAD_HEX [ACTIONS]``
-reads the member's segment description from the metadata server (as anyone who reaches it
-can), then from ``SOURCE_ADDRESS`` does the ``ACTIONS`` (comma-separated, default both):
+``python3 pool_intruder.py SOURCE_ADDRESS PAYLOAD_HEX [ACTIONS] < DESCRIPTION`` reads the
+member's segment description from stdin (``{"ram", "rpc_meta"}``: what the metadata server
+holds for its segment under ``mooncake/ram/`` and ``mooncake/rpc_meta/``, which anyone who
+reaches that server can read; :func:`description` fetches it), then from ``SOURCE_ADDRESS``
+does the ``ACTIONS`` (comma-separated, default both):
 
 1. ``write``: writes ``PAYLOAD_HEX``'s bytes over the start of the member's first
    registered buffer through its data port, speaking Mooncake's TCP transport (a 24-byte
@@ -34,11 +36,14 @@ STATUS_OK = 0x4D435456 << 32
 """A protocol-2 status frame saying the request was applied ("MCTV", 0)."""
 
 
-def metadata(url: str, kind: str, segment: str) -> dict[str, object]:
-    key = urllib.parse.quote(f"mooncake/{kind}/{segment}", safe="")
-    with urllib.request.urlopen(f"{url}?key={key}", timeout=10) as answer:
-        found: dict[str, object] = json.loads(answer.read())
-        return found
+def description(url: str, segment: str) -> dict[str, object]:
+    """What the metadata server at ``url`` holds for ``segment`` (the intruder's input)."""
+    found: dict[str, object] = {}
+    for kind in ("ram", "rpc_meta"):
+        key = urllib.parse.quote(f"mooncake/{kind}/{segment}", safe="")
+        with urllib.request.urlopen(f"{url}?key={key}", timeout=10) as answer:
+            found[kind] = json.loads(answer.read())
+    return found
 
 
 def send(host: str, port: int, source: str, message: bytes, reply: int) -> bytes | str:
@@ -72,9 +77,10 @@ def handshake(host: str, port: int, source: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    url, segment, source, payload, *rest = argv
+    source, payload, *rest = argv
     actions = (rest[0] if rest else "write,handshake").split(",")
-    ram, rpc = metadata(url, "ram", segment), metadata(url, "rpc_meta", segment)
+    described = json.load(sys.stdin)
+    ram, rpc = described["ram"], described["rpc_meta"]
     buffers = ram["buffers"]
     assert isinstance(buffers, list) and buffers, ram
     address = int(buffers[0]["addr"])

@@ -1,6 +1,7 @@
 """Only the pool's members reach a member's transfer-engine ports (``PoolConfig.pool_peers``,
-:mod:`kvpool.confine`), against a real mooncake_master and real members in processes of
-their own, and an intruder that speaks Mooncake's TCP transport itself
+:mod:`kvpool.confine`), and on loopback only this user's processes reach the pool's
+services, against a real mooncake_master and metadata server and real members in processes
+of their own, and an intruder that speaks Mooncake's TCP transport itself
 (``tests/integration/pool_intruder.py``).
 
 Without a rule (``any``: Mooncake on its own) an intruder that reaches the ports writes the
@@ -24,6 +25,7 @@ import pytest
 
 from kvpool.master import MasterConfig
 from tests.integration.pool_fixtures import running_master
+from tests.integration.pool_intruder import description
 from tests.integration.pool_member import Member, member
 
 HOST = "127.0.0.2"
@@ -50,9 +52,10 @@ def intrude(
 ) -> dict[str, Any]:
     """Run the intruder (as ``argv0`` + a Python, default this one) against ``target``."""
     python = (*argv0, "/usr/bin/python3") if argv0 else (sys.executable,)
-    argv = [*python, str(INTRUDER), master.metadata_url, target.hello["segment"], source]
+    argv = [*python, str(INTRUDER), source, PAYLOAD.hex(), actions]
+    found = json.dumps(description(master.metadata_url, target.hello["segment"]))
     done = subprocess.run(
-        [*argv, PAYLOAD.hex(), actions], capture_output=True, text=True, timeout=60, check=False
+        argv, input=found, capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
     answer: dict[str, Any] = json.loads(done.stdout)
@@ -117,3 +120,40 @@ def test_by_default_another_local_user_is_kept_out(master: MasterConfig, tmp_pat
         assert answer["write"] == "closed" and answer["handshake"] == "closed"
         assert holder.peek(answer["address"], len(PAYLOAD)) != PAYLOAD
         assert writer.roundtrip("peers/default") and alive(holder)
+
+
+PROBE = """
+import socket, sys
+host, port, request = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
+with socket.create_connection((host, port), timeout=10) as sock:
+    sock.settimeout(5)
+    try:
+        sock.sendall(request)
+        print("answered" if sock.recv(64) else "closed")
+    except TimeoutError:
+        print("waiting")
+    except (ConnectionResetError, BrokenPipeError):  # closed with the request unread
+        print("closed")
+"""
+"""Connects, sends a request and says whether the service answered, closed the connection
+at once, or kept it open without a word (it waits for more of a request)."""
+
+
+def probe(port: int, request: str, argv0: tuple[str, ...] = ()) -> str:
+    python = (*argv0, "/usr/bin/python3") if argv0 else (sys.executable,)
+    argv = [*python, "-c", PROBE, HOST, str(port), request]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+def test_on_loopback_the_pool_services_serve_only_this_user(master: MasterConfig) -> None:
+    nobody = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+    get = f"GET /metadata?key=x HTTP/1.0\r\nHost: {HOST}\r\n\r\n"
+    assert probe(master.master_metadata_port, get) == "answered"
+    assert probe(master.master_metadata_port, get, nobody) == "closed"
+    assert probe(master.master_port, "") == "waiting"  # an RPC client's first bytes
+    assert probe(master.master_port, "", nobody) == "closed"
+    assert probe(master.master_metrics_port, "GET /metrics HTTP/1.0\r\n\r\n", nobody) == "closed"
