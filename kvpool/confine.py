@@ -19,7 +19,9 @@ atomically, so concurrent builders are harmless) and re-executes the process wit
 ``LD_PRELOAD`` (same pid, same argv, same open files; once: a process that still lacks it
 after the re-exec logs a warning and goes on). Without a C compiler, or for an address that
 is not IPv4, it logs a warning and the listeners stay on every interface, open to every
-peer (firewall them; ``docs/security.md``).
+peer (firewall them; ``docs/security.md``). The pool's own services (the master, the
+metadata server), which are not ``kvserve`` processes, are started with the library in
+their environment instead (:func:`service_env`), where it filters every listener.
 """
 
 from __future__ import annotations
@@ -126,6 +128,11 @@ def loaded(library: Path) -> bool:
         return False
 
 
+def preloaded(library: Path) -> str:
+    """``LD_PRELOAD`` with ``library`` first, then whatever this process's says."""
+    return " ".join(p for p in (str(library), os.environ.get("LD_PRELOAD", "")) if p)
+
+
 def confine(host: str, cache: Path, peers: str = "auto") -> None:
     """Make sure this process's Mooncake listeners bind ``host`` only and keep only the
     peers ``peers`` (``PoolConfig.pool_peers``) allows: returns when they will (or when they
@@ -162,9 +169,7 @@ def confine(host: str, cache: Path, peers: str = "auto") -> None:
                 address,
             )
         return
-    env = dict(os.environ)
-    env.update(wanted)
-    env["LD_PRELOAD"] = " ".join(p for p in (str(library), env.get("LD_PRELOAD", "")) if p)
+    env = {**os.environ, **wanted, "LD_PRELOAD": preloaded(library)}
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
@@ -183,5 +188,4 @@ def service_env(host: str, cache: Path) -> dict[str, str]:
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         log.warning("the pool's services serve every local user: cannot build %s: %s", SOURCE, exc)
         return {}
-    preload = " ".join(p for p in (str(library), os.environ.get("LD_PRELOAD", "")) if p)
-    return {"LD_PRELOAD": preload, PEERS_VARIABLE: rules, EVERY_CALLER_VARIABLE: "1"}
+    return {"LD_PRELOAD": preloaded(library), PEERS_VARIABLE: rules, EVERY_CALLER_VARIABLE: "1"}

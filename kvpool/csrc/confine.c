@@ -214,7 +214,6 @@ static void init(void) {
     every_caller = every != NULL && strcmp(every, "1") == 0;
 }
 
-
 static int from_mooncake(const void *caller) {
     Dl_info info;
     return dladdr(caller, &info) != 0 && info.dli_fname != NULL &&
@@ -253,7 +252,7 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len) {
     return real_bind(fd, addr, len);
 }
 
-/* Accept on behalf of a Mooncake listener: connections whose peer no rule allows are
+/* Accept on behalf of a filtered listener: connections whose peer no rule allows are
  * closed, and the next one is taken in their place. */
 static int filtered_accept(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
     for (;;) {
