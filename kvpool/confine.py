@@ -41,6 +41,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "confine.c"
+SOURCES = (SOURCE, SOURCE.with_name("peers.c"), SOURCE.with_name("peers.h"))
+"""What the library is built from (the key of a build covers them all)."""
 ADDRESS_VARIABLE = "KVSERVE_POOL_CONFINE_ADDR"
 """Read by the library: the IPv4 address Mooncake's wildcard binds go to (internal, set by
 :func:`confine` for the re-executed process; not a user setting)."""
@@ -88,7 +90,8 @@ def peer_rules(setting: str, host: str) -> str:
 
 def library_path(cache: Path) -> Path:
     """Where the library built from this source, for this machine, lives under ``cache``."""
-    key = hashlib.sha256(SOURCE.read_bytes() + platform.machine().encode()).hexdigest()[:16]
+    parts = [path.read_bytes() for path in SOURCES] + [platform.machine().encode()]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     return cache / "confine" / f"confine-{key}.so"
 
 
@@ -104,7 +107,8 @@ def build(cache: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
-        argv = [compiler, "-shared", "-fPIC", "-O2", "-o", str(built), str(SOURCE), "-ldl"]
+        units = [str(path) for path in SOURCES if path.suffix == ".c"]
+        argv = [compiler, "-shared", "-fPIC", "-O2", "-o", str(built), *units, "-ldl"]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"cc failed: {done.stderr.strip()[-2000:]}")

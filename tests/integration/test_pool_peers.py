@@ -80,9 +80,13 @@ def test_without_a_rule_an_intruder_writes_a_members_memory_and_kills_it(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("lookup", ["netlink", "proc"])
 def test_a_peer_no_rule_allows_neither_writes_nor_kills_a_member(
-    master: MasterConfig, tmp_path: Path
+    master: MasterConfig, tmp_path: Path, lookup: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Whichever way the library learns who owns the peer's socket (the kernel's sock_diag,
+    or /proc/net/tcp where netlink cannot be used)."""
+    monkeypatch.setenv("KVSERVE_CONFINE_LOOKUP", lookup)
     with member(master, HOST, 16, True, tmp_path, f"uid:{OTHER_UID},127.0.0.1") as target:
         answer = intrude(master, target)
         assert answer["write"] == "closed" and answer["handshake"] == "closed"
@@ -91,9 +95,11 @@ def test_a_peer_no_rule_allows_neither_writes_nor_kills_a_member(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("lookup", ["netlink", "proc"])
 def test_a_rule_lets_in_its_user_or_its_network_and_members_move_data(
-    master: MasterConfig, tmp_path: Path
+    master: MasterConfig, tmp_path: Path, lookup: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("KVSERVE_CONFINE_LOOKUP", lookup)
     mine = f"uid:{os.getuid()}"
     with (
         member(master, HOST, 16, True, tmp_path, mine) as holder,
