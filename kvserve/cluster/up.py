@@ -184,13 +184,15 @@ def run(args: argparse.Namespace) -> int:
     """Start the cluster, serve until Ctrl-C/SIGTERM, stop it (steps 1-5)."""
     logging.basicConfig(level=logging.INFO, format="kvserve up: %(message)s", stream=sys.stderr)
     spec = spec_from_args(args)
-    net = net_hosts(spec, args) if args.hosts else None
     try:
-        with tempfile.TemporaryDirectory(prefix="kvserve-cache-") as cache:
+        net = net_hosts(spec, args) if args.hosts else None  # a bad --hosts-user: ValueError
+        with contextlib.ExitStack() as stack:
             if net is not None and net.run_as is not None and os.geteuid() == 0:
+                cache = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvserve-cache-"))
                 spec = as_accounts(spec, net, Path(cache))
-            with net.made() if net is not None else contextlib.nullcontext():
-                return _run(Cluster(net.place(spec) if net is not None else spec), args)
+            if net is not None:
+                stack.enter_context(net.made())
+            return _run(Cluster(net.place(spec) if net is not None else spec), args)
     except (NetnsError, ValueError) as exc:
         print(f"kvserve up: error: {exc}", file=sys.stderr, flush=True)
         return 1
