@@ -121,8 +121,8 @@ def wait_idle(
 
 class ServingProbe:
     """Which worker in ``role`` (as it reports now: roles change at run time) serves a
-    request sent after the probe opened (a context manager): the one that runs a request, or
-    whose count of requests taken rose since. The count stays risen after a short stream
+    request sent after the probe opened (a context manager): the one whose count of requests
+    taken rose since, else one that runs a request. The count stays risen after a short stream
     ends, so a lookup that came late still names the right worker. Each lookup asks every
     worker at once over a channel kept open for the probe's life, so a loaded machine
     answers it while a short stream still runs; a channel whose call failed is opened again
@@ -156,13 +156,15 @@ class ServingProbe:
         self._channels.clear()
 
     def serving(self) -> str | None:
-        """The first worker serving a request sent since the probe opened (None: none yet)."""
-        for name, report in self._ask().items():
-            if report.role != self.role:
-                continue
-            if report.running or report.requests > self._taken[name]:
-                return name
-        return None
+        """The worker serving a request sent since the probe opened (None: none yet): one
+        whose count of requests taken rose since, else one that runs a request. The count
+        comes first, so that requests already running when the probe opened (a test's
+        background load, once its workers took it) do not name their worker instead."""
+        reports = {n: r for n, r in self._ask().items() if r.role == self.role}
+        rose = [n for n, r in reports.items() if r.requests > self._taken[n]]
+        running = [n for n, r in reports.items() if r.running]
+        found = rose or running
+        return found[0] if found else None
 
     def _open(self, name: str, wait: bool = True) -> None:
         channel = self._channels[name] = monitor_channel(self.cluster, name)

@@ -33,6 +33,7 @@ import dataclasses
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -361,9 +362,17 @@ def test_decode_host_cut_off_mid_load(
     def background(i: int) -> None:
         got[i] = complete(client, prompts[i], LONG)
 
+    decode = [n for n in cluster.worker_names if cluster.plan_of(n).role == "decode"]
+    taken = sum(faults.load_of(cluster, n).requests for n in decode)
     load = [threading.Thread(target=background, args=(i,)) for i in range(1, len(prompts))]
     for thread in load:
         thread.start()
+    # the load's requests reach their decode workers before the probe notes what each has
+    # taken, so that the probe names the one serving the stream, not one serving the load
+    deadline = time.monotonic() + 60
+    while sum(faults.load_of(cluster, n).requests for n in decode) < taken + len(load):
+        assert time.monotonic() < deadline, "the background load never reached the decoders"
+        time.sleep(0.05)
     migrations = faults.router_metric(cluster, "kvserve:migrations_total")
     cut: list[str] = []
 
