@@ -155,7 +155,7 @@ def confine(host: str, cache: Path, peers: str = "auto") -> None:
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         log.warning("pool listeners stay on every interface: cannot build %s: %s", SOURCE, exc)
         return
-    rules = peer_rules(peers, host)
+    rules = peer_rules(peers, address)  # the address resolved above: no second lookup
     wanted = {ADDRESS_VARIABLE: address, PEERS_VARIABLE: rules}
     if all(os.environ.get(k) == v for k, v in wanted.items()):
         if not loaded(library):  # re-executed, yet not loaded

@@ -77,19 +77,26 @@ class RunAs:
         return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
 
     @classmethod
-    def invoker(cls, environ: Mapping[str, str] | None = None, euid: int | None = None) -> RunAs:
+    def invoking(
+        cls, environ: Mapping[str, str] | None = None, euid: int | None = None
+    ) -> RunAs | None:
         """Whoever started this process: under sudo the invoking user (``SUDO_UID``, and
-        ``SUDO_GID`` as its group), as root itself ``nobody``, else its own user.
-        ``environ`` / ``euid`` default to this process's."""
+        ``SUDO_GID`` as its group), else its own user; None for root itself (nobody to
+        name). ``environ`` / ``euid`` default to this process's."""
         env = os.environ if environ is None else environ
         euid = os.geteuid() if euid is None else euid
         sudo_uid, sudo_gid = env.get("SUDO_UID", ""), env.get("SUDO_GID", "")
         if euid != 0:
             return cls.of(str(euid))
         if not sudo_uid.isdigit() or int(sudo_uid) == 0:
-            return cls.of("nobody")
+            return None
         who = cls.of(sudo_uid)
         return dataclasses.replace(who, gid=int(sudo_gid)) if sudo_gid.isdigit() else who
+
+    @classmethod
+    def invoker(cls, environ: Mapping[str, str] | None = None, euid: int | None = None) -> RunAs:
+        """:meth:`invoking`, or ``nobody`` for root itself."""
+        return cls.invoking(environ, euid) or cls.of("nobody")
 
     @classmethod
     def transient(cls, role: str, taken: set[int]) -> RunAs:
@@ -165,11 +172,9 @@ def accounts(
         return {role: RunAs.of(pairs[role].strip()) for role in ROLES}
     if setting:
         return dict.fromkeys(ROLES, RunAs.of(setting))
-    env = os.environ if environ is None else environ
-    euid = os.geteuid() if euid is None else euid
-    sudo = env.get("SUDO_UID", "")
-    if euid != 0 or (sudo.isdigit() and int(sudo) != 0):
-        return dict.fromkeys(ROLES, RunAs.invoker(env, euid))
+    who = RunAs.invoking(environ, euid)
+    if who is not None:
+        return dict.fromkeys(ROLES, who)
     made: dict[str, RunAs] = {}
     for role in ROLES:
         made[role] = RunAs.transient(role, {a.uid for a in made.values()})

@@ -163,8 +163,7 @@ def _load() -> ModuleType:
 def _load_built(key: str, folder: Path) -> ModuleType | None:
     """The extension built in ``folder`` for ``key``, loaded as it is; None when there is
     none, or it does not load (then it is built again). Call under the build lock."""
-    name = _module_name(key)
-    path = folder / f"{name}.so"
+    name, path = _module_name(key), folder / library(key).name
     spec = importlib.util.spec_from_file_location(name, path) if path.is_file() else None
     if spec is None or spec.loader is None:
         return None
