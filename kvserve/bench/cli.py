@@ -6,25 +6,20 @@ from __future__ import annotations
 
 import argparse
 
-from kvserve.settings import config_from_args
 from kvserve.verbs import Verb, add_verbs
-from workers.config import EngineConfig
 
-S = "kvserve.bench.settings"
 BENCH = (
-    Verb("engine", "engine throughput against transformers", f"{S}:ENGINE", f"{__name__}:engine"),
-    Verb("profile", "where a decode step's time goes", f"{S}:PROFILE", f"{__name__}:profile"),
+    Verb("engine", "engine throughput against transformers", "kvserve.bench.engine"),
+    Verb("profile", "where a decode step's time goes", "kvserve.bench.profile"),
     Verb(
         "overlap",
         "share of KV transfer hidden by layer-wise streaming (vs transfer after prefill)",
-        f"{S}:overlap_arguments",
-        f"{__name__}:overlap",
+        "kvserve.bench.overlap",
     ),
     Verb(
         "prefix",
         "TTFT of a prompt whose prefix is in the pool, on another prefill worker, vs cold",
-        f"{S}:PREFIX",
-        f"{__name__}:prefix",
+        "kvserve.bench.prefix",
     ),
     Verb(
         "serve",
@@ -68,7 +63,7 @@ BENCH = (
         "cost of the keyed prefix chain and the block digests per 1,000 tokens vs prefill",
         "kvserve.bench.hashing",
     ),
-    Verb("pool", "KV pool put/get GB/s against memcpy", f"{S}:POOL", f"{__name__}:pool"),
+    Verb("pool", "KV pool put/get GB/s against memcpy", "kvserve.bench.pool"),
     Verb(
         "edge",
         "what the HTTP edge's Host and Content-Type checks add per request",
@@ -76,46 +71,6 @@ BENCH = (
     ),
 )
 """Every ``kvserve bench`` verb, in the order ``--help`` lists them."""
-
-
-def engine(args: argparse.Namespace) -> int:
-    """``bench engine``."""
-    from kvserve.bench.engine import run_bench
-
-    run_bench(args, config_from_args(EngineConfig, args))
-    return 0
-
-
-def profile(args: argparse.Namespace) -> int:
-    """``bench profile``."""
-    from kvserve.bench.profile import run_profile
-
-    run_profile(args, config_from_args(EngineConfig, args))
-    return 0
-
-
-def overlap(args: argparse.Namespace) -> int:
-    """``bench overlap``."""
-    from kvserve.bench.overlap import run_bench
-
-    run_bench(args, config_from_args(EngineConfig, args))
-    return 0
-
-
-def prefix(args: argparse.Namespace) -> int:
-    """``bench prefix``."""
-    from kvserve.bench.prefix import run_bench
-
-    run_bench(args, config_from_args(EngineConfig, args))
-    return 0
-
-
-def pool(args: argparse.Namespace) -> int:
-    """``bench pool``."""
-    from kvserve.bench.pool import run_bench
-
-    run_bench(args)
-    return 0
 
 
 def add_arguments(bench: argparse.ArgumentParser) -> None:

@@ -13,9 +13,18 @@
 A result row per (deployment, policy), keyed by both. The headline is the ratio of
 DistServe goodputs (the highest rate with at least 90% of requests meeting both SLOs,
 interpolated) of the first run to the second (two deployments, or one deployment under two
-policies), with every attainment curve in the results (and plotted side by side with
-``--out``, which also saves what the plots are drawn from: :mod:`.compare_plot`; ``--replot``
-draws them again). Absolute SLOs are required so every run is held to the same targets.
+policies), with every attainment curve in the results. Absolute SLOs are required so every
+run is held to the same targets.
+
+With ``--out DIR`` it also writes ``DIR/compare_runs.json`` (:func:`write_plots`): for each
+run, its label, attainment by rate, goodput and the record of every request of every rate
+(:class:`~kvserve.loadgen.metrics.RequestRecord`, as ``bench serve`` writes them). The plots
+(:func:`draw`) are drawn from that content alone, so ``--replot DIR/compare_runs.json`` draws
+them again, with today's plotting code, without starting a cluster:
+
+- ``attainment_vs_rate.png``: SLO attainment against the rate, one line per run;
+- ``goodput.png``: the DistServe goodput of each run;
+- ``latency_cdf.png``: TTFT, TPOT and ITL CDFs, one line per run and rate (log time axis).
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
+import json
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvpool.config import PoolConfig
+from kvserve.bench.common import ratio_headline
 from kvserve.cluster.deployment import SegmentConfig, parse_deployment
 from kvserve.loadgen import options as opt
 from kvserve.report import emit, log
@@ -39,6 +51,8 @@ from workers.config import EngineConfig
 
 if TYPE_CHECKING:
     from kvserve.cluster.launch import Cluster
+
+RUNS_FILE = "compare_runs.json"
 
 
 @dataclass(frozen=True)
@@ -63,18 +77,6 @@ class CompareConfig:
 SETTINGS = (CompareConfig, SegmentConfig, *opt.LOAD_SETTINGS, EngineConfig)
 
 
-def _serve_args(
-    cluster: Cluster, args: argparse.Namespace, name: str, policy: str
-) -> argparse.Namespace:
-    """``bench serve``'s flags against ``cluster``: text prompts are decoded by the tokenizer
-    of ``--tokenizer``, else of the workers' model directory (the served name is no path)."""
-    serve = copy.copy(args)
-    serve.url, serve.model, serve.out = cluster.router_url, "", None
-    serve.tokenizer = args.tokenizer or cluster.spec.model_dir
-    serve.deployment = [*args.deployment, f"workers={name}", f"policy={policy}"]
-    return serve
-
-
 @contextlib.contextmanager
 def started(name: str, engine: EngineConfig, segment_mib: int, **options: Any) -> Iterator[Cluster]:
     """Deployment ``name`` (e.g. ``1p1d``) running on this machine, on free loopback ports,
@@ -82,32 +84,31 @@ def started(name: str, engine: EngineConfig, segment_mib: int, **options: Any) -
     :class:`~kvserve.cluster.spec.ClusterSpec` fields (router policy, router flags)."""
     from kvserve.cluster.launch import Cluster, ClusterSpec
 
-    prefill, decode, mixed = parse_deployment(name)
+    p, d, m = parse_deployment(name)
+    pool = PoolConfig(pool_segment_mib=segment_mib)
     with tempfile.TemporaryDirectory() as tmp:
-        spec = ClusterSpec(
-            prefill=prefill,
-            decode=decode,
-            mixed=mixed,
-            engine=engine,
-            pool=PoolConfig(pool_segment_mib=segment_mib),
-            log_dir=Path(tmp),
-            **options,
-        ).with_free_ports()
-        with Cluster(spec).start() as cluster:
+        spec = ClusterSpec(p, d, m, engine=engine, pool=pool, log_dir=Path(tmp), **options)
+        with Cluster(spec.with_free_ports()).start() as cluster:
             yield cluster
 
 
 def run_deployment(
     args: argparse.Namespace, name: str, engine: EngineConfig, policy: str
 ) -> dict[str, Any]:
-    """Start deployment ``name`` with router policy ``policy``, run the sweep against it,
-    stop it; the serve result."""
+    """Start deployment ``name`` with router policy ``policy``, run the sweep against it
+    (``bench serve``'s flags against its router: text prompts are decoded by the tokenizer
+    of ``--tokenizer``, else of the workers' model directory, the served name being no
+    path), stop it; the serve result."""
     from kvserve.bench.serve import serve_bench
 
     options = {"policy": policy, "disagg_threshold_tokens": args.disagg_threshold_tokens}
     with started(name, engine, args.segment_mib, **options) as cluster:
         log(f"bench compare: {name} ({policy}) up ({'; '.join(cluster.plan.notes) or 'pinned'})")
-        result = serve_bench(_serve_args(cluster, args, name, policy))
+        serve = copy.copy(args)
+        serve.url, serve.model, serve.out = cluster.router_url, "", None
+        serve.tokenizer = args.tokenizer or cluster.spec.model_dir
+        serve.deployment = [*args.deployment, f"workers={name}", f"policy={policy}"]
+        result = serve_bench(serve)
         result["placement"] = {
             "shared_cores": cluster.plan.shared_cores,
             "workers": {p.name: list(p.cores) for p in cluster.plan.workers},
@@ -120,11 +121,64 @@ def goodput(result: dict[str, Any]) -> float | None:
     return None if sweep is None else sweep.interpolated_rate
 
 
+def attainment(result: dict[str, Any]) -> list[list[Any]]:
+    """A run's (rate, attainment) points as JSON carries them."""
+    return [[opt.json_rate(x), a] for x, a in result["points"]]
+
+
+def saved_runs(results: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs of ``results`` as ``compare_runs.json`` holds them (module docstring)."""
+    return [
+        {
+            "label": f"{name} {policy}",
+            "points": attainment(r),
+            "goodput_rps": goodput(r),
+            "rates": [
+                {"label": label, "records": [dataclasses.asdict(x) for x in records]}
+                for label, records in r["runs"]
+            ],
+        }
+        for (name, policy), r in results.items()
+    ]
+
+
+def draw(out: Path, runs: list[dict[str, Any]]) -> list[Path]:
+    """The three plots of ``runs`` (:func:`saved_runs`) into ``out``; the files written."""
+    from kvserve.loadgen import plots
+    from kvserve.loadgen.metrics import RequestRecord
+
+    def records(rate: dict[str, Any]) -> list[RequestRecord]:
+        return [
+            RequestRecord(**{**r, "chunk_times_s": tuple(r["chunk_times_s"])})
+            for r in rate["records"]
+        ]
+
+    out.mkdir(parents=True, exist_ok=True)
+    series = [(run["label"], [(float(x), a) for x, a in run["points"]]) for run in runs]
+    bars = [(run["label"], run["goodput_rps"]) for run in runs]
+    cdfs = [
+        (f"{run['label']} {rate['label']}", records(rate)) for run in runs for rate in run["rates"]
+    ]
+    return [
+        plots.attainment_vs_rate(series, out / "attainment_vs_rate.png"),
+        plots.goodput_bars(bars, out / "goodput.png", "goodput (req/s)"),
+        plots.latency_cdfs(cdfs, out / "latency_cdf.png"),
+    ]
+
+
+def write_plots(out: Path, results: dict[tuple[str, str], dict[str, Any]]) -> list[Path]:
+    """Save the runs of ``results`` to ``out/compare_runs.json`` and draw them into ``out``;
+    the files written."""
+    runs = saved_runs(results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RUNS_FILE).write_text(json.dumps({"runs": runs}) + "\n")
+    return [out / RUNS_FILE, *draw(out, runs)]
+
+
 def run(args: argparse.Namespace) -> int:
     if args.replot is not None:
-        from kvserve.bench.compare_plot import replot
-
-        files = replot(args.replot, args.out or args.replot.parent)
+        runs = json.loads(args.replot.read_text())["runs"]
+        files = draw(args.out or args.replot.parent, runs)
         log(f"bench compare: plots of {args.replot} drawn again: {', '.join(map(str, files))}")
         return 0
     if args.slo_ttft_s is None and args.slo_tpot_s is None and args.slo_tbt_s is None:
@@ -141,20 +195,15 @@ def run(args: argparse.Namespace) -> int:
             "policy": policy,
             "goodput_rps": goodput(r),
             "highest_passing_rate": r["sweep"].highest_passing_rate if r["sweep"] else None,
-            "attainment_by_rate": [[opt.json_rate(x), a] for x, a in r["points"]],
+            "attainment_by_rate": attainment(r),
             "placement": r["placement"],
             "runs": r["rows"],
         }
         for (name, policy), r in results.items()
     ]
     labels = [f"{name} {policy}" for name, policy in results]
-    goodputs = [goodput(r) for r in results.values()]
-    first = goodputs[0]
-    second = goodputs[1] if len(goodputs) > 1 else None
-    ratio = first / second if first is not None and second else None
+    goodputs = [goodput(r) for r in results.values()] + [None]
     if args.out is not None:
-        from kvserve.bench.compare_plot import write_plots
-
         write_plots(args.out, results)
     conditions = next(iter(results.values()))["conditions"]
     conditions = {
@@ -164,17 +213,10 @@ def run(args: argparse.Namespace) -> int:
         "engine": dict(vars(engine)),
         "same_cores": "every deployment on this machine's cores, one after the other",
     }
-    emit(
-        "compare",
-        conditions,
-        rows,
-        {
-            "metric": f"goodput {' / goodput '.join(labels[:2])} "
-            "(DistServe: highest rate with >= 90% SLO attainment, interpolated)",
-            "value": first,
-            "baseline": second,
-            "ratio": ratio,
-            "target": 1.5 if args.workload == "prefill-heavy" else None,
-        },
+    metric = (
+        f"goodput {' / goodput '.join(labels[:2])} "
+        "(DistServe: highest rate with >= 90% SLO attainment, interpolated)"
     )
+    target = 1.5 if args.workload == "prefill-heavy" else None
+    emit("compare", conditions, rows, ratio_headline(metric, goodputs[0], goodputs[1], target))
     return 0

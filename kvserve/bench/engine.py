@@ -22,59 +22,79 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from kvserve.bench.common import random_tokens, seconds
 from kvserve.gpucheck.reference import hf_model
 from kvserve.report import emit, log, median
+from kvserve.settings import BENCH_ENV, config_from_args, setting
 from workers.config import EngineConfig
 from workers.core.sequence import SamplingParams
 from workers.engine.engine import Engine
 
+
+@dataclass(frozen=True)
+class EngineBenchConfig:
+    """The workload of ``kvserve bench engine``.
+
+    - ``concurrency``: requests in flight, one measurement each;
+    - ``prompt_len`` / ``output_len``: prompt and output tokens per request;
+    - ``repeat``: runs per measurement (the median is reported);
+    - ``seed``: seed of the random prompts;
+    - ``serve_factor``: serving workload: this many requests per unit of concurrency.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    concurrency: list[int] = setting([1, 8, 16, 32])
+    prompt_len: int = 128
+    output_len: int = 64
+    repeat: int = 3
+    seed: int = 0
+    serve_factor: int = 4
+
+
+SETTINGS = (EngineBenchConfig, EngineConfig)
 Request = tuple[list[int], int]  # (prompt ids, output tokens)
 Runner = Callable[[list[Request], int], None]  # (requests, max in flight)
 
 
-def _greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-
-
 def _ours(engine: Engine) -> Runner:
-    def run(requests: list[Request], in_flight: int) -> None:
+    def serve(requests: list[Request], in_flight: int) -> None:
         pending = list(reversed(requests))
         active = 0
         while pending or active:
             while pending and active < in_flight:
                 prompt, n = pending.pop()
-                engine.add_request(prompt, _greedy(n))
+                engine.add_request(
+                    prompt, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+                )
                 active += 1
             active -= sum(out.finished for out in engine.step())
         engine.scheduler.blocks.pool.reset_prefix_cache()
 
-    return run
+    return serve
 
 
 def _transformers(model_dir: str, dtype: torch.dtype, device: torch.device) -> Runner:
     model = hf_model(Path(model_dir), dtype, str(device))
 
     @torch.inference_mode()
-    def run(requests: list[Request], in_flight: int) -> None:
+    def serve(requests: list[Request], in_flight: int) -> None:
         for i in range(0, len(requests), in_flight):
             group = requests[i : i + in_flight]
             width = max(len(p) for p, _ in group)
             rows = [[0] * (width - len(p)) + p for p, _ in group]
-            ids = torch.tensor(rows, device=device)
             masks = [[0] * (width - len(p)) + [1] * len(p) for p, _ in group]
-            mask = torch.tensor(masks, device=device)
             n = max(m for _, m in group)
             model.generate(
-                ids,
-                attention_mask=mask,
+                torch.tensor(rows, device=device),
+                attention_mask=torch.tensor(masks, device=device),
                 max_new_tokens=n,
                 min_new_tokens=n,
                 do_sample=False,
@@ -82,67 +102,57 @@ def _transformers(model_dir: str, dtype: torch.dtype, device: torch.device) -> R
                 pad_token_id=0,
             )
 
-    return run
+    return serve
 
 
-def _timed(run: Runner, requests: list[Request], in_flight: int) -> float:
-    t0 = time.perf_counter()
-    run(requests, in_flight)
-    return time.perf_counter() - t0
-
-
-@dataclass(frozen=True)
-class Workloads:
-    uniform: list[list[int]]
-    serving: list[Request]
-
-
-def _workloads(args: argparse.Namespace, c: int, vocab: int, seed: int) -> Workloads:
+def _workloads(
+    args: argparse.Namespace, c: int, vocab: int, seed: int
+) -> tuple[list[list[int]], list[Request]]:
+    """The ``uniform`` prompts and the ``serving`` requests at concurrency ``c``."""
     rng = random.Random(seed)
-
-    def prompt(n: int) -> list[int]:
-        return [rng.randrange(vocab) for _ in range(n)]
-
-    uniform = [prompt(args.prompt_len) for _ in range(c)]
+    uniform = [random_tokens(rng, args.prompt_len, vocab) for _ in range(c)]
     lo, hi = max(1, args.prompt_len // 2), args.prompt_len * 3 // 2
     serving = [
         (
-            prompt(rng.randint(lo, hi)),
+            random_tokens(rng, rng.randint(lo, hi), vocab),
             min(4 * args.output_len, max(2, round(rng.expovariate(1 / args.output_len)))),
         )
         for _ in range(args.serve_factor * c)
     ]
-    return Workloads(uniform, serving)
+    return uniform, serving
 
 
-def _measure(run: Runner, w: Workloads, output_len: int) -> dict[str, float]:
-    c, plen = len(w.uniform), len(w.uniform[0])
-    t1 = _timed(run, [(p, 1) for p in w.uniform], c)
-    tn = _timed(run, [(p, output_len) for p in w.uniform], c)
-    ts = _timed(run, w.serving, c)
+def _measure(
+    serve: Runner, uniform: list[list[int]], serving: list[Request], output_len: int
+) -> dict[str, float]:
+    c, plen = len(uniform), len(uniform[0])
+    t1 = seconds(partial(serve, [(p, 1) for p in uniform], c))
+    tn = seconds(partial(serve, [(p, output_len) for p in uniform], c))
+    ts = seconds(partial(serve, serving, c))
     return {
         "prefill_tok_s": c * plen / t1,
         "decode_tok_s": c * (output_len - 1) / max(tn - t1, 1e-9),
-        "serving_tok_s": sum(n for _, n in w.serving) / ts,
+        "serving_tok_s": sum(n for _, n in serving) / ts,
     }
 
 
-def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(EngineConfig, args)
     engine = Engine(config)
     runners = {
         "kvserve": _ours(engine),
         "transformers": _transformers(str(engine.model_dir), engine.dtype, engine.device),
     }
     vocab = engine.model_config.vocab_size
-    for run in runners.values():  # warm-up, not counted
-        run([([1, 2, 3], 2)], 1)
+    for serve in runners.values():  # warm-up, not counted
+        serve([([1, 2, 3], 2)], 1)
     results: list[dict[str, Any]] = []
     for c in args.concurrency:
-        work = _workloads(args, c, vocab, args.seed + c)
+        uniform, serving = _workloads(args, c, vocab, args.seed + c)
         samples: dict[str, list[dict[str, float]]] = {k: [] for k in runners}
         for rep in range(args.repeat):
-            for name, run in runners.items():
-                samples[name].append(_measure(run, work, args.output_len))
+            for name, serve in runners.items():
+                samples[name].append(_measure(serve, uniform, serving, args.output_len))
                 log(
                     f"c={c} rep={rep} {name}: "
                     + ", ".join(f"{k} {v:.1f}" for k, v in samples[name][-1].items())
@@ -185,3 +195,4 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
             "serving_ratio": head["serving_ratio"],
         },
     )
+    return 0

@@ -38,6 +38,8 @@ PUSH_ANSWER_S = 60.0
 
 @dataclass
 class Handoff:
+    """One request's hand-off: its output and the timings of its phases."""
+
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
     prefill_seconds: float = 0.0
@@ -46,7 +48,6 @@ class Handoff:
     read: Transfer = field(default_factory=Transfer)
     adopt_seconds: float = 0.0
     """From the first token to the decode engine holding the prompt's KV."""
-    first: RequestOutput | None = None
     push: PushOutcome | None = None
     """How the direct push went (``push`` asked and the decode engine offered a target)."""
 
@@ -79,7 +80,6 @@ def handoff(
     first = run_until_first(prefill, request_id)
     pushed = result.push = first.push.result(PUSH_ANSWER_S) if first.push is not None else None
     result.prefill_seconds = time.perf_counter() - t0
-    result.first = first
     result.write = first.transfer or Transfer()
     result.output_token_ids = list(first.new_token_ids)
     result.text = first.text_delta

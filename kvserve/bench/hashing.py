@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -40,12 +40,15 @@ import xxhash
 from kvpool.hashing import ALGORITHMS, Namespace, PrefixHasher
 from kvpool.layout import ELEMENT_BYTES
 from kvpool.meta import LayerDigest, layer_digest
-from kvserve.report import emit, log, median
-from kvserve.settings import BENCH_ENV, add_config_args, setting
+from kvserve.bench.common import median_seconds
+from kvserve.report import emit, log
+from kvserve.settings import BENCH_ENV, setting
 from workers.config import EngineConfig
 
 PER = 1000
 """Figures are per this many tokens."""
+LEGACY = "legacy-xxh3-64 (unkeyed, v1)"
+"""The baseline's row (:func:`legacy_chain`)."""
 
 
 @dataclass(frozen=True)
@@ -71,9 +74,7 @@ class HashingConfig:
     seed: int = 0
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``kvserve bench hashing``."""
-    add_config_args(p, HashingConfig)
+SETTINGS = (HashingConfig,)
 
 
 def legacy_chain(token_ids: Sequence[int], block_tokens: int, seed: int) -> list[int]:
@@ -97,40 +98,29 @@ def digest_all(digest: LayerDigest, ptrs: list[int], size: int) -> list[bytes]:
     return [digest(ptr, size) for ptr in ptrs]
 
 
-def _timed_us(work: Callable[[], object], repeat: int) -> float:
-    """Median wall time of ``work`` in microseconds (one untimed warm-up run first)."""
-    work()
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        work()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    return median(samples)
-
-
 def chain_costs(args: argparse.Namespace, tokens: list[int]) -> list[dict[str, Any]]:
-    """Rows of measurement 1: per algorithm and block size, microseconds per 1,000 tokens."""
+    """Rows of measurement 1: per block size, the baseline then each algorithm, microseconds
+    per 1,000 tokens."""
     rows: list[dict[str, Any]] = []
     key = os.urandom(32)
     for bt in args.block_tokens:
         ns = Namespace(model="bench@0", dtype=args.dtype, block_tokens=bt)
-        legacy = _timed_us(partial(legacy_chain, tokens, bt, ns.seed), args.repeat)
-        rows.append(_chain_row("legacy-xxh3-64 (unkeyed, v1)", bt, legacy, legacy))
+        works = {LEGACY: partial(legacy_chain, tokens, bt, ns.seed)}
         for algorithm in ALGORITHMS:
             hasher = PrefixHasher(Namespace(ns.model, ns.dtype, bt, algorithm), key)
-            us = _timed_us(partial(salted_chain, hasher, tokens, bt), args.repeat)
-            rows.append(_chain_row(algorithm, bt, us, legacy))
+            works[algorithm] = partial(salted_chain, hasher, tokens, bt)
+        us = {name: 1e6 * median_seconds(work, args.repeat) for name, work in works.items()}
+        rows += [
+            {
+                "what": "prefix chain",
+                "algorithm": name,
+                "block_tokens": bt,
+                "us": t,
+                "vs_legacy": round(t / us[LEGACY], 2),
+            }
+            for name, t in us.items()
+        ]
     return rows
-
-
-def _chain_row(algorithm: str, bt: int, us: float, legacy_us: float) -> dict[str, Any]:
-    return {
-        "what": "prefix chain",
-        "algorithm": algorithm,
-        "block_tokens": bt,
-        "us": us,
-        "vs_legacy": round(us / legacy_us, 2),
-    }
 
 
 def digest_costs(
@@ -147,7 +137,8 @@ def digest_costs(
         buf = rng.integers(0, 256, layers * blocks * span, dtype=np.uint8)
         ptrs = [buf.ctypes.data + i * span for i in range(layers * blocks)]
         for algorithm in ALGORITHMS:
-            us = _timed_us(partial(digest_all, layer_digest(algorithm), ptrs, span), args.repeat)
+            work = partial(digest_all, layer_digest(algorithm), ptrs, span)
+            us = 1e6 * median_seconds(work, args.repeat)
             rows.append(
                 {
                     "what": "layer digests",
@@ -176,40 +167,39 @@ def prefill_us(model_dir: Path, args: argparse.Namespace) -> float:
         engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0))
 
     try:
-        return _timed_us(prefill, args.repeat)
+        return 1e6 * median_seconds(prefill, args.repeat)
     finally:
         engine.close()
 
 
-def kv_shape(model_dir: Path) -> tuple[int, int, int]:
-    """``(layers, kv_heads, head_dim)`` of a model directory's ``config.json``."""
+def models() -> dict[str, tuple[Path, tuple[int, int, int]]]:
+    """The tiny model (made on first use, as ``kvserve chaos`` does) and SmolLM2-135M: each
+    one's directory and its ``(layers, kv_heads, head_dim)``, from its ``config.json``."""
     from workers.model.config import load_model_config
-
-    cfg = load_model_config(model_dir)
-    return cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
-
-
-def model_dirs() -> dict[str, Path]:
-    """The tiny model (made on first use, as ``kvserve chaos`` does) and SmolLM2-135M."""
     from workers.model.prepare import prepare_default_model, tiny_model_dir
 
-    return {"tiny-llama": tiny_model_dir(), "SmolLM2-135M": prepare_default_model()}
+    out = {}
+    for name, path in (("tiny-llama", tiny_model_dir()), ("SmolLM2-135M", prepare_default_model())):
+        cfg = load_model_config(path)
+        out[name] = path, (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     load = os.getloadavg()[0]
-    dirs = model_dirs()
+    found = models()
+    shapes = {name: shape for name, (_, shape) in found.items()}
     tokens = np.random.default_rng(args.seed).integers(0, 49152, args.prompt_tokens).tolist()
     log("prefix chains ...")
     rows = chain_costs(args, tokens)
     log("layer digests ...")
-    rows += digest_costs(args, {name: kv_shape(d) for name, d in dirs.items()})
-    timed = [name for name in dirs if name == "tiny-llama" or args.prefill_smollm2]
+    rows += digest_costs(args, shapes)
+    timed = [name for name in found if name == "tiny-llama" or args.prefill_smollm2]
     prefills: dict[str, float] = {}
     for name in timed:
         log(f"{name} prefill ...")
-        prefills[name] = prefill_us(dirs[name], args) * PER / args.prefill_tokens
+        prefills[name] = prefill_us(found[name][0], args) * PER / args.prefill_tokens
     for row in rows:
         if row["what"] == "prefix chain":
             row["us"] *= PER / args.prompt_tokens
@@ -232,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
             "digest_block_tokens": bt,
             "kv_dtype": args.dtype,
             "prefill_tokens": args.prefill_tokens,
-            "kv_shapes_layers_kvheads_headdim": {name: kv_shape(d) for name, d in dirs.items()},
+            "kv_shapes_layers_kvheads_headdim": shapes,
             "repeat": args.repeat,
             "statistic": "median wall time",
             "loadavg_1m_at_start": round(load, 2),

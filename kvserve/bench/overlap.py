@@ -32,14 +32,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
-from typing import Any
-
-import torch
+from typing import Any, ClassVar
 
 from kvpool.config import STAGING_SETTINGS, PoolConfig
+from kvserve.bench.common import random_tokens
 from kvserve.bench.handoff import Handoff, handoff, scratch_pool
 from kvserve.loadgen.metrics import percentile
 from kvserve.report import emit, log, median
+from kvserve.settings import BENCH_ENV, add_config_args, config_from_args, setting
 from workers.config import EngineConfig
 from workers.core.sequence import SamplingParams
 from workers.engine.engine import Engine
@@ -49,6 +49,36 @@ LEASE_S = 3600.0
 """The decode reservation's lease here: longer than any prefill measured (an 8k-token
 SmolLM2 prefill takes over a minute on one CPU core), so no landing or push is cut short
 by it (a push stops at its target's lease, a landing at its reservation's)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlapBenchConfig:
+    """The prompts of ``kvserve bench overlap``.
+
+    - ``lengths``: prompt lengths, one measurement each;
+    - ``modes``: how the KV is handed off: ``after`` (streaming off: written after compute,
+      read after the first token), ``streaming`` (through the pool layer by layer, landed
+      as it arrives), ``push`` (written straight into the decode engine's pages layer by
+      layer, the pool in the background; on the same engines as ``streaming``);
+    - ``repeat``: runs per measurement (the median is reported);
+    - ``seed``: seed of the random prompts;
+    - ``segment_mib``: pool memory per engine.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    lengths: list[int] = setting([512, 1024, 2048, 4096])
+    modes: list[str] = setting(["after", "streaming"], choices=MODES)
+    repeat: int = 3
+    seed: int = 0
+    segment_mib: int = 1024
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``bench overlap``: its prompts, the engine, and the pool's staging settings
+    (``--kv-staging always`` measures what streaming hides through host staging)."""
+    for cls in (OverlapBenchConfig, EngineConfig):
+        add_config_args(parser, cls)
+    add_config_args(parser, PoolConfig, only=STAGING_SETTINGS)
 
 
 def _engines(
@@ -84,7 +114,8 @@ def _row(mode: str, length: int, run: Handoff) -> dict[str, Any]:
     }
 
 
-def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(EngineConfig, args)
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
     modes = [m for m in MODES if m in args.modes]
@@ -101,11 +132,11 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
             for rep in range(args.repeat):
                 for length in args.lengths:
                     for mode in modes if rep % 2 == 0 else modes[::-1]:
-                        prompt = [rng.randrange(vocab) for _ in range(length)]
+                        prompt = random_tokens(rng, length, vocab)
                         prefill, decode = engines[mode]
                         rid, push = f"{mode}-{rep}-{length}", mode == "push"
-                        run = handoff(prefill, decode, rid, prompt, params, LEASE_S, push=push)
-                        rows.append(_row(mode, length, run))
+                        done = handoff(prefill, decode, rid, prompt, params, LEASE_S, push=push)
+                        rows.append(_row(mode, length, done))
                         log(f"rep {rep} {mode:9s} {length:5d} tokens: {rows[-1]}")
         finally:
             for engine in {id(e): e for pair in engines.values() for e in pair}.values():
@@ -120,7 +151,6 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
             "block_tokens": config.block_tokens,
             "max_num_batched_tokens": config.max_num_batched_tokens,
             "dtype": config.dtype,
-            "threads": torch.get_num_threads(),
             "repeat": args.repeat,
             "seed": args.seed,
             "pool": "mooncake_master on loopback TCP, both engines in one process",
@@ -130,16 +160,42 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
         [*results, {"runs": rows}],
         headline,
     )
+    return 0
 
 
 def _results(
     rows: list[dict[str, Any]], lengths: list[int], modes: list[str]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The summary rows and the headline of the modes that ran (module docstring)."""
+    """The summary rows and the headline of the modes that ran (module docstring): per
+    length, medians of the repetitions, and percentiles of the TTFT."""
+
+    def of(mode: str, key: str, length: int) -> list[Any]:
+        return [r[key] for r in rows if r["mode"] == mode and r["prompt_tokens"] == length]
+
+    def med(mode: str, key: str, length: int) -> float:
+        return median(of(mode, key, length))
+
     results: list[dict[str, Any]] = []
     headline: dict[str, Any] = {}
     if "push" in modes and "streaming" in modes:
-        results += _push_summary(rows, lengths)
+        for n in lengths:
+            pool, push = med("streaming", "exposed_s", n), med("push", "exposed_s", n)
+            pushed = of("push", "pushed", n)
+            results.append(
+                {
+                    "prompt_tokens": n,
+                    "kv_mib": med("streaming", "write_bytes", n) / 2**20,
+                    "exposed_pool_s": pool,
+                    "exposed_push_s": push,
+                    "exposed_pool_over_push": pool / push if push > 0 else 0.0,
+                    "ttft_pool_p50_s": percentile(of("streaming", "prefill_s", n), 50),
+                    "ttft_pool_p90_s": percentile(of("streaming", "prefill_s", n), 90),
+                    "ttft_push_p50_s": percentile(of("push", "prefill_s", n), 50),
+                    "ttft_push_p90_s": percentile(of("push", "prefill_s", n), 90),
+                    "pushes_ok": sum(bool(r) for r in pushed),
+                    "pushes": len(pushed),
+                }
+            )
         worst = min(r["exposed_pool_over_push"] for r in results)
         headline = {
             "metric": "exposed KV transfer, pool (streaming) / direct push (worst length)",
@@ -149,7 +205,22 @@ def _results(
             "target": 1.0,
         }
     if "after" in modes and "streaming" in modes:
-        hidden = _summarise(rows, lengths)
+        hidden = []
+        for n in lengths:
+            transfer, exposed = med("after", "exposed_s", n), med("streaming", "exposed_s", n)
+            after, streaming = med("after", "prefill_s", n), med("streaming", "prefill_s", n)
+            hidden.append(
+                {
+                    "prompt_tokens": n,
+                    "kv_mib": med("after", "write_bytes", n) / 2**20,
+                    "transfer_after_s": transfer,
+                    "exposed_streaming_s": exposed,
+                    "hidden": 1 - exposed / transfer if transfer > 0 else 0.0,
+                    "prefill_after_s": after,
+                    "prefill_streaming_s": streaming,
+                    "prefill_slowdown": streaming / after,
+                }
+            )
         results += hidden
         worst = min(r["hidden"] for r in hidden)
         headline = {
@@ -160,53 +231,3 @@ def _results(
             "target": 0.9,
         }
     return results, headline
-
-
-def _push_summary(rows: list[dict[str, Any]], lengths: list[int]) -> list[dict[str, Any]]:
-    out = []
-    for length in lengths:
-
-        def of(mode: str, key: str, n: int = length) -> list[float]:
-            return [r[key] for r in rows if r["mode"] == mode and r["prompt_tokens"] == n]
-
-        pool, push = median(of("streaming", "exposed_s")), median(of("push", "exposed_s"))
-        out.append(
-            {
-                "prompt_tokens": length,
-                "kv_mib": median(of("streaming", "write_bytes")) / 2**20,
-                "exposed_pool_s": pool,
-                "exposed_push_s": push,
-                "exposed_pool_over_push": pool / push if push > 0 else 0.0,
-                "ttft_pool_p50_s": percentile(of("streaming", "prefill_s"), 50),
-                "ttft_pool_p90_s": percentile(of("streaming", "prefill_s"), 90),
-                "ttft_push_p50_s": percentile(of("push", "prefill_s"), 50),
-                "ttft_push_p90_s": percentile(of("push", "prefill_s"), 90),
-                "pushes_ok": sum(bool(r) for r in of("push", "pushed")),
-                "pushes": len(of("push", "pushed")),
-            }
-        )
-    return out
-
-
-def _summarise(rows: list[dict[str, Any]], lengths: list[int]) -> list[dict[str, Any]]:
-    out = []
-    for length in lengths:
-
-        def med(mode: str, key: str, n: int = length) -> float:
-            return median([r[key] for r in rows if r["mode"] == mode and r["prompt_tokens"] == n])
-
-        transfer = med("after", "exposed_s")
-        exposed = med("streaming", "exposed_s")
-        out.append(
-            {
-                "prompt_tokens": length,
-                "kv_mib": med("after", "write_bytes") / 2**20,
-                "transfer_after_s": transfer,
-                "exposed_streaming_s": exposed,
-                "hidden": 1 - exposed / transfer if transfer > 0 else 0.0,
-                "prefill_after_s": med("after", "prefill_s"),
-                "prefill_streaming_s": med("streaming", "prefill_s"),
-                "prefill_slowdown": med("streaming", "prefill_s") / med("after", "prefill_s"),
-            }
-        )
-    return out

@@ -15,21 +15,43 @@ Also lookup ops/s: batched existence checks of 512 keys. Medians over ``--repeat
 from __future__ import annotations
 
 import argparse
-import tempfile
+import dataclasses
 import time
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar
 
 import numpy as np
 
-from kvpool.config import PoolConfig
-from kvpool.master import MasterConfig
-from kvpool.net import free_local_ports
 from kvpool.store import MooncakeStore
-from kvserve.cluster.pool import MasterProcess
+from kvserve.bench.common import median_seconds, ratio_headline
+from kvserve.bench.handoff import scratch_pool
 from kvserve.report import emit, log, median
+from kvserve.settings import BENCH_ENV, setting
 
 KIB = 1024
+
+
+@dataclass(frozen=True)
+class PoolBenchConfig:
+    """The transfers of ``kvserve bench pool``.
+
+    - ``sizes_kib``: block sizes to put and get;
+    - ``batches``: blocks per batched call;
+    - ``max_batch_mib``: skip size x batch combinations above this many MiB;
+    - ``repeat``: runs per measurement (the median is reported);
+    - ``seed``: seed of the random data.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    sizes_kib: list[int] = setting([16, 64, 256, 1024, 4096])
+    batches: list[int] = setting([1, 4, 16, 64, 256])
+    max_batch_mib: int = 256
+    repeat: int = 3
+    seed: int = 0
+
+
+SETTINGS = (PoolBenchConfig,)
 
 
 def _one(
@@ -63,30 +85,15 @@ def _one(
 
 def _lookups(store: MooncakeStore, n: int = 512, reps: int = 20) -> float:
     keys = [f"bench/lookup/{i}" for i in range(n)]
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        store.exists(keys)
-        times.append(time.perf_counter() - t0)
-    return n / median(times)
+    return n / median_seconds(partial(store.exists, keys), reps, warmup=False)
 
 
-def run_bench(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> int:
     sizes = [s * KIB for s in args.sizes_kib]
     cap = args.max_batch_mib << 20
-    rpc, meta, metrics = free_local_ports(3)
-    cfg = MasterConfig(master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics)
-    log_path = Path(tempfile.gettempdir()) / f"kvserve-bench-pool-{rpc}.log"
     results: list[dict[str, Any]] = []
-    with MasterProcess(cfg, log_path):
-        store = MooncakeStore.connect(
-            PoolConfig(
-                pool_master=cfg.rpc_address,
-                pool_metadata_server=cfg.metadata_url,
-                pool_segment_mib=2 * args.max_batch_mib + 64,
-                pool_local_buffer_mib=64,
-            )
-        )
+    with scratch_pool(2 * args.max_batch_mib + 64) as (_, pool):
+        store = MooncakeStore.connect(dataclasses.replace(pool, pool_local_buffer_mib=64))
         src = np.random.default_rng(args.seed).integers(0, 256, cap, dtype=np.uint8)
         dst = np.zeros(cap, dtype=np.uint8)
         for buf in (src, dst):
@@ -113,7 +120,7 @@ def run_bench(args: argparse.Namespace) -> None:
                 store.unregister(buf.ctypes.data)
             store.close()
     target_rows = [r for r in results if r["object_kib"] == 1024]
-    best = max(target_rows, key=lambda r: r["get_vs_memcpy"]) if target_rows else None
+    best = max(target_rows, key=lambda r: r["get_vs_memcpy"]) if target_rows else {}
     emit(
         "pool",
         {
@@ -128,12 +135,13 @@ def run_bench(args: argparse.Namespace) -> None:
             "lookup_keys_per_call": 512,
         },
         [*results, {"lookup_keys_per_s": round(lookup_rate)}],
-        {
-            "metric": "get GB/s at 1 MiB objects (best batch) / same-run memcpy",
-            "value": best["get_gb_s"] if best else None,
-            "baseline": best["memcpy_gb_s"] if best else None,
-            "ratio": best["get_vs_memcpy"] if best else None,
-            "target": 0.5,
-            "batch": best["batch"] if best else None,
-        },
+        ratio_headline(
+            "get GB/s at 1 MiB objects (best batch) / same-run memcpy",
+            best.get("get_gb_s"),
+            best.get("memcpy_gb_s"),
+            0.5,
+            digits=3,
+            batch=best.get("batch"),
+        ),
     )
+    return 0

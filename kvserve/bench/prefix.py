@@ -22,13 +22,38 @@ import argparse
 import random
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from kvpool.config import PoolConfig
+from kvserve.bench.common import random_tokens, ratio_headline
 from kvserve.cluster.launch import Cluster, ClusterSpec
 from kvserve.report import emit, log, median
+from kvserve.settings import BENCH_ENV, config_from_args
 from workers.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class PrefixBenchConfig:
+    """The prompts of ``kvserve bench prefix``.
+
+    - ``prefix``: shared prefix tokens;
+    - ``tail``: tokens after the prefix;
+    - ``repeat``: runs per measurement (the median is reported);
+    - ``seed``: seed of the random prompts;
+    - ``segment_mib``: pool memory per worker.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    prefix: int = 2048
+    tail: int = 32
+    repeat: int = 4
+    seed: int = 0
+    segment_mib: int = 512
+
+
+SETTINGS = (PrefixBenchConfig, EngineConfig)
 
 
 def ttft(client: Any, model: str, prompt: list[int]) -> tuple[float, int]:
@@ -52,9 +77,10 @@ def ttft(client: Any, model: str, prompt: list[int]) -> tuple[float, int]:
     return first, cached
 
 
-def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
+def run(args: argparse.Namespace) -> int:
     import openai
 
+    config = config_from_args(EngineConfig, args)
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
     placement: dict[str, Any] = {}
@@ -73,10 +99,9 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
             placement = {"shared_cores": plan.shared_cores, "notes": list(plan.notes)}
             client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key="-")
             model = client.models.list().data[0].id
-            vocab = 49152
 
             def tokens(n: int) -> list[int]:
-                return [rng.randrange(100, vocab) for _ in range(n)]
+                return random_tokens(rng, n, 49152, low=100)
 
             for _ in range(2):  # warm-up: one small request per prefill worker
                 ttft(client, model, tokens(64))
@@ -106,11 +131,6 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> None:
             "seed": args.seed,
         },
         [{"warm_ttft_s": warm, "cold_ttft_s": cold}, {"runs": rows}],
-        {
-            "metric": "TTFT with the prefix in the pool / TTFT cold (median)",
-            "value": warm,
-            "baseline": cold,
-            "ratio": warm / cold,
-            "target": 0.15,
-        },
+        ratio_headline("TTFT with the prefix in the pool / TTFT cold (median)", warm, cold, 0.15),
     )
+    return 0

@@ -28,13 +28,15 @@ import argparse
 import math
 import queue
 import random
-import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvpool.landing import STALL_S, Lander, Landing
 from kvpool.master import master_stats
+from kvserve.bench.common import random_tokens
 from kvserve.bench.handoff import scratch_pool
 from kvserve.cluster.deployment import SegmentConfig
 from kvserve.report import emit, log, median
@@ -89,7 +91,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_args(p, EngineConfig)
 
 
-def _output(outputs: queue.SimpleQueue[RequestOutput | None]) -> RequestOutput:
+def _first_output(loop: EngineLoop, rid: str, add: Callable[[Engine], object]) -> RequestOutput:
+    """Start request ``rid`` on ``loop`` (``add`` adds it); its first output."""
+    outputs: queue.SimpleQueue[RequestOutput | None] = queue.SimpleQueue()
+    loop.start_request(rid, outputs.put, add).result()
     out = outputs.get(timeout=OUTPUT_WAIT_S)
     if out is None or out.error is not None:
         raise RuntimeError(f"the engine failed a request: {out and out.error}")
@@ -99,6 +104,8 @@ def _output(outputs: queue.SimpleQueue[RequestOutput | None]) -> RequestOutput:
 def _request(
     pair: tuple[EngineLoop, EngineLoop], mode: str, rid: str, prompt: list[int], args: Any
 ) -> dict[str, Any]:
+    """One hand-off, steps 1-3 of the module docstring: its times, whether its landing was
+    over in time and the tokens it took from the pool."""
     from workers.core.sequence import SamplingParams
 
     prefill, decode = pair
@@ -106,27 +113,22 @@ def _request(
     t0 = time.perf_counter()
     while (seq := decode.call(lambda e: e.reserve(rid, prompt, 2, 120.0)).result()) is None:
         time.sleep(0.05)
-    firsts: queue.SimpleQueue[RequestOutput | None] = queue.SimpleQueue()
-    prefill.start_request(
-        rid, firsts.put, lambda e: e.add_request(prompt, params, rid, handoff=True)
-    ).result()
-    first = _output(firsts).new_token_ids[0]
-    t_first = time.perf_counter()
+    prefilled = _first_output(
+        prefill, rid, lambda e: e.add_request(prompt, params, rid, handoff=True)
+    )
+    first, t_first = prefilled.new_token_ids[0], time.perf_counter()
     landing = decode.call(lambda e: e.reservations.landing(rid)).result()
     landed = True
     if landing is not None:
         decode.engine.reservations.nudge()
         landed = landing.settle(args.stall_s if mode == "new" else math.inf, args.cap_s)
     t_wait = time.perf_counter()
-    seconds: queue.SimpleQueue[RequestOutput | None] = queue.SimpleQueue()
-    decode.start_request(rid, seconds.put, lambda e: e.adopt(rid, prompt, first, params)).result()
-    _output(seconds)
-    t_second = time.perf_counter()
+    _first_output(decode, rid, lambda e: e.adopt(rid, prompt, first, params))
     return {
         "mode": mode,
         "ttft_s": t_first - t0,
         "wait_s": t_wait - t_first,
-        "gap_s": t_second - t_first,
+        "gap_s": time.perf_counter() - t_first,
         "landed": landed,
         "pool_tokens": seq.num_pool_tokens,
     }
@@ -135,6 +137,8 @@ def _request(
 def _phase(
     pair: tuple[EngineLoop, EngineLoop], mode: str, phase: int, args: Any, rng: random.Random
 ) -> list[dict[str, Any]]:
+    """A phase of ``mode``: its requests, one arriving every ``--interval`` seconds, each
+    on a thread of its own; their rows, in the order they finished."""
     decode = pair[1]
     lander = decode.engine.reservations.lander
     assert lander is not None, "the decode engine needs kv_streaming (a landing)"
@@ -148,20 +152,13 @@ def _phase(
         decode.call(lambda e: swap(e, keep_nothing)).result()
     vocab = decode.engine.model_config.vocab_size
     rows: list[dict[str, Any]] = []
-    threads = []
     try:
-        for i in range(args.requests):
-            prompt = [rng.randrange(vocab) for _ in range(args.prompt_len)]
-            rid = f"{mode}-{phase}-{i}"
-
-            def one(rid: str = rid, prompt: list[int] = prompt) -> None:
-                rows.append(_request(pair, mode, rid, prompt, args))
-
-            threads.append(threading.Thread(target=one, name=rid))
-            threads[-1].start()
-            time.sleep(args.interval)
-        for thread in threads:
-            thread.join()
+        with ThreadPoolExecutor(args.requests, thread_name_prefix=f"{mode}-{phase}") as threads:
+            for i in range(args.requests):
+                prompt = random_tokens(rng, args.prompt_len, vocab)
+                sent = threads.submit(_request, pair, mode, f"{mode}-{phase}-{i}", prompt, args)
+                sent.add_done_callback(lambda done: rows.append(done.result()))
+                time.sleep(args.interval)
     finally:
         if keep_nothing is not None:
             decode.call(lambda e: swap(e, lander)).result()
@@ -171,18 +168,15 @@ def _phase(
     return rows
 
 
-def _p99(values: list[float]) -> float:
-    """Nearest rank (with fewer than 100 values: the largest)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
-
-
 def _summary(mode: str, rows: list[dict[str, Any]], prompt_len: int) -> dict[str, Any]:
+    """Median and p99 (nearest rank: with fewer than 100 requests, the largest) of each
+    time, and the landings' shortfall, of the requests of ``mode``."""
     mine = [r for r in rows if r["mode"] == mode]
     out: dict[str, Any] = {"mode": mode, "requests": len(mine)}
-    for key in ("ttft_s", "wait_s", "gap_s"):
-        out[f"{key[:-2]}_median_s"] = median([r[key] for r in mine])
-        out[f"{key[:-2]}_p99_s"] = _p99([r[key] for r in mine])
+    for key in ("ttft", "wait", "gap"):
+        values = sorted(r[f"{key}_s"] for r in mine)
+        out[f"{key}_median_s"] = median(values)
+        out[f"{key}_p99_s"] = values[max(0, math.ceil(0.99 * len(values)) - 1)]
     out["incomplete_landings"] = sum(r["pool_tokens"] < prompt_len for r in mine)
     out["stalled_or_capped"] = sum(not r["landed"] for r in mine)
     out["recomputed_tokens_mean"] = sum(prompt_len - r["pool_tokens"] for r in mine) / len(mine)

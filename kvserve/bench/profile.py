@@ -23,19 +23,39 @@ import argparse
 import contextlib
 import functools
 import random
-import statistics
-import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch.autograd.profiler_util import FunctionEvent
 
+from kvserve.bench.common import median_seconds, random_tokens, seconds
 from kvserve.report import emit, log
+from kvserve.settings import BENCH_ENV, config_from_args, setting
 from workers.config import EngineConfig
 from workers.core.sequence import SamplingParams
 from workers.engine.engine import Engine
 
+
+@dataclass(frozen=True)
+class ProfileBenchConfig:
+    """The decode steps ``kvserve bench profile`` times.
+
+    - ``concurrency``: sequences decoding together, one profile each;
+    - ``prompt_len``: prompt tokens per sequence;
+    - ``steps``: decode steps timed and profiled;
+    - ``seed``: seed of the random prompts.
+    """
+
+    env_prefix: ClassVar[str] = BENCH_ENV
+    concurrency: list[int] = setting([1, 16, 64])
+    prompt_len: int = 512
+    steps: int = 20
+    seed: int = 0
+
+
+SETTINGS = (ProfileBenchConfig, EngineConfig)
 GEMM_OPS = frozenset(
     {
         "aten::mm",
@@ -100,13 +120,14 @@ def split(events: list[FunctionEvent], wall_us: float) -> dict[str, float]:
 
 
 def _fill(engine: Engine, c: int, prompt_len: int, seed: int) -> None:
+    """``c`` random prompts of ``prompt_len`` tokens, stepped until every one decodes."""
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
     params = SamplingParams(
         max_tokens=engine.max_model_len - prompt_len, temperature=0, ignore_eos=True
     )
     for _ in range(c):
-        engine.add_request([rng.randrange(vocab) for _ in range(prompt_len)], params)
+        engine.add_request(random_tokens(rng, prompt_len, vocab), params)
     while any(s.num_uncomputed > 1 for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
 
@@ -114,34 +135,28 @@ def _fill(engine: Engine, c: int, prompt_len: int, seed: int) -> None:
 def profile_one(engine: Engine, c: int, args: argparse.Namespace) -> dict[str, Any]:
     """Profile ``args.steps`` decode steps at concurrency ``c``; aborts its requests after."""
     _fill(engine, c, args.prompt_len, args.seed + c)
-    walls = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        engine.step()
-        walls.append(time.perf_counter() - t0)
+    step_s = median_seconds(engine.step, args.steps, warmup=False)
     with (
         instrumented(engine),
         torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
     ):
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            engine.step()
-        wall_us = (time.perf_counter() - t0) * 1e6
+        wall_us = seconds(lambda: [engine.step() for _ in range(args.steps)]) * 1e6
     parts = split(list(prof.events()), wall_us)
     for seq in list(engine.scheduler.running):
         engine.abort(seq.request_id)
     engine.scheduler.blocks.pool.reset_prefix_cache()
     row: dict[str, Any] = {
         "concurrency": c,
-        "step_ms": round(statistics.median(walls) * 1e3, 2),
-        "decode_tok_s": round(c / statistics.median(walls), 1),
+        "step_ms": round(step_s * 1e3, 2),
+        "decode_tok_s": round(c / step_s, 1),
     }
     row.update({f"{k}_pct": round(100 * v / wall_us, 1) for k, v in parts.items()})
     log(f"c={c}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
     return row
 
 
-def run_profile(args: argparse.Namespace, config: EngineConfig) -> None:
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(EngineConfig, args)
     engine = Engine(config)
     _fill(engine, 1, 16, args.seed)  # warm-up
     for seq in list(engine.scheduler.running):
@@ -159,3 +174,4 @@ def run_profile(args: argparse.Namespace, config: EngineConfig) -> None:
     }
     head = rows[len(rows) // 2]
     emit("profile", conditions, rows, {"concurrency": head["concurrency"], **head})
+    return 0

@@ -17,9 +17,8 @@
    rate's arrival times and are driven turn by turn
    (:func:`~kvserve.loadgen.conversation_client.run_conversations`: token-id prompts, each
    holding the previous answers' ids as the server returned them, which needs vLLM's
-   ``return_token_ids``); its rows
-   add a per-turn summary (``conversation``); its first turns stand for its requests in
-   steps 2-3.
+   ``return_token_ids``); its rows add a per-turn summary (``conversation``); its first
+   turns stand for its requests in steps 2-3.
 5. The sweep's goodput (DistServe: the highest rate with attainment >= the threshold, and
    the interpolated one) is the headline when there is an SLO; else output tokens/s.
 6. One JSON object goes to stdout; with ``--out``, also ``serve.json``, the per-request
@@ -37,26 +36,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvserve.loadgen import options as opt
+from kvserve.loadgen import sweep
 from kvserve.loadgen.client import ClientOptions, fetch_models, run_load
 from kvserve.loadgen.conversation import salted_plans
 from kvserve.loadgen.conversation_client import run_conversations
 from kvserve.loadgen.counters import counters_delta, scrape_counters
 from kvserve.loadgen.metrics import RequestRecord
 from kvserve.loadgen.slo import Slo, relative_slo
-from kvserve.loadgen.sweep import (
-    CALIBRATION_SALT,
-    WARMUP_SALT,
-    load_conditions,
-    rate_row,
-    report,
-    run_sweep,
-    timed,
-    timed_conversations,
-)
 from kvserve.loadgen.workloads import RequestSpec, salted, with_arrivals
 from kvserve.report import log
-
-__all__ = ["add_arguments", "run", "run_load"]
 
 add_arguments = opt.add_arguments
 
@@ -72,22 +60,16 @@ def text_decoder(args: argparse.Namespace, model: str) -> Callable[[Sequence[int
     return lambda ids: str(tokenizer.decode(list(ids)))
 
 
-def spread_sample(specs: Sequence[RequestSpec], n: int) -> list[RequestSpec]:
-    """``n`` requests evenly spaced over ``specs``, sent back to back (arrival 0)."""
-    if n <= 0 or not specs:
-        return []
-    step = len(specs) / min(n, len(specs))
-    chosen = [specs[int(i * step)] for i in range(min(n, len(specs)))]
-    return with_arrivals(chosen, [0.0] * len(chosen))
-
-
 async def calibrate(
     args: argparse.Namespace, model: str, specs: list[RequestSpec], client: ClientOptions
 ) -> Slo | None:
-    """The SLO: relative (from unloaded requests), absolute, or none (module docstring)."""
+    """The SLO: relative (from unloaded requests, ``--calibration-requests`` evenly spaced
+    over ``specs``, sent back to back), absolute, or none (module docstring)."""
     if args.slo_relative is None:
         return opt.absolute_slo(args)
-    sample = salted(spread_sample(specs, args.calibration_requests), CALIBRATION_SALT, args.vocab)
+    n = min(args.calibration_requests, len(specs)) if args.calibration_requests > 0 else 0
+    chosen = [specs[int(i * (len(specs) / n))] for i in range(n)]
+    sample = salted(with_arrivals(chosen, [0.0] * n), sweep.CALIBRATION_SALT, args.vocab)
     log(f"bench serve: calibrating relative SLOs on {len(sample)} unloaded requests")
     unloaded = await run_load(
         args.url, model, sample, 1, options=client, progress=args.progress, desc="unloaded"
@@ -107,31 +89,17 @@ async def one_rate(
 ) -> tuple[dict[str, Any], list[RequestRecord]]:
     """Run the workload, salted with ``salt``, at ``rate``: its result row and records."""
     before = await scrape_counters(args.url)
-    desc = f"rate {opt.json_rate(rate)}"
+    sending: dict[str, Any] = {"options": client, "progress": args.progress}
+    sending["desc"] = f"rate {opt.json_rate(rate)}"
     if workload.conversations is not None:
         plans = salted_plans(workload.conversations, salt, args.vocab)
-        records = await run_conversations(
-            args.url,
-            model,
-            timed_conversations(args, plans, rate),
-            args.concurrency,
-            options=client,
-            progress=args.progress,
-            desc=desc,
-        )
+        timed = sweep.timed_conversations(args, plans, rate)
+        records = await run_conversations(args.url, model, timed, args.concurrency, **sending)
     else:
-        specs = timed(args, salted(workload.specs, salt, args.vocab), rate)
-        records = await run_load(
-            args.url,
-            model,
-            specs,
-            args.concurrency,
-            options=client,
-            progress=args.progress,
-            desc=desc,
-        )
+        specs = sweep.timed(args, salted(workload.specs, salt, args.vocab), rate)
+        records = await run_load(args.url, model, specs, args.concurrency, **sending)
     server = counters_delta(before, await scrape_counters(args.url))
-    return rate_row(args, rate, records, slo, server), records
+    return sweep.rate_row(args, rate, records, slo, server), records
 
 
 def serve_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -142,17 +110,17 @@ def serve_bench(args: argparse.Namespace) -> dict[str, Any]:
     workload = opt.build_workload(args)
     client = ClientOptions(args.timeout_s, args.ignore_eos, text_decoder(args, model))
     slo = asyncio.run(calibrate(args, model, workload.specs, client))
-    warmup = salted(workload.specs[: args.warmup], WARMUP_SALT, args.vocab)
+    warmup = salted(workload.specs[: args.warmup], sweep.WARMUP_SALT, args.vocab)
     if warmup:
         asyncio.run(run_load(args.url, model, [], options=client, warmup=warmup, progress=False))
 
     def rate_run(i: int, rate: float | None) -> tuple[dict[str, Any], list[RequestRecord]]:
         return asyncio.run(one_rate(args, model, workload, i, rate, client, slo))
 
-    conditions = {"url": args.url, "model": model, **load_conditions(args, workload, slo)}
-    return run_sweep(args, rate_run, slo, conditions)
+    conditions = {"url": args.url, "model": model, **sweep.load_conditions(args, workload, slo)}
+    return sweep.run_sweep(args, rate_run, slo, conditions)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print its JSON (see the module docstring); 0 on success."""
-    return report("serve", args, serve_bench(args))
+    return sweep.report("serve", args, serve_bench(args))

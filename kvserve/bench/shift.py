@@ -26,18 +26,17 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from kvserve.bench.compare import started
+from kvserve.cluster.deployment import SegmentConfig
+from kvserve.loadgen.client import ClientOptions, fetch_models, run_load
 from kvserve.loadgen.metrics import RequestRecord
+from kvserve.loadgen.shift import shift_requests
 from kvserve.loadgen.shift_scenario import add_shift_arguments, phases_of, run_scenario
 from kvserve.report import log
 from kvserve.settings import BENCH_ENV, add_config_args, config_from_args, flag_name
 from router.config import CONTROLLER_PREFIX
 from router.control.ratio import RatioConfig
-
-CONTROLLER_NAMES = (
-    "controller_interval_s",
-    *(CONTROLLER_PREFIX + f.name for f in fields(RatioConfig)),
-)
-"""The router's ``controller_*`` settings: flags here, passed on to the live router."""
+from workers.config import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -55,20 +54,9 @@ class ShiftLiveConfig:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The shift's flags, the live cluster's, its pool and its workers' engine."""
-    from kvserve.cluster.deployment import SegmentConfig
-    from workers.config import EngineConfig
-
     add_shift_arguments(p)
-    add_config_args(p, ShiftLiveConfig)
-    add_config_args(p, SegmentConfig)
-    add_config_args(p, EngineConfig)
-
-
-def router_args(args: argparse.Namespace, mode: str) -> tuple[str, ...]:
-    flags = ["--controller" if mode == "on" else "--no-controller"]
-    for name in CONTROLLER_NAMES:
-        flags += [flag_name(name), str(getattr(args, name))]
-    return tuple(flags)
+    for settings in (ShiftLiveConfig, SegmentConfig, EngineConfig):
+        add_config_args(p, settings)
 
 
 async def watch_moves(url: str, t0: float, moves: dict[int, dict[str, Any]]) -> None:
@@ -91,38 +79,28 @@ async def watch_moves(url: str, t0: float, moves: dict[int, dict[str, Any]]) -> 
 async def live_run(
     args: argparse.Namespace, url: str, mode: str
 ) -> tuple[list[RequestRecord], list[dict[str, Any]]]:
-    from kvserve.loadgen.client import ClientOptions, fetch_models, run_load
-    from kvserve.loadgen.shift import shift_requests
-
+    """The shift's requests sent to the router at ``url`` while its moves are watched."""
     model = (await fetch_models(url))[0]
     specs = shift_requests(phases_of(args), args.seed, args.vocab)
     moves: dict[int, dict[str, Any]] = {}
     watcher = asyncio.create_task(watch_moves(url, time.perf_counter(), moves))
     try:
-        records = await run_load(
-            url,
-            model,
-            specs,
-            options=ClientOptions(args.timeout_s),
-            progress=False,
-            desc=f"controller {mode}",
-        )
+        options, desc = ClientOptions(args.timeout_s), f"controller {mode}"
+        records = await run_load(url, model, specs, options=options, progress=False, desc=desc)
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        watcher.cancel()  # awaited by asyncio.run before it returns
     return records, [moves[i] for i in sorted(moves)]
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvserve.bench.compare import started
-    from workers.config import EngineConfig
-
     engine = config_from_args(EngineConfig, args)
+    names = ["controller_interval_s", *(CONTROLLER_PREFIX + f.name for f in fields(RatioConfig))]
 
     def serve(mode: str) -> tuple[list[RequestRecord], list[dict[str, Any]]]:
-        flags = router_args(args, mode)
-        with started(args.workers, engine, args.segment_mib, router_args=flags) as cluster:
+        """A fresh cluster, its router given the ``controller_*`` settings as flags."""
+        flags = ["--controller" if mode == "on" else "--no-controller"]
+        flags += [word for name in names for word in (flag_name(name), str(getattr(args, name)))]
+        with started(args.workers, engine, args.segment_mib, router_args=tuple(flags)) as cluster:
             log(f"bench shift: {args.workers} up, controller {mode}")
             return asyncio.run(live_run(args, cluster.router_url, mode))
 

@@ -1,7 +1,7 @@
 """``kvserve bench ttft``: where an idle cluster's first token goes.
 
 For each server (``bench peer``'s kvserve servers: ``default``, ``mixed1``, ``mixed1-1t``...,
-:data:`kvserve.bench.peer_results.SERVERS`), started fresh and idle, ``requests`` prompts of
+:data:`kvserve.bench.peer.results.SERVERS`), started fresh and idle, ``requests`` prompts of
 ``prompt_tokens`` random tokens go one at a time (after ``warmup`` others), streamed
 through the router with the official ``openai`` client: the client's TTFT. On a
 disaggregated server the same kind of request is then made by calling the workers directly,
@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import random
-import statistics
 import tempfile
 import time
 import uuid
@@ -27,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from kvserve.bench import peer_results as pr
-from kvserve.bench.peer_models import resolve_model
-from kvserve.bench.peer_servers import cluster_options, first_core
-from kvserve.report import emit, log
-from kvserve.settings import BENCH_ENV, add_config_args
+from kvserve.bench.common import random_tokens
+from kvserve.bench.peer.launch import cluster_options, resolve_model
+from kvserve.bench.peer.results import SERVERS, Server
+from kvserve.report import emit, log, median
+from kvserve.settings import BENCH_ENV
 from workers.config import EngineConfig
 
 
@@ -61,14 +60,17 @@ class TTFTConfig:
     seed: int = 0
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``kvserve bench ttft``."""
-    add_config_args(parser, TTFTConfig)
+SETTINGS = (TTFTConfig,)
 
 
 def ms(values: list[float]) -> float:
     """The median of ``values`` (seconds) in milliseconds, rounded."""
-    return round(statistics.median(values) * 1000, 1)
+    return round(median(values) * 1000, 1)
+
+
+def random_prompts(rng: random.Random, count: int, tokens: int) -> list[list[int]]:
+    """``count`` prompts of ``tokens`` random tokens (distinct: nothing cached)."""
+    return [random_tokens(rng, tokens, 40_000, low=100) for _ in range(count)]
 
 
 def client_ttfts(url: str, model: str, prompts: list[list[int]], pause_s: float) -> list[float]:
@@ -162,7 +164,7 @@ def engine_floor(engine: EngineConfig, prompts: list[list[int]]) -> float:
     from workers.core.sequence import SamplingParams
     from workers.engine.engine import Engine
 
-    os.sched_setaffinity(0, {first_core()})
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     torch.set_num_threads(1)
     local = Engine(engine)
     seconds = []
@@ -174,24 +176,18 @@ def engine_floor(engine: EngineConfig, prompts: list[list[int]]) -> float:
     return ms(seconds[1:])
 
 
-def run_server(args: argparse.Namespace, server: pr.Server, model_dir: Path) -> dict[str, Any]:
+def run_server(args: argparse.Namespace, server: Server, model_dir: Path) -> dict[str, Any]:
     """``server`` started fresh, measured idle, stopped; its row."""
     from kvserve.bench.compare import started
 
     rng = random.Random(f"{args.seed}/{server.name}")
-    prompts = [
-        [rng.randrange(100, 40_000) for _ in range(args.prompt_tokens)]
-        for _ in range(args.warmup + 2 * args.requests)
-    ]
     warm, measured, direct = (
-        prompts[: args.warmup],
-        prompts[args.warmup : args.warmup + args.requests],
-        prompts[args.warmup + args.requests :],
+        random_prompts(rng, n, args.prompt_tokens)
+        for n in (args.warmup, args.requests, args.requests)
     )
     with tempfile.TemporaryDirectory() as steps:
         engine = EngineConfig(model=str(model_dir), step_log_dir=steps)
-        options = cluster_options(server, 600.0)
-        with started(server.deployment, engine, 256, **options) as cluster:
+        with started(server.deployment, engine, 256, **cluster_options(server, 600.0)) as cluster:
             client_ttfts(cluster.router_url, model_dir.name, warm, args.pause_s)
             ttft = client_ttfts(cluster.router_url, model_dir.name, measured, args.pause_s)
             row: dict[str, Any] = {"server": server.name, "client_ttft_ms": ms(ttft)}
@@ -209,16 +205,12 @@ def run_server(args: argparse.Namespace, server: pr.Server, model_dir: Path) -> 
 def run(args: argparse.Namespace) -> int:
     """``kvserve bench ttft``: the rows of every server, then the in-process floor."""
     names = [s for s in args.servers.split(",") if s]
-    unknown = [n for n in names if n not in pr.SERVERS or pr.SERVERS[n].plain_vllm]
+    unknown = [n for n in names if n not in SERVERS or SERVERS[n].plain_vllm]
     if unknown or not names:
         raise SystemExit(f"bench ttft: not kvserve servers of bench peer: {unknown or names}")
     model_dir = resolve_model(args.model)
-    rows = [run_server(args, pr.SERVERS[name], model_dir) for name in names]
-    rng = random.Random(args.seed)
-    floor_prompts = [
-        [rng.randrange(100, 40_000) for _ in range(args.prompt_tokens)]
-        for _ in range(args.requests + 1)
-    ]
+    rows = [run_server(args, SERVERS[name], model_dir) for name in names]
+    floor_prompts = random_prompts(random.Random(args.seed), args.requests + 1, args.prompt_tokens)
     floor = engine_floor(EngineConfig(model=str(model_dir), threads=1), floor_prompts)
     rows.append({"server": "engine alone, 1 thread, no pool", "prefill_step_ms": floor})
     conditions = {

@@ -2,7 +2,7 @@
 (``nginx-light``, installed by ``scripts/setup.sh``), the balancer users already run, never
 one written here. Used in front of several routers (``kvserve up --routers N``,
 :mod:`kvserve.cluster.routers`) and of several ``vllm serve`` (``kvserve bench peer``,
-:mod:`kvserve.bench.peer_lb`).
+:func:`kvserve.bench.peer.launch.round_robin`).
 
 What the configuration (:func:`nginx_conf`) promises a client:
 

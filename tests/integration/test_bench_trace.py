@@ -13,6 +13,7 @@ import pytest
 from kvserve.bench.trace import run as trace
 from kvserve.bench.trace.pool import PoolReplaySettings, pool_replay
 from kvserve.loadgen.mooncake_trace import SHIPPED
+from kvserve.settings import add_config_args
 from kvserve.sim.trace.replay import (
     TraceRequest,
     block_chain,
@@ -85,7 +86,7 @@ def test_chain_eviction_is_exactly_the_leaf_first_lru(
 
 def test_cli_prints_one_json_object(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
-    trace.add_arguments(parser)
+    add_config_args(parser, trace.TraceBenchConfig)
     flags = "--max-requests 60 --capacities 300 20000 --workers 2 --block-bytes 4096"
     args = parser.parse_args(
         ["--trace", str(TRACE), *flags.split(), "--out", str(tmp_path / "plots")]

@@ -1,5 +1,6 @@
-"""``kvserve bench peer``'s round-robin (:mod:`kvserve.bench.peer_lb`) with the real
-nginx: requests through it alternate between two real HTTP servers, streaming passes."""
+"""``kvserve bench peer``'s round-robin (:func:`kvserve.bench.peer.launch.round_robin`) with
+the real nginx: requests through it alternate between two real HTTP servers, streaming
+passes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.bench.peer_lb import round_robin
+from kvserve.bench.peer.launch import round_robin
 from tests.http_stub import text_server
 
 

@@ -22,7 +22,7 @@ from kvpool.hashing import Namespace, PrefixHasher
 from kvpool.keys import KeySpace, longest_prefix
 from kvpool.net import free_local_ports
 from kvpool.store import MooncakeStore
-from kvserve.bench.peer_vllm import vllm_server
+from kvserve.bench.peer.launch import vllm_server
 from kvserve.cluster.launch import Cluster
 from kvserve.cluster.plan import worker_plan
 from kvserve.cluster.processes import ManagedProcess

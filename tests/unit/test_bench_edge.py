@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,10 +12,11 @@ import pytest
 from kvserve.bench import edge
 from kvserve.cli import build_parser
 from router.api.edge import HostCheckMiddleware, served_hosts
+from tests.bench_schemas import argv, mismatch
 
 
 def test_bench_edge_times_the_checks_against_a_bare_app(capsys: pytest.CaptureFixture[str]) -> None:
-    args = build_parser().parse_args(["bench", "edge", "--requests", "200", "--repeat", "1"])
+    args = build_parser().parse_args(argv("edge", Path(), Path()))  # --requests 200 --repeat 1
     assert edge.run(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["bench"] == "edge" and out["conditions"]["requests"] == 200
@@ -29,6 +31,7 @@ def test_bench_edge_times_the_checks_against_a_bare_app(capsys: pytest.CaptureFi
         "router: minting a token (Ed25519)",
     ]
     assert out["headline"]["value"] > 0
+    assert mismatch("edge", out) is None  # the settings are the pinned ones
 
 
 def test_the_scope_it_times_passes_the_check() -> None:

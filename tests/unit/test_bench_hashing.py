@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvserve.bench.hashing import add_arguments, chain_costs, digest_costs, legacy_chain
+from kvserve.bench.hashing import HashingConfig, chain_costs, digest_costs, legacy_chain
+from kvserve.settings import add_config_args
 
 
 def test_the_baseline_is_hash_version_1() -> None:
@@ -17,7 +18,7 @@ def test_the_baseline_is_hash_version_1() -> None:
 
 def test_rows_cover_every_algorithm_block_size_and_shape() -> None:
     parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    add_config_args(parser, HashingConfig)
     args = parser.parse_args(["--repeat", "1", "--block-tokens", "4", "16"])
     chains = chain_costs(args, list(range(64)))
     assert [(r["algorithm"], r["block_tokens"]) for r in chains] == [

@@ -20,12 +20,16 @@ from typing import Any
 import pytest
 
 from kvserve import vllm_env as ve
-from kvserve.bench import peer_client as pc
-from kvserve.bench import peer_results as pr
-from kvserve.bench import peer_vllm as pv
-from kvserve.bench.peer import ENGINE_FIELDS, add_arguments
-from kvserve.bench.peer_models import model_shape, safetensors_parameters
-from kvserve.bench.peer_servers import cluster_options, engine_config
+from kvserve.bench.peer import add_arguments
+from kvserve.bench.peer import launch as pl
+from kvserve.bench.peer import results as pr
+from kvserve.bench.peer.launch import (
+    ENGINE_FIELDS,
+    cluster_options,
+    engine_config,
+    model_shape,
+    safetensors_parameters,
+)
 from kvserve.cluster.deployment import parse_deployment
 from kvserve.cluster.plan import plan_cluster
 
@@ -110,10 +114,40 @@ def test_a_multiturn_run_is_a_row_like_the_others() -> None:
     assert row["completed"] == 11 and row["failed"] == 1 and row["output_throughput"] == 25.0
     assert row["ttft_p50_ms"] == 250.0 and row["tpot_p99_ms"] is None
     assert row["e2el_p50_ms"] is None
-    argv = pc.serve_argv("http://h:1", "m", "multiturn", math.inf, 3, 12, Path("/o"))
+    env = ve.VllmEnv(Path("/v"))
+    inf = pr.Run("multiturn", math.inf, 3)
+    argv, result = pl.client_argv(env, "http://h:1", "m", Path("t"), inf, 12, Path("/o"))
     text = " ".join(argv)
     assert "--workload conversation --turns 4" in text and "--conversations 3" in text
-    assert "--rates inf --seed 3 --out /o" in text
+    assert "--rates inf --seed 3" in text and text.endswith("--out /o")
+    assert result == Path("/o/serve.json")
+
+
+def test_vllm_serve_gets_its_kv_cache_and_its_core(monkeypatch: Any, tmp_path: Path) -> None:
+    started: list[tuple[list[str], dict[str, str]]] = []
+
+    class Started:
+        def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str], **_: Any):
+            started.append((argv, env))
+
+        def start(self, timeout: float) -> None:
+            raise RuntimeError("not started in a unit test")
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(pl, "ManagedProcess", Started)
+    env = ve.VllmEnv(Path("/v"))
+    bound = {"VLLM_CPU_OMP_THREADS_BIND": "1"}
+    server = pl.vllm_server(env, Path("/m/tiny"), tmp_path, 2.5, 1024, 1.0, environment=bound)
+    with pytest.raises(RuntimeError, match="not started"), server:
+        pass
+    ((argv, variables),) = started
+    assert variables["VLLM_CPU_KVCACHE_SPACE"] == "2.5"
+    assert variables["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    text = " ".join(argv)
+    assert "serve /m/tiny --host 127.0.0.1" in text and "--max-model-len 1024" in text
+    assert "--dtype float32 --served-model-name tiny" in text
 
 
 def test_nginx_round_robins_over_the_servers(tmp_path: Path) -> None:
@@ -289,13 +323,14 @@ def test_default_venv_lives_in_the_cache(monkeypatch: Any, tmp_path: Path) -> No
 
 def test_server_and_client_command_lines(tmp_path: Path) -> None:
     env = ve.VllmEnv(tmp_path)
-    serve = pv.serve_argv(env, Path("/m/tiny"), "tiny", 8123)
+    serve = pl.vllm_serve_argv(env, Path("/m/tiny"), 8123, 2048)
     assert serve[:3] == [str(tmp_path / "bin" / "python"), str(env.launcher), "serve"]
     assert " --max-model-len 2048 --dtype float32 --served-model-name tiny" in " ".join(serve)
-    assert pv.server_env(2)["VLLM_CPU_KVCACHE_SPACE"] == "2"
-    argv = pc.bench_argv(
-        env, "http://h:1", "tiny", Path("/m/tiny"), "prefix", math.inf, 11, 50, tmp_path / "r.json"
+    run = pr.Run("prefix", math.inf, 11)
+    argv, result = pl.client_argv(
+        env, "http://h:1", "tiny", Path("/m/tiny"), run, 50, tmp_path / "r"
     )
+    assert result == tmp_path / "r.json"
     text = " ".join(argv)
     assert argv[2:4] == ["bench", "serve"]
     for part in (
@@ -310,7 +345,7 @@ def test_server_and_client_command_lines(tmp_path: Path) -> None:
         "--prefix-repetition-num-prefixes 5",
     ):
         assert part in text
-    rate = pc.bench_argv(env, "u", "m", Path("t"), "random", 0.5, 0, 5, tmp_path / "r.json")
+    rate, _ = pl.client_argv(env, "u", "m", Path("t"), pr.Run("random", 0.5, 0), 5, tmp_path / "r")
     assert "--request-rate 0.5" in " ".join(rate) and "--random-input-len 512" in " ".join(rate)
 
 

@@ -13,6 +13,7 @@ import pytest
 from kvserve.bench.trace import run as trace
 from kvserve.bench.trace.traces import MOONCAKE, TRACE_SET, load_traces, trace_names
 from kvserve.loadgen.mooncake_trace import SHIPPED
+from kvserve.settings import add_config_args
 from kvserve.sim.trace.cluster import ClusterSettings, cluster_replay
 from kvserve.sim.trace.policies import HomeSpillPolicy, SessionAffinityPolicy, session_key
 from kvserve.sim.trace.replay import TraceRequest, block_chain
@@ -180,7 +181,7 @@ def test_a_trace_set_run_prints_its_rows_and_the_sweeps_choice(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     parser = argparse.ArgumentParser()
-    trace.add_arguments(parser)
+    add_config_args(parser, trace.TraceBenchConfig)
     flags = (
         "--traces mooncake agent --max-requests 30 --no-pool --capacities 300 --workers 2 "
         "--policies round_robin cache_aware+events --sweep-overlap-weights 8 "

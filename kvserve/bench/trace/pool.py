@@ -1,13 +1,13 @@
-"""Replay a trace's prefix blocks through a real ``mooncake_master`` (its key space and its
-own eviction), without running any model.
+"""Replay a trace's prefix blocks through a real ``mooncake_master`` (its key space, its own
+eviction or kvserve's), without running any model.
 
-Lifecycle of :func:`pool_replay` (one call per capacity, nothing shared between calls):
+Lifecycle of :func:`pool_replay` (one call per replay, nothing shared between calls):
 
 1. start a ``mooncake_master`` on free loopback ports with the given eviction settings
    (its log goes to ``log_dir``);
 2. join it as the one pool member, contributing a segment that holds ``capacity`` blocks
-   (:func:`segment_mib`; the pool refuses segments under 16 MiB, so small capacities are
-   rounded up: the reported ``pool_capacity_blocks`` says what the master really had);
+   (the pool refuses segments under 16 MiB, so small capacities are rounded up: the
+   reported ``pool_capacity_blocks`` says what the master really had);
 3. per request, in trace order: ``kvpool.keys.longest_prefix`` over its block chain (one
    batched existence call; the master also refreshes the lease of every object it finds,
    which is what makes its eviction approximately LRU) gives the hits; then every block
@@ -27,13 +27,17 @@ request's hits refresh their blocks in it, and its new blocks are claimed there 
 they are put, which evicts the least recently used chain tails beyond a budget of exactly
 ``capacity`` blocks. The segment is sized so that budget is ``evict_at`` of it (the
 master's own eviction, from its higher watermark, never has to start).
+
+The SSD replays of :mod:`.ssd` run the same way, with reads between a request's lookup and
+its puts, and an SSD tier when asked for.
 """
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,15 +58,10 @@ from proto.registry import connect
 
 MIN_SEGMENT_MIB = 16
 """The smallest segment the pool accepted on these machines."""
-
 FIRST_BACKOFF_S = 0.005
-
-
-def segment_mib(capacity: int, objects_per_block: int, block_bytes: int, fill: float = 1.0) -> int:
-    """MiB of pool segment whose share ``fill`` holds ``capacity`` blocks (at least the
-    pool's minimum)."""
-    need = int(capacity * objects_per_block * block_bytes / fill + 0.5)
-    return max(MIN_SEGMENT_MIB, -(-need // (1 << 20)))
+Read = Callable[[MooncakeStore, int, int, KeySpace, Sequence[int]], int]
+"""An SSD replay's read-back (:mod:`.ssd`): given the store, the registered buffer's address,
+the object size, the key space and the blocks the lookup found, the leading blocks read."""
 
 
 @dataclass(frozen=True)
@@ -90,13 +89,15 @@ class PoolReplaySettings:
         )  # validates the eviction settings with the master's own messages
 
     @property
-    def objects_per_block(self) -> int:
-        return 1 + self.layers
+    def per_block(self) -> int:
+        """Bytes of all the objects of a block (``1 + layers`` of them)."""
+        return (1 + self.layers) * self.block_bytes
 
 
 @dataclass
 class PoolReplay:
-    """What one real-pool replay saw."""
+    """What one real-pool replay saw (``lookup_hit_blocks``: the blocks its lookups found,
+    which an SSD replay of :mod:`.ssd` reads back)."""
 
     hits: HitCount
     segment_mib: int
@@ -107,14 +108,14 @@ class PoolReplay:
     seconds: float = 0.0
     chain: dict[str, int] | None = None
     """With chain eviction: its counters (evictions, refusals, the most blocks indexed)."""
+    lookup_hit_blocks: int = 0
 
     def row(self, settings: PoolReplaySettings) -> dict[str, Any]:
-        per_block = settings.objects_per_block * settings.block_bytes
         return {
             "eviction": settings.eviction,
             **self.hits.row(),
             "segment_mib": self.segment_mib,
-            "pool_capacity_blocks": self.stats.capacity_bytes // per_block,
+            "pool_capacity_blocks": self.stats.capacity_bytes // settings.per_block,
             "put_objects": self.put_objects,
             "put_retries": self.put_retries,
             "put_failed_blocks": self.put_failed_blocks,
@@ -126,20 +127,18 @@ class PoolReplay:
         }
 
 
-class _Writer:
-    """Puts blocks' objects from one registered buffer, with retries; counts what it did."""
+class _Member:
+    """The member's puts of blocks' objects out of one registered buffer (at ``base``), with
+    retries; counts what it did."""
 
     def __init__(self, store: MooncakeStore, buf: np.ndarray, settings: PoolReplaySettings):
-        self.store = store
-        self.buf = buf
-        self.settings = settings
+        self.store, self.base, self.settings = store, buf.ctypes.data, settings
+        self.size = settings.block_bytes
         self.objects = 0
         self.retries = 0
 
     def put(self, keys: list[str]) -> set[str]:
         """Put ``keys`` (at most the buffer's worth); returns the keys that still failed."""
-        size = self.settings.block_bytes
-        base = self.buf.ctypes.data
         pending = keys
         delay = FIRST_BACKOFF_S
         for attempt in range(self.settings.put_retries + 1):
@@ -147,8 +146,8 @@ class _Writer:
                 self.retries += 1
                 time.sleep(delay)
                 delay *= 2
-            ptrs = [base + i * size for i in range(len(pending))]
-            codes = self.store.put_from(pending, ptrs, [size] * len(pending))
+            ptrs = [self.base + i * self.size for i in range(len(pending))]
+            codes = self.store.put_from(pending, ptrs, [self.size] * len(pending))
             self.objects += sum(1 for c in codes if c == 0)
             pending = [k for k, c in zip(pending, codes, strict=True) if c != 0]
             if not pending:
@@ -165,13 +164,9 @@ class _Writer:
         return [h for h, m in zip(hashes, metas, strict=True) if m not in present]
 
 
-@contextmanager
+@contextlib.contextmanager
 def _chain_evictor(
-    settings: PoolReplaySettings,
-    capacity: int,
-    store: MooncakeStore,
-    keys: KeySpace,
-    log_dir: Path,
+    settings: PoolReplaySettings, capacity: int, store: MooncakeStore, keys: KeySpace, logs: Path
 ) -> Iterator[ChainEvictor | None]:
     """A chain evictor over a fresh Redis with a budget of ``capacity`` blocks (``None``
     with the master's eviction)."""
@@ -179,8 +174,8 @@ def _chain_evictor(
         yield None
         return
     (port,) = free_local_ports(1)
-    per_block = settings.objects_per_block * settings.block_bytes
-    with RedisProcess(RedisConfig(port=port), log_dir / f"redis-trace-{capacity}-{port}.log") as r:
+    per_block = settings.per_block
+    with RedisProcess(RedisConfig(port=port), logs / f"redis-trace-{capacity}-{port}.log") as r:
         client = connect(r.cluster_config, socket_timeout=30)
         try:
             index = ChainIndex(client, "trace")
@@ -189,21 +184,14 @@ def _chain_evictor(
             client.close()
 
 
-@contextmanager
-def replay_member(
-    settings: PoolReplaySettings,
-    mib: int,
-    longest: int,
-    log_dir: Path,
-    name: str,
-    ssd_dir: str = "",
-) -> Iterator[tuple[MasterConfig, MooncakeStore, np.ndarray]]:
-    """A fresh ``mooncake_master`` on free loopback ports with ``settings``' eviction (and
-    offload on, with an ``ssd_dir``), its log ``log_dir/mooncake_master-<name>-<rpc port>.log``,
-    and its one member
-    contributing ``mib`` MiB (its SSD tier in ``ssd_dir``) with a registered buffer for the
-    objects of a ``longest``-block chain: the master's config, the member's store and the
-    buffer. On exit the member unregisters and leaves, then the master stops."""
+@contextlib.contextmanager
+def _member(
+    settings: PoolReplaySettings, mib: int, longest: int, log_dir: Path, name: str, ssd: bool
+) -> Iterator[tuple[MasterConfig, _Member]]:
+    """Steps 1, 2 and 4 of the module docstring: the master (its log
+    ``log_dir/mooncake_master-<name>-<rpc port>.log``) and its member of ``mib`` MiB, with a
+    registered buffer for the objects of a ``longest``-block chain; with ``ssd``, offload on
+    and the member's SSD tier in a temporary folder, removed afterwards."""
     rpc, meta, metrics = free_local_ports(3)
     cfg = MasterConfig(
         master_port=rpc,
@@ -211,22 +199,25 @@ def replay_member(
         master_metrics_port=metrics,
         master_eviction_high_watermark=settings.eviction_high_watermark,
         master_eviction_ratio=settings.eviction_ratio,
-        master_enable_offload=bool(ssd_dir),
+        master_enable_offload=ssd,
     )
-    with MasterProcess(cfg, log_dir / f"mooncake_master-{name}-{rpc}.log"):
+    with (
+        tempfile.TemporaryDirectory(prefix="kvserve-ssd-") as folder,
+        MasterProcess(cfg, log_dir / f"mooncake_master-{name}-{rpc}.log"),
+    ):
         store = MooncakeStore.connect(
             PoolConfig(
                 pool_master=cfg.rpc_address,
                 pool_metadata_server=cfg.metadata_url,
                 pool_segment_mib=mib,
                 pool_local_buffer_mib=16,
-                pool_ssd_dir=ssd_dir,
+                pool_ssd_dir=folder if ssd else "",
             )
         )
-        buf = np.zeros(longest * settings.objects_per_block * settings.block_bytes, np.uint8)
+        buf = np.zeros(longest * settings.per_block, np.uint8)
         store.register(buf.ctypes.data, buf.nbytes)
         try:
-            yield cfg, store, buf
+            yield cfg, _Member(store, buf, settings)
         finally:
             store.unregister(buf.ctypes.data)
             store.close()
@@ -238,32 +229,38 @@ def pool_replay(
     capacity: int,
     settings: PoolReplaySettings,
     log_dir: Path,
+    read: Read | None = None,
+    ssd: bool = False,
 ) -> PoolReplay:
     """Replay ``requests`` (with their :func:`~kvserve.sim.trace.replay.block_chain`) through
-    a fresh master whose pool holds about ``capacity`` blocks; see the module docstring."""
+    a fresh master whose pool holds about ``capacity`` blocks (module docstring); with
+    ``read``, an SSD replay of :mod:`.ssd` whose hits are the blocks it reads back, with an
+    SSD tier if ``ssd``."""
     keys = KeySpace.of(TRACE_NAMESPACE, settings.layers)
     fill = settings.evict_at if settings.eviction == "chain" else 1.0
-    mib = segment_mib(capacity, settings.objects_per_block, settings.block_bytes, fill)
+    need = int(capacity * settings.per_block / fill + 0.5)  # the segment: at least the minimum
+    mib = max(MIN_SEGMENT_MIB, -(-need // (1 << 20)))
     longest = max((len(c) for c in chains), default=1)
-    hits = HitCount()
-    failed = 0
-    peak = 0
-    with replay_member(settings, mib, longest, log_dir, f"trace-{capacity}") as (cfg, store, buf):
-        writer = _Writer(store, buf, settings)
+    name = f"trace-{capacity}" if read is None else f"{'ssd' if ssd else 'dram'}-{capacity}"
+    hits, found, failed, peak = HitCount(), 0, 0, 0
+    with _member(settings, mib, longest, log_dir, name, ssd) as (cfg, member):
         t0 = time.perf_counter()
-        with _chain_evictor(settings, capacity, store, keys, log_dir) as evictor:
+        with _chain_evictor(settings, capacity, member.store, keys, log_dir) as evictor:
             for request, chain in zip(requests, chains, strict=True):
-                hit = longest_prefix(store, keys, list(chain))
+                hit = longest_prefix(member.store, keys, list(chain))
+                found += hit
+                if read is not None:
+                    hit = read(member.store, member.base, member.size, keys, chain[:hit])
                 hits.add(request, hit)
                 todo = list(chain[hit:])
                 if evictor is None:
-                    failed += len(writer.put_blocks(keys, todo))
+                    failed += len(member.put_blocks(keys, todo))
                     continue
                 evictor.touch(chain[:hit], chain_parents(chain[:hit], None))
                 parents = chain_parents(todo, chain[hit - 1] if hit else None)
                 admitted = evictor.admit(todo, parents)
                 todo = todo[: admitted.index(False) if False in admitted else len(todo)]
-                missing = writer.put_blocks(keys, todo)
+                missing = member.put_blocks(keys, todo)
                 evictor.settle(
                     [keys.meta_key(h) for h in todo if h not in missing],
                     [keys.meta_key(h) for h in missing],
@@ -273,7 +270,8 @@ def pool_replay(
             chain_row = _chain_row(evictor, peak, capacity) if evictor else None
         seconds = time.perf_counter() - t0
         stats = master_stats(cfg)
-    return PoolReplay(hits, mib, stats, writer.objects, writer.retries, failed, seconds, chain_row)
+    counts = (member.objects, member.retries, failed, seconds)
+    return PoolReplay(hits, mib, stats, *counts, chain_row, found)
 
 
 def _chain_row(evictor: ChainEvictor, peak: int, capacity: int) -> dict[str, int]:

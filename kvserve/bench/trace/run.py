@@ -28,6 +28,7 @@ capacity, with chain-aware eviction (the master's eviction when ``chain`` is not
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import tempfile
 from dataclasses import dataclass
@@ -35,24 +36,21 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvpool.config import EVICTION
+from kvserve.bench.common import ratio_headline
 from kvserve.bench.trace.pool import PoolReplaySettings
 from kvserve.bench.trace.traces import capacity_rows, cluster_row, load_traces
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.report import emit, log
-from kvserve.settings import BENCH_ENV, add_config_args, setting
+from kvserve.settings import BENCH_ENV, setting
 from kvserve.sim.trace.cluster import EVENTS_SUFFIX, HINT_SUFFIX, ClusterSettings
 from kvserve.sim.trace.events import EventTiming
 from kvserve.sim.trace.policies import SESSION_POLICIES
 from kvserve.sim.trace.replay import BLOCK_TOKENS, Trace
-from kvserve.sim.trace.sweep import SWEEP_POLICY, policy_worst, ratio, sweep_rows
+from kvserve.sim.trace.sweep import SWEEP_POLICY, policy_worst, sweep_rows
 
 POLICIES = (
-    "random",
-    "round_robin",
-    "least_loaded",
-    "cache_aware",
-    "cache_aware" + HINT_SUFFIX,
-    "cache_aware" + EVENTS_SUFFIX,
+    *("random", "round_robin", "least_loaded"),
+    *("cache_aware" + suffix for suffix in ("", HINT_SUFFIX, EVENTS_SUFFIX)),
 )
 """The policies replayed by default."""
 ALL_POLICIES = (
@@ -131,9 +129,8 @@ class TraceBenchConfig:
     out: Path | None = None
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``kvserve bench trace``."""
-    add_config_args(parser, TraceBenchConfig)
+SETTINGS = (TraceBenchConfig,)
+"""The flags of ``kvserve bench trace``."""
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -143,28 +140,32 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError("prefill-tokens-per-s must be positive, decode and lag times >= 0")
     if bool(args.sweep_overlap_weights) != bool(args.sweep_home_slacks):
         raise ValueError("sweep-overlap-weights and sweep-home-slacks go together")
-    if not args.traces and not args.trace.is_file():
-        raise FileNotFoundError(f"trace {args.trace} not found")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark described by ``args`` (see :func:`add_arguments`); returns 0."""
+    """Run the benchmark described by ``args`` (the flags of :data:`SETTINGS`); returns 0.
+    ``FileNotFoundError`` for a trace that is neither a name nor a file."""
     _validate(args)
     traces = load_traces(
         args.traces, args.trace, args.max_requests, args.seed, args.decode_s_per_token
     )
     capacities = sorted(set(args.capacities))
+    replays = [_pool_settings(args, eviction) for eviction in args.evictions] if args.pool else []
     rows: list[dict[str, Any]] = []
-    lru_rate: dict[tuple[str, int], float] = {}
-    replays = _replay_settings(args) if args.pool else []
     for trace in traces:
         log(f"trace {trace.name}: {len(trace.requests)} requests")
-        rows += capacity_rows(trace, capacities, replays, lru_rate)
-    model = _cluster_settings(args)
+        rows += capacity_rows(trace, capacities, replays)
+    lru = {(r["trace"], r["capacity_blocks"]): r["lru"] for r in rows if r["section"] == "capacity"}
+    model = ClusterSettings(
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        decode_s_per_token=args.decode_s_per_token,
+        seed=args.seed,
+        timing=EventTiming(at_prefill_end=True, lag_s=args.event_lag_s),
+    )
     points = list(itertools.product(capacities, sorted(set(args.workers))))
     for trace, (capacity, workers), policy in itertools.product(traces, points, args.policies):
         rows.append(cluster_row(trace, capacity, workers, policy, model))
-        rows[-1]["lru_token_hit_rate"] = round(lru_rate[trace.name, capacity], 4)
+        rows[-1]["lru_token_hit_rate"] = lru[trace.name, capacity]["token_hit_rate"]
         log(f"cluster: {rows[-1]}")
     rows += policy_worst(rows)
     grid = list(itertools.product(args.sweep_overlap_weights, args.sweep_home_slacks))
@@ -176,8 +177,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ssd_fraction:
         from kvserve.bench.trace.ssd import ssd_headline, ssd_rows
 
-        first = traces[0]
-        rows += ssd_rows(first.requests, first.chains, args, Path(tempfile.gettempdir()))
+        logs = Path(tempfile.gettempdir())
+        rows += ssd_rows(traces[0], args.ssd_fraction, _pool_settings(args), logs)
         headline = ssd_headline(rows)
     emit("trace", _conditions(args, traces, capacities), rows, headline)
     if args.out is not None:
@@ -187,34 +188,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay_settings(args: argparse.Namespace) -> list[Any]:
-    """One real-pool replay's settings per eviction asked for."""
-    return [
-        PoolReplaySettings(
-            args.block_bytes,
-            args.layers,
-            args.eviction_high_watermark,
-            args.eviction_ratio,
-            args.put_retries,
-            eviction,
-            args.evict_at,
-        )
-        for eviction in args.evictions
-    ]
-
-
-def _cluster_settings(args: argparse.Namespace) -> ClusterSettings:
-    return ClusterSettings(
-        prefill_tokens_per_s=args.prefill_tokens_per_s,
-        decode_s_per_token=args.decode_s_per_token,
-        seed=args.seed,
-        timing=EventTiming(at_prefill_end=True, lag_s=args.event_lag_s),
-    )
+def _pool_settings(args: argparse.Namespace, eviction: str = "master") -> PoolReplaySettings:
+    """The settings of a real-pool replay with ``eviction``, the rest from the flags."""
+    fields = [f.name for f in dataclasses.fields(PoolReplaySettings) if f.name != "eviction"]
+    return PoolReplaySettings(eviction=eviction, **{name: getattr(args, name) for name in fields})
 
 
 def _conditions(
     args: argparse.Namespace, traces: list[Trace], capacities: list[int]
 ) -> dict[str, Any]:
+    def flags(*names: str) -> dict[str, Any]:
+        return {name: getattr(args, name) for name in names}
+
     return {
         "requests": sum(len(t.requests) for t in traces),
         "traces": {t.name: {"requests": len(t.requests), **t.source} for t in traces},
@@ -228,18 +213,10 @@ def _conditions(
         "chain_eviction": "kvpool.chain_index through a real Redis: a block's hits refresh "
         "it, new blocks are claimed before they are put, least recently used chain tails "
         "evicted beyond a budget of capacity blocks; segment = budget / evict_at",
-        "evict_at": args.evict_at,
-        "eviction_high_watermark": args.eviction_high_watermark,
-        "eviction_ratio": args.eviction_ratio,
-        "put_retries": args.put_retries,
+        **flags("evict_at", "eviction_high_watermark", "eviction_ratio", "put_retries"),
         "workers": sorted(set(args.workers)),
-        "policies": args.policies,
-        "prefill_tokens_per_s": args.prefill_tokens_per_s,
-        "decode_s_per_token": args.decode_s_per_token,
-        "event_lag_s": args.event_lag_s,
-        "seed": args.seed,
-        "sweep_policies": args.sweep_policies,
-        "ssd_fraction": args.ssd_fraction,
+        **flags("policies", "prefill_tokens_per_s", "decode_s_per_token", "event_lag_s"),
+        **flags("seed", "sweep_policies", "ssd_fraction"),
         "repetitions": 1,
         "keys": "PrefixHasher.block(parent, [trace hash id]) chained from the unsalted root "
         "(sha256, fixed public key), namespace mooncake-trace/none/bt512; KeySpace meta key "
@@ -260,21 +237,19 @@ def _headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
     caps = [r for r in rows if r["section"] == "capacity"]
     name = next((n for n in ("pool_chain", "pool") if caps and n in caps[0]), None)
     if name is None:
-        top = max(caps, key=lambda r: r["capacity_blocks"])
-        value, worst = None, top
+        worst, value = max(caps, key=lambda r: r["capacity_blocks"]), None
     else:
         worst = min(caps, key=lambda r: r[f"{name}_vs_lru_tokens"] or 0.0)
         value = worst[name]["token_hit_rate"]
-    lru = worst["lru"]["token_hit_rate"]
     locality = [r for r in rows if r["section"] == "policy_worst" and r["policy"] == SWEEP_POLICY]
-    return {
-        "metric": "real-pool prefix hit rate (tokens) / offline LRU of the same capacity, "
-        "the lowest over the capacities",
-        "pool": name,
-        "capacity_blocks": worst["capacity_blocks"],
-        "value": value,
-        "baseline": lru,
-        "ratio": ratio(value, lru) if value is not None else None,
-        "target": 1.0,
-        "locality": locality[0] if locality else None,
-    }
+    return ratio_headline(
+        "real-pool prefix hit rate (tokens) / offline LRU of the same capacity, the lowest "
+        "over the capacities",
+        value,
+        worst["lru"]["token_hit_rate"],
+        1.0,
+        4,
+        pool=name,
+        capacity_blocks=worst["capacity_blocks"],
+        locality=locality[0] if locality else None,
+    )

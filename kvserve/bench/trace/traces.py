@@ -1,5 +1,6 @@
-"""The traces ``kvserve bench trace`` replays in one run (``--traces``), and its cluster rows
-over all of them.
+"""The traces ``kvserve bench trace`` replays in one run (``--traces``), and the rows measured
+on them: sections ``ceiling`` and ``capacity`` (:func:`capacity_rows`) and ``cluster``
+(:func:`cluster_row`).
 
 A trace is named: ``mooncake`` (the shipped synthetic Mooncake trace,
 :data:`~kvserve.loadgen.mooncake_trace.SHIPPED`), a generated shape of
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvserve.bench.trace.pool import PoolReplaySettings, pool_replay
 from kvserve.loadgen.mooncake_trace import SHIPPED
 from kvserve.report import log
 from kvserve.sim.trace.cluster import ClusterSettings, cluster_replay
@@ -37,12 +39,8 @@ POOL_ROWS = {"master": "pool", "chain": "pool_chain"}
 
 def trace_names(names: Sequence[str]) -> list[str]:
     """``names`` with :data:`SET` expanded to :data:`TRACE_SET`, each name once, in order."""
-    out: list[str] = []
-    for name in names:
-        for one in TRACE_SET if name == SET else (name,):
-            if one not in out:
-                out.append(one)
-    return out
+    expanded = (TRACE_SET if name == SET else (name,) for name in names)
+    return list(dict.fromkeys(one for group in expanded for one in group))
 
 
 def load_traces(
@@ -78,8 +76,10 @@ def cluster_row(
 ) -> dict[str, Any]:
     """``policy`` on ``workers`` local caches of ``capacity // workers`` blocks against one
     shared cache of ``capacity`` (:func:`~kvserve.sim.trace.cluster.cluster_replay`)."""
-    local = cluster_replay(trace.requests, trace.chains, workers, capacity, policy, False, model)
-    shared = cluster_replay(trace.requests, trace.chains, workers, capacity, policy, True, model)
+    local, shared = (
+        cluster_replay(trace.requests, trace.chains, workers, capacity, policy, s, model)
+        for s in (False, True)
+    )
     return {
         "section": "cluster",
         "trace": trace.name,
@@ -94,25 +94,21 @@ def cluster_row(
 
 
 def capacity_rows(
-    trace: Trace, capacities: Sequence[int], replays: Sequence[Any], lru_rate: dict[Any, float]
+    trace: Trace, capacities: Sequence[int], replays: Sequence[PoolReplaySettings]
 ) -> list[dict[str, Any]]:
     """Sections ``ceiling`` and ``capacity`` of ``trace``: its unbounded LRU, then per
     capacity the offline LRU, the leaf-first LRU and one real-pool replay per settings of
-    ``replays`` (:class:`~kvserve.bench.trace.pool.PoolReplaySettings`; none: no pool).
-    Records each capacity's LRU token hit rate in ``lru_rate[trace.name, capacity]``."""
+    ``replays`` (none: no pool)."""
     requests, chains = trace.requests, trace.chains
     ceiling, _ = lru_replay(requests, chains, UNBOUNDED)
     rows: list[dict[str, Any]] = [{"section": "ceiling", "trace": trace.name, "lru": ceiling.row()}]
     for capacity in capacities:
         lru, _ = lru_replay(requests, chains, capacity)
         leaf, _ = lru_replay(requests, chains, capacity, leaf_first=True)
-        lru_rate[trace.name, capacity] = lru.token_hit_rate
         row: dict[str, Any] = {"section": "capacity", "trace": trace.name}
         row |= {"capacity_blocks": capacity, "lru": lru.row(), "leaf_lru": leaf.row()}
         row["leaf_lru_vs_lru_tokens"] = ratio(leaf.token_hit_rate, lru.token_hit_rate)
         for settings in replays:
-            from kvserve.bench.trace.pool import pool_replay
-
             replay = pool_replay(requests, chains, capacity, settings, Path(tempfile.gettempdir()))
             name = POOL_ROWS[settings.eviction]
             row[name] = replay.row(settings)

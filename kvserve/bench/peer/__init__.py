@@ -7,8 +7,8 @@ Lifecycle of one invocation:
    is the load generator for every server;
 2. for each model (``--model``, repeatable: ``default``, ``tiny`` or a directory) and each
    server of ``--servers`` in turn (``vllm``, kvserve's ``default`` 1 prefill + 1 decode,
-   ``mixed1``, ``mixed2``, ``mixed1-1t``; :data:`~kvserve.bench.peer_results.SERVERS`), the
-   server is started fresh on this machine's cores and waited for;
+   ``mixed1``, ``mixed2``, ``mixed1-1t``; :data:`.results.SERVERS`), the server is started
+   fresh on this machine's cores and waited for (:func:`.launch.server_up`);
 3. every run of the seed plan (each workload at each rate, one seed per (workload, rate),
    the same seeds for every server and model) is driven by ``vllm bench serve``; its result
    becomes a row (a failure becomes a row with ``error``);
@@ -21,6 +21,9 @@ Lifecycle of one invocation:
 
 Exit status: 0, or 1 when a server or run produced no result (its row says why), or 130
 when interrupted (no JSON then).
+
+The verb; the servers, seed plan, rows, ratios and plot are in :mod:`.results`, the models
+and the processes it starts in :mod:`.launch`.
 """
 
 from __future__ import annotations
@@ -38,17 +41,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, ClassVar
 
-from kvserve.bench import peer_client as pc
-from kvserve.bench import peer_results as pr
-from kvserve.bench.peer_servers import engine_fields, server_up
+from kvserve.bench.peer import launch
+from kvserve.bench.peer import results as pr
+from kvserve.bench.peer.launch import ENGINE_FIELDS, model_shape, resolve_model
 from kvserve.cluster.deployment import SegmentConfig
 from kvserve.loadgen.options import json_rate
 from kvserve.report import emit, log
 from kvserve.settings import BENCH_ENV, add_config_args, setting
 from kvserve.vllm_env import VllmEnv, ensure_vllm
 from workers.config import EngineConfig, VllmOptions
-
-ENGINE_FIELDS = engine_fields()
 
 
 @dataclass(frozen=True)
@@ -110,22 +111,33 @@ def run_server(
     plan: list[pr.Run],
     log_dir: Path,
 ) -> list[dict[str, Any]]:
-    """Start ``server`` fresh, run the whole plan against it, stop it; its rows."""
+    """Start ``server`` fresh, run the whole plan against it, stop it; its rows: one per
+    run, from the client's result JSON, or with ``error`` when the run or the server failed."""
     rows: list[dict[str, Any]] = []
     model, run_dir = model_dir.name, log_dir / model_dir.name / server.name
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with server_up(args, venv, server, model_dir, run_dir) as url:
+        with launch.server_up(args, venv, server, model_dir, run_dir) as url:
             name = served_model(url)
             for run in plan:
-                stem = f"{run.workload}-rate{json_rate(run.rate)}-seed{run.seed}"
-                log(f"bench peer: {model} {server.name} {stem}")
+                stem = run_dir / f"{run.workload}-rate{json_rate(run.rate)}-seed{run.seed}"
+                log(f"bench peer: {model} {server.name} {stem.name}")
+                argv, result = launch.client_argv(
+                    venv, url, name, model_dir, run, args.num_prompts, stem
+                )
                 try:
-                    row = run_once(args, venv, url, name, model_dir, run, run_dir / stem)
+                    data = launch.run_client(
+                        argv, result, stem.with_suffix(".log"), args.run_timeout_s
+                    )
                 except RuntimeError as exc:
                     rows.append(pr.error_row(model, server.name, run, str(exc)))
                     continue
-                row["server"] = server.name
+                to_row = (
+                    pr.row_from_serve if run.workload in launch.OUR_CLIENT else pr.row_from_result
+                )
+                row = to_row(
+                    data, model=model, server=server.name, run=run, num_prompts=args.num_prompts
+                )
                 log(f"bench peer:   {row['completed']} done, {row['failed']} failed, "
                     f"{row['output_throughput'] or 0:.1f} output tok/s")  # fmt: skip
                 rows.append(row)
@@ -135,42 +147,9 @@ def run_server(
     return rows
 
 
-def run_once(
-    args: argparse.Namespace,
-    venv: VllmEnv,
-    url: str,
-    name: str,
-    model_dir: Path,
-    run: pr.Run,
-    stem: Path,
-) -> dict[str, Any]:
-    """One run's row: ``vllm bench serve`` for vLLM's datasets, ``kvserve bench serve``
-    for the multi-turn workload (:data:`kvserve.bench.peer_client.OUR_CLIENT`)."""
-    model = model_dir.name
-    if run.workload in pc.OUR_CLIENT:
-        argv = pc.serve_argv(url, name, run.workload, run.rate, run.seed, args.num_prompts, stem)
-        data = pc.run_client(
-            argv, stem / "serve.json", stem.with_suffix(".log"), args.run_timeout_s
-        )
-        return pr.row_from_serve(
-            data, model=model, server="", run=run, num_prompts=args.num_prompts
-        )
-    result = stem.with_suffix(".json")
-    argv = pc.bench_argv(
-        venv, url, name, model_dir, run.workload, run.rate, run.seed, args.num_prompts, result
-    )
-    data = pc.run_client(argv, result, stem.with_suffix(".log"), args.run_timeout_s)
-    return pr.row_from_result(data, model=model, server="", run=run, num_prompts=args.num_prompts)
-
-
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     """SIGTERM unwinds like Ctrl-C, so every server and client is stopped."""
     raise KeyboardInterrupt
-
-
-def _check(args: argparse.Namespace) -> None:
-    if args.num_prompts < 1 or any(not r > 0 for r in args.rates):
-        raise ValueError("--num-prompts must be >= 1 and every rate > 0 (inf: all at once)")
 
 
 def cpu_model() -> str:
@@ -183,9 +162,10 @@ def cpu_model() -> str:
 
 def run(args: argparse.Namespace) -> int:
     """The command (see the module docstring)."""
-    _check(args)
+    if args.num_prompts < 1 or any(not r > 0 for r in args.rates):
+        raise ValueError("--num-prompts must be >= 1 and every rate > 0 (inf: all at once)")
     servers = pr.parse_names(args.servers, pr.SERVERS, "--servers")
-    workloads = pr.parse_names(args.workloads, pc.ALL_WORKLOADS, "--workloads")
+    workloads = pr.parse_names(args.workloads, launch.ALL_WORKLOADS, "--workloads")
     plan = pr.seed_plan(workloads, args.rates, args.seed)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -194,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
             print(venv.root)
             return 0
         specs = [s for text in args.model or ["default"] for s in text.split(",") if s]
-        models = {spec: resolve(spec) for spec in dict.fromkeys(specs)}
+        models = {spec: resolve_model(spec) for spec in dict.fromkeys(specs)}
         log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="kvserve-peer-"))
         log(f"bench peer: logs and client results in {log_dir}")
         rows = [
@@ -211,9 +191,7 @@ def run(args: argparse.Namespace) -> int:
     pr.add_ratios(rows)
     pr.add_ratios(rows, pr.PAIR_BASELINE, only=pr.PAIRED)
     if args.out is not None:
-        from kvserve.bench.peer_plot import throughput_plot
-
-        throughput_plot(rows, args.out)
+        pr.throughput_plot(rows, args.out)
     headline = pr.headline(rows)
     paired = pr.headline(rows, pr.PAIR_BASELINE)["ratios"]
     headline[f"vs_{pr.PAIR_BASELINE}"] = {
@@ -221,12 +199,6 @@ def run(args: argparse.Namespace) -> int:
     }
     emit("peer", conditions(args, venv, models, servers, plan, log_dir), rows, headline)
     return 1 if any("error" in r for r in rows) else 0
-
-
-def resolve(spec: str) -> Path:
-    from kvserve.bench.peer_models import resolve_model
-
-    return resolve_model(spec)
 
 
 def conditions(
@@ -238,16 +210,11 @@ def conditions(
     log_dir: Path,
 ) -> dict[str, Any]:
     """What the JSON's ``conditions`` add to :func:`kvserve.report.base_conditions`."""
-    from kvserve.bench.peer_models import model_shape
-
     engine = {f: getattr(args, f) for f in ENGINE_FIELDS}
     return {
         "models": {spec: model_shape(path) for spec, path in models.items()},
         "servers": {name: pr.SERVERS[name].about for name in servers},
-        "workloads": {
-            w: " ".join({**pc.WORKLOADS, **pc.OUR_CLIENT}[w])
-            for w in dict.fromkeys(r.workload for r in plan)
-        },
+        "workloads": {w: launch.ALL_WORKLOADS[w] for w in dict.fromkeys(r.workload for r in plan)},
         "rates": [json_rate(r) for r in args.rates],
         "num_prompts": args.num_prompts,
         "seeds": [
