@@ -37,7 +37,13 @@ PAGES = 32
 THRESHOLD = 40
 """Prompts with at most this many uncached tokens are prefilled by the decode worker."""
 LONG, SHORT, OUTPUT = 96, 32, 32
-HOG_PAGES = 20
+HOG_PAGES = PAGES - 5
+"""Pages the hog holds in the burst test: the 5 left are fewer than a LONG prompt's 6, so
+while it holds them the router can neither reserve a long prompt's pages nor have the decode
+worker prefill it itself (:func:`router.placement.types.prefill_locally` wants the free
+pages for the prompt): a long request waits for pages at the router whatever the machine's
+speed. With 12 left (20 held), a loaded run placed the long prompts on the decode worker,
+which queued them in its engine: nothing waited at the router and the test failed."""
 WAITING = "kvserve:requests_waiting_for_kv"
 WAIT_S = 60.0
 
