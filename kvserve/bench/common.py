@@ -1,15 +1,22 @@
 """What the ``kvserve bench`` verbs share besides the JSON (:func:`kvserve.report.emit`):
-random prompts, timing a piece of work, and the headline that sets a measurement against
-the baseline measured in the same run."""
+random prompts, timing a piece of work, the headline that sets a measurement against the
+baseline measured in the same run, and a pool of their own (:func:`scratch_pool`)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+import tempfile
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kvserve.report import median
+
+if TYPE_CHECKING:
+    from kvpool.config import PoolConfig
+    from kvpool.master import MasterConfig
 
 
 def random_tokens(rng: random.Random, n: int, vocab: int, low: int = 0) -> list[int]:
@@ -53,3 +60,31 @@ def ratio_headline(
         "target": target,
         **extra,
     }
+
+
+@contextlib.contextmanager
+def scratch_pool(
+    segment_mib: int, log_dir: Path | None = None, name: str = "bench", **master: Any
+) -> Iterator[tuple[MasterConfig, PoolConfig]]:
+    """A ``mooncake_master`` on free loopback ports for the block (``master``: more
+    :class:`~kvpool.master.MasterConfig` fields), and the pool settings that reach it with
+    ``segment_mib`` per member; stopped after. Its log is
+    ``log_dir/mooncake_master-<name>-<rpc port>.log``, or in a temporary folder removed
+    after."""
+    from kvpool.config import PoolConfig
+    from kvpool.master import MasterConfig
+    from kvpool.net import free_local_ports
+    from kvserve.cluster.pool import MasterProcess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rpc, meta, metrics = free_local_ports(3)
+        config = MasterConfig(
+            master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics, **master
+        )
+        pool = PoolConfig(
+            pool_master=config.rpc_address,
+            pool_metadata_server=config.metadata_url,
+            pool_segment_mib=segment_mib,
+        )
+        with MasterProcess(config, (log_dir or Path(tmp)) / f"mooncake_master-{name}-{rpc}.log"):
+            yield config, pool

@@ -15,19 +15,11 @@ gRPC).
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from kvpool.config import PoolConfig
-from kvpool.master import MasterConfig
-from kvpool.net import free_local_ports
 from kvpool.push import PushOutcome
 from kvpool.stream import Transfer
-from kvserve.cluster.pool import MasterProcess
 from workers.core.outputs import RequestOutput
 from workers.core.sequence import SamplingParams
 from workers.engine.engine import Engine
@@ -101,21 +93,3 @@ def handoff(
                 result.output_token_ids.extend(out.new_token_ids)
                 result.text += out.text_delta
     return result
-
-
-@contextlib.contextmanager
-def scratch_pool(segment_mib: int) -> Iterator[tuple[MasterConfig, PoolConfig]]:
-    """A mooncake_master on free local ports (its log in a temporary folder) for the block,
-    and the pool settings that reach it with ``segment_mib`` per engine; stopped after."""
-    with tempfile.TemporaryDirectory() as tmp:
-        rpc, meta, metrics = free_local_ports(3)
-        master = MasterConfig(
-            master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics
-        )
-        pool = PoolConfig(
-            pool_master=master.rpc_address,
-            pool_metadata_server=master.metadata_url,
-            pool_segment_mib=segment_mib,
-        )
-        with MasterProcess(master, Path(tmp) / "master.log"):
-            yield master, pool

@@ -35,8 +35,8 @@ import random
 from typing import Any, ClassVar
 
 from kvpool.config import STAGING_SETTINGS, PoolConfig
-from kvserve.bench.common import random_tokens
-from kvserve.bench.handoff import Handoff, handoff, scratch_pool
+from kvserve.bench.common import random_tokens, scratch_pool
+from kvserve.bench.handoff import Handoff, handoff
 from kvserve.loadgen.metrics import percentile
 from kvserve.report import emit, log, median
 from kvserve.settings import BENCH_ENV, add_config_args, config_from_args, setting

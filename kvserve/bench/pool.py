@@ -24,8 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kvpool.store import MooncakeStore
-from kvserve.bench.common import median_seconds, ratio_headline
-from kvserve.bench.handoff import scratch_pool
+from kvserve.bench.common import median_seconds, ratio_headline, scratch_pool
 from kvserve.report import emit, log, median
 from kvserve.settings import BENCH_ENV, setting
 

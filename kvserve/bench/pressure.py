@@ -36,8 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvpool.landing import STALL_S, Lander, Landing
 from kvpool.master import master_stats
-from kvserve.bench.common import random_tokens
-from kvserve.bench.handoff import scratch_pool
+from kvserve.bench.common import random_tokens, scratch_pool
 from kvserve.cluster.deployment import SegmentConfig
 from kvserve.report import emit, log, median
 from kvserve.settings import BENCH_ENV, add_config_args, config_from_args

@@ -35,6 +35,7 @@ its puts, and an SSD tier when asked for.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -45,13 +46,13 @@ from typing import Any
 import numpy as np
 
 from kvpool.chain_index import ChainIndex
-from kvpool.config import EVICTION, PoolConfig
+from kvpool.config import EVICTION
 from kvpool.evictor import ChainEvictor, chain_parents
 from kvpool.keys import KeySpace, longest_prefix
 from kvpool.master import MasterConfig, MasterStats, master_stats
 from kvpool.net import free_local_ports
 from kvpool.store import MooncakeStore
-from kvserve.cluster.pool import MasterProcess
+from kvserve.bench.common import scratch_pool
 from kvserve.cluster.redis import RedisConfig, RedisProcess
 from kvserve.sim.trace.replay import TRACE_NAMESPACE, HitCount, TraceRequest
 from proto.registry import connect
@@ -192,28 +193,18 @@ def _member(
     ``log_dir/mooncake_master-<name>-<rpc port>.log``) and its member of ``mib`` MiB, with a
     registered buffer for the objects of a ``longest``-block chain; with ``ssd``, offload on
     and the member's SSD tier in a temporary folder, removed afterwards."""
-    rpc, meta, metrics = free_local_ports(3)
-    cfg = MasterConfig(
-        master_port=rpc,
-        master_metadata_port=meta,
-        master_metrics_port=metrics,
-        master_eviction_high_watermark=settings.eviction_high_watermark,
-        master_eviction_ratio=settings.eviction_ratio,
-        master_enable_offload=ssd,
-    )
+    options = {
+        "master_eviction_high_watermark": settings.eviction_high_watermark,
+        "master_eviction_ratio": settings.eviction_ratio,
+        "master_enable_offload": ssd,
+    }
     with (
         tempfile.TemporaryDirectory(prefix="kvserve-ssd-") as folder,
-        MasterProcess(cfg, log_dir / f"mooncake_master-{name}-{rpc}.log"),
+        scratch_pool(mib, log_dir, name, **options) as (cfg, pool),
     ):
-        store = MooncakeStore.connect(
-            PoolConfig(
-                pool_master=cfg.rpc_address,
-                pool_metadata_server=cfg.metadata_url,
-                pool_segment_mib=mib,
-                pool_local_buffer_mib=16,
-                pool_ssd_dir=folder if ssd else "",
-            )
-        )
+        ssd_dir = folder if ssd else ""
+        local = dataclasses.replace(pool, pool_local_buffer_mib=16, pool_ssd_dir=ssd_dir)
+        store = MooncakeStore.connect(local)
         buf = np.zeros(longest * settings.per_block, np.uint8)
         store.register(buf.ctypes.data, buf.nbytes)
         try:
