@@ -1,11 +1,10 @@
 """What the ``kvserve bench`` verbs share besides the JSON (:func:`kvserve.report.emit`):
-random prompts, timing a piece of work, the headline that sets a measurement against the
+timing a piece of work, the headline that sets a measurement against the
 baseline measured in the same run, and a pool of their own (:func:`scratch_pool`)."""
 
 from __future__ import annotations
 
 import contextlib
-import random
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -17,11 +16,6 @@ from kvserve.report import median
 if TYPE_CHECKING:
     from kvpool.config import PoolConfig
     from kvpool.master import MasterConfig
-
-
-def random_tokens(rng: random.Random, n: int, vocab: int, low: int = 0) -> list[int]:
-    """``n`` token ids drawn from ``[low, vocab)`` by ``rng``."""
-    return [rng.randrange(low, vocab) for _ in range(n)]
 
 
 def seconds(work: Callable[[], object]) -> float:

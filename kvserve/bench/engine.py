@@ -30,8 +30,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvserve.bench.common import random_tokens, seconds
+from kvserve.bench.common import seconds
 from kvserve.gpucheck.reference import hf_model
+from kvserve.loadgen.workloads import random_tokens
 from kvserve.report import emit, log, median
 from kvserve.settings import BENCH_ENV, config_from_args, setting
 from workers.config import EngineConfig
@@ -110,11 +111,11 @@ def _workloads(
 ) -> tuple[list[list[int]], list[Request]]:
     """The ``uniform`` prompts and the ``serving`` requests at concurrency ``c``."""
     rng = random.Random(seed)
-    uniform = [random_tokens(rng, args.prompt_len, vocab) for _ in range(c)]
+    uniform = [list(random_tokens(rng, args.prompt_len, vocab, low=0)) for _ in range(c)]
     lo, hi = max(1, args.prompt_len // 2), args.prompt_len * 3 // 2
     serving = [
         (
-            random_tokens(rng, rng.randint(lo, hi), vocab),
+            list(random_tokens(rng, rng.randint(lo, hi), vocab, low=0)),
             min(4 * args.output_len, max(2, round(rng.expovariate(1 / args.output_len)))),
         )
         for _ in range(args.serve_factor * c)

@@ -35,9 +35,10 @@ import random
 from typing import Any, ClassVar
 
 from kvpool.config import STAGING_SETTINGS, PoolConfig
-from kvserve.bench.common import random_tokens, scratch_pool
+from kvserve.bench.common import scratch_pool
 from kvserve.bench.handoff import Handoff, handoff
 from kvserve.loadgen.metrics import percentile
+from kvserve.loadgen.workloads import random_tokens
 from kvserve.report import emit, log, median
 from kvserve.settings import BENCH_ENV, add_config_args, config_from_args, setting
 from workers.config import EngineConfig
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             for rep in range(args.repeat):
                 for length in args.lengths:
                     for mode in modes if rep % 2 == 0 else modes[::-1]:
-                        prompt = random_tokens(rng, length, vocab)
+                        prompt = list(random_tokens(rng, length, vocab, low=0))
                         prefill, decode = engines[mode]
                         rid, push = f"{mode}-{rep}-{length}", mode == "push"
                         done = handoff(prefill, decode, rid, prompt, params, LEASE_S, push=push)

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvpool.config import PoolConfig
-from kvserve.bench.common import random_tokens, ratio_headline
+from kvserve.bench.common import ratio_headline
 from kvserve.cluster.launch import Cluster, ClusterSpec
+from kvserve.loadgen.workloads import random_tokens
 from kvserve.report import emit, log, median
 from kvserve.settings import BENCH_ENV, config_from_args
 from workers.config import EngineConfig
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             model = client.models.list().data[0].id
 
             def tokens(n: int) -> list[int]:
-                return random_tokens(rng, n, 49152, low=100)
+                return list(random_tokens(rng, n, 49152))
 
             for _ in range(2):  # warm-up: one small request per prefill worker
                 ttft(client, model, tokens(64))

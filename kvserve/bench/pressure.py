@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvpool.landing import STALL_S, Lander, Landing
 from kvpool.master import master_stats
-from kvserve.bench.common import random_tokens, scratch_pool
+from kvserve.bench.common import scratch_pool
 from kvserve.cluster.deployment import SegmentConfig
+from kvserve.loadgen.workloads import random_tokens
 from kvserve.report import emit, log, median
 from kvserve.settings import BENCH_ENV, add_config_args, config_from_args
 from workers.config import EngineConfig
@@ -154,7 +155,7 @@ def _phase(
     try:
         with ThreadPoolExecutor(args.requests, thread_name_prefix=f"{mode}-{phase}") as threads:
             for i in range(args.requests):
-                prompt = random_tokens(rng, args.prompt_len, vocab)
+                prompt = list(random_tokens(rng, args.prompt_len, vocab, low=0))
                 sent = threads.submit(_request, pair, mode, f"{mode}-{phase}-{i}", prompt, args)
                 sent.add_done_callback(lambda done: rows.append(done.result()))
                 time.sleep(args.interval)

@@ -30,7 +30,8 @@ from typing import Any, ClassVar
 import torch
 from torch.autograd.profiler_util import FunctionEvent
 
-from kvserve.bench.common import median_seconds, random_tokens, seconds
+from kvserve.bench.common import median_seconds, seconds
+from kvserve.loadgen.workloads import random_tokens
 from kvserve.report import emit, log
 from kvserve.settings import BENCH_ENV, config_from_args, setting
 from workers.config import EngineConfig
@@ -127,7 +128,7 @@ def _fill(engine: Engine, c: int, prompt_len: int, seed: int) -> None:
         max_tokens=engine.max_model_len - prompt_len, temperature=0, ignore_eos=True
     )
     for _ in range(c):
-        engine.add_request(random_tokens(rng, prompt_len, vocab), params)
+        engine.add_request(list(random_tokens(rng, prompt_len, vocab, low=0)), params)
     while any(s.num_uncomputed > 1 for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from kvserve.bench.common import random_tokens
 from kvserve.bench.peer.launch import cluster_options, resolve_model
 from kvserve.bench.peer.results import SERVERS, Server
+from kvserve.loadgen.workloads import random_tokens
 from kvserve.report import emit, log, median
 from kvserve.settings import BENCH_ENV
 from workers.config import EngineConfig
@@ -70,7 +70,7 @@ def ms(values: list[float]) -> float:
 
 def random_prompts(rng: random.Random, count: int, tokens: int) -> list[list[int]]:
     """``count`` prompts of ``tokens`` random tokens (distinct: nothing cached)."""
-    return [random_tokens(rng, tokens, 40_000, low=100) for _ in range(count)]
+    return [list(random_tokens(rng, tokens, 40_000)) for _ in range(count)]
 
 
 def client_ttfts(url: str, model: str, prompts: list[list[int]], pause_s: float) -> list[float]:

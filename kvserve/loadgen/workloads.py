@@ -88,8 +88,11 @@ DEFAULT_SHAPES = {
 }
 
 
-def random_tokens(rng: random.Random, n: int, vocab: int = DEFAULT_VOCAB) -> tuple[int, ...]:
-    return tuple(rng.randrange(MIN_TOKEN, vocab) for _ in range(n))
+def random_tokens(
+    rng: random.Random, n: int, vocab: int = DEFAULT_VOCAB, low: int = MIN_TOKEN
+) -> tuple[int, ...]:
+    """``n`` token ids drawn from ``[low, vocab)`` by ``rng``."""
+    return tuple(rng.randrange(low, vocab) for _ in range(n))
 
 
 def synthetic_requests(
