@@ -3,12 +3,11 @@ vLLM's environment: :func:`kvserve.vllm_env.enter` re-executed the command there
 
 Lifecycle:
 
-1. :func:`workers.serve.serving.admitted` (the registry and TLS settings let this worker in),
-   and, for a prefill or decode worker, :func:`kvpool.store.check_master` (the pool's master
-   answers: the role needs the pool, and this fails in seconds, before vLLM starts); the
-   KV namespace and wire layout from the model directory, as our engine computes them (so
-   a vLLM worker and ours share blocks when model, dtype and block size agree: their KV
-   contracts are equal);
+1. (before this module is imported: :func:`vllm_backend.preflight.may_start`, the pool on,
+   the registry and TLS settings letting this worker in, and the pool's master answering
+   where the role needs the pool) the KV namespace and wire layout from the model
+   directory, as our engine computes them (so a vLLM worker and ours share blocks when
+   model, dtype and block size agree: their KV contracts are equal);
 2. a private directory (mode 0700) for the connector's spec (:mod:`vllm_backend.spec`,
    with the cluster's keys) and two ``ipc://`` sockets: the connector's reports
    (:class:`vllm_backend.inbox.ReportInbox` into :class:`vllm_backend.state.WorkerState`)
@@ -39,7 +38,6 @@ from pathlib import Path
 from kvpool.config import PoolConfig
 from kvpool.hashing import Namespace, PrefixHasher
 from kvpool.layout import KVLayout
-from kvpool.store import PoolUnavailableError, check_master
 from proto.registry import ClusterConfig, WorkerRecord
 from proto.tokenization import Tokenizer
 from vllm_backend.args import cpu_binding, engine_kwargs, sampling_kwargs
@@ -47,6 +45,7 @@ from vllm_backend.cache_names import CacheNames
 from vllm_backend.engine import VllmEngine
 from vllm_backend.event_feed import EventFeed
 from vllm_backend.inbox import ReportInbox
+from vllm_backend.preflight import NO_POOL, needs_pool
 from vllm_backend.servicer import VllmServicer
 from vllm_backend.spec import ConnectorSpec
 from vllm_backend.state import WorkerState
@@ -57,7 +56,7 @@ from workers.model.loader import model_fingerprint
 from workers.model.prepare import resolve_model_dir
 from workers.serve.kv_publisher import EventPublisher
 from workers.serve.metrics_http import WorkerSample
-from workers.serve.serving import ServingParts, admitted, advertised, run_worker
+from workers.serve.serving import ServingParts, advertised, run_worker
 from workers.serve.wire import load_report
 
 log = logging.getLogger(__name__)
@@ -65,8 +64,6 @@ WARMUP_TOKENS = 8
 JOIN_WAIT_S = 10.0
 """Longest wait, once vLLM is up, for its worker side's ``joined`` report (it was sent
 while vLLM started, so it is normally in already)."""
-NO_POOL = "the %s role needs the KV pool, which vLLM could not join"
-"""What a prefill or decode worker logs, with its role, when it exits without the pool."""
 
 
 def serve(
@@ -76,18 +73,8 @@ def serve(
     pool: PoolConfig,
     cluster: ClusterConfig,
 ) -> int:
-    """Run a vLLM-backed worker until SIGTERM/SIGINT; returns the exit code."""
-    if not worker.use_pool:
-        log.error("--engine vllm serves through the KV pool: keep --use-pool")
-        return 1
-    if not admitted(cluster):
-        return 1
-    if _needs_pool(worker):  # before vLLM loads its model, which takes a minute
-        try:
-            check_master(pool)
-        except PoolUnavailableError as exc:
-            log.error(f"{NO_POOL}: %s", worker.role, exc)
-            return 1
+    """Run a vLLM-backed worker that passed :func:`vllm_backend.preflight.may_start` until
+    SIGTERM/SIGINT; returns the exit code."""
     private = Path(tempfile.mkdtemp(prefix="kvserve-vllm-"))
     try:
         return asyncio.run(_serve(worker, engine, options, pool, cluster, private))
@@ -96,12 +83,6 @@ def serve(
         return 1
     finally:
         shutil.rmtree(private, ignore_errors=True)
-
-
-def _needs_pool(worker: WorkerConfig) -> bool:
-    """A prefill or decode worker serves through the pool; a mixed one can serve from
-    vLLM's own cache alone."""
-    return worker.role != "mixed"
 
 
 def _bind_threads(engine: EngineConfig) -> None:
@@ -160,7 +141,7 @@ async def _serve(
         engine.shutdown()
         await inbox.stop()
 
-    if not await state.joined(JOIN_WAIT_S) and _needs_pool(worker):
+    if not await state.joined(JOIN_WAIT_S) and needs_pool(worker):
         log.error(NO_POOL, worker.role)
         await stop()
         return 1
@@ -180,7 +161,14 @@ async def _serve(
         heartbeat_at=now,
     )
     servicer = VllmServicer(
-        engine, state, names, hasher, Tokenizer(model_dir), worker.role, max_model_len, bt
+        engine,
+        state,
+        names,
+        hasher,
+        Tokenizer(model_dir, lazy=True),
+        worker.role,
+        max_model_len,
+        bt,
     )
 
     aio = asyncio.get_running_loop()

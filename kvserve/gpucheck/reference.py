@@ -15,7 +15,7 @@ def hf_model(model_dir: Path, dtype: torch.dtype, device: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
-    return model.to(device).eval()  # type: ignore[arg-type]
+    return model.to(device).eval()
 
 
 @torch.inference_mode()

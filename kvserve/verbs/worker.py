@@ -1,6 +1,7 @@
 """``kvserve worker``: serve one engine over gRPC (role prefill, decode or mixed): ours, or
 vLLM's (``--engine vllm``: the command re-executes itself in vLLM's environment first,
-:mod:`kvserve.vllm_env`, then runs :func:`vllm_backend.server.serve`)."""
+:mod:`kvserve.vllm_env`, then checks :func:`vllm_backend.preflight.may_start` and runs
+:func:`vllm_backend.server.serve`)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ def run(args: argparse.Namespace) -> int:
                 return 1
             enter(env)  # returns only inside vLLM's environment
         confine_first(pool, worker.use_pool)
+        from vllm_backend.preflight import may_start
+
+        if not may_start(worker, pool, cluster):  # in a second, before vLLM is imported
+            return 1
         from vllm_backend.server import serve as serve_vllm
 
         return serve_vllm(worker, engine, options, pool, cluster)

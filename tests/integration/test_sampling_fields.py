@@ -53,7 +53,7 @@ def greedy(max_tokens: int, **fields: Any) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, **fields)
 
 
-class OpenAIPenalties(LogitsProcessor):
+class OpenAIPenalties(LogitsProcessor):  # type: ignore[misc]
     """OpenAI's formula over the output tokens (those after ``prompt``), for ``generate``."""
 
     def __init__(self, prompt: int, frequency: float, presence: float) -> None:

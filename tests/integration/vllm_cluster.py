@@ -1,15 +1,19 @@
 """The cluster the vLLM backend's tests share (``tests/integration/test_vllm_backend.py``):
 one vLLM prefill worker and one vLLM decode worker behind the router (``--engine vllm``,
 eager, 32-token blocks, every request disaggregated), one worker of our own engine in the
-same cluster (same Redis, pool, secret and block size: :data:`OURS`), and plain ``vllm
-serve`` of the same model started beside it; plus what the tests do to them: gRPC calls
-straight to a worker, the pool's names and objects, the cluster's KV event stream.
+same cluster (same Redis, pool, secret and block size: :data:`OURS`), and plain vLLM's
+greedy tokens on the same model (:func:`reference_tokens`) computed beside its start; plus
+what the tests do to them: gRPC calls straight to a worker, the pool's names and objects,
+the cluster's KV event stream.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import os
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,11 +26,10 @@ from kvpool.hashing import Namespace, PrefixHasher
 from kvpool.keys import KeySpace, longest_prefix
 from kvpool.net import free_local_ports
 from kvpool.store import MooncakeStore
-from kvserve.bench.peer.launch import vllm_server
 from kvserve.cluster.launch import Cluster
 from kvserve.cluster.plan import worker_plan
 from kvserve.cluster.processes import ManagedProcess
-from kvserve.vllm_env import installed
+from kvserve.vllm_env import QUIET_ENV, installed
 from proto import worker_pb2 as pb
 from proto.channels import sync_channel
 from proto.grpc_auth import MONITOR, ROUTER
@@ -45,11 +48,12 @@ OURS = "ours-0"
 
 @dataclasses.dataclass
 class Setup:
-    """The running cluster, ``vllm serve`` beside it (``reference``: its URL), every
-    worker's address, and a pool client with the cluster's keys and names."""
+    """The running cluster, plain vLLM's greedy tokens of the prompts :func:`running` was
+    given (``reference``, in their order), every worker's address, and a pool client with
+    the cluster's keys and names."""
 
     cluster: Cluster
-    reference: str
+    reference: list[list[int]]
     addresses: dict[str, str]
     keys: KeySpace
     hasher: PrefixHasher
@@ -57,22 +61,16 @@ class Setup:
 
 
 @contextlib.contextmanager
-def running(model: Path, log_dir: Path) -> Iterator[Setup]:
-    """Start everything (the cluster and ``vllm serve`` side by side, then our engine's
-    worker); stop it all on exit."""
+def running(
+    model: Path, log_dir: Path, prompts: list[list[int]], max_tokens: int
+) -> Iterator[Setup]:
+    """Start everything (the cluster, with vLLM's reference tokens of ``prompts`` computed
+    beside its start, then our engine's worker); stop it all on exit."""
     spec = vllm_cluster_spec(model, log_dir / "cluster")
-    extra = ("--enforce-eager", "--block-size", str(VLLM_BLOCK))
-    unbound = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
-    (log_dir / "vllm-serve").mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack, ThreadPoolExecutor(1) as starter:
         started = starter.submit(Cluster(spec).start)
         stack.callback(lambda: started.result().stop() if started.exception() is None else None)
-        reference = stack.enter_context(
-            vllm_server(
-                installed(), model, log_dir / "vllm-serve", kvcache_gib=1, max_model_len=2048,
-                startup_timeout_s=300, extra=extra, environment=unbound,
-            )
-        )  # fmt: skip
+        reference = reference_tokens(model, prompts, max_tokens, log_dir)
         cluster = started.result()
         ours_spec = dataclasses.replace(cluster.spec, worker_engine="kvserve")
         (port,) = free_local_ports(1)
@@ -92,6 +90,38 @@ def running(model: Path, log_dir: Path) -> Iterator[Setup]:
         keys = KeySpace.of(namespace, 4, keyring.pool_block)
         hasher = PrefixHasher(namespace, keyring.prefix_root)
         yield Setup(cluster, reference, addresses, keys, hasher, store)
+
+
+REFERENCE_ENV = {
+    **QUIET_ENV,
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # vLLM's engine in the script's own process
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def reference_tokens(
+    model: Path, prompts: list[list[int]], max_tokens: int, log_dir: Path
+) -> list[list[int]]:
+    """Each prompt's ``max_tokens`` greedy tokens from plain vLLM on ``model`` (eager, fp32,
+    :data:`VLLM_BLOCK`-token blocks: ``tests/integration/vllm_reference.py`` with vLLM's
+    Python), its log in ``log_dir``; RuntimeError with the log's end if it fails."""
+    out, log = log_dir / "vllm-reference.json", log_dir / "vllm-reference.log"
+    script = Path(__file__).with_name("vllm_reference.py")
+    ask = {"prompts": prompts, "max_tokens": max_tokens, "block_size": VLLM_BLOCK}
+    argv = [str(installed().python), str(script), str(model), str(out)]
+    with log.open("w") as sink:
+        done = subprocess.run(
+            argv, input=json.dumps({**ask, "max_model_len": 2048}), text=True, stdout=sink,
+            stderr=subprocess.STDOUT, env={**os.environ, **REFERENCE_ENV}, timeout=600,
+        )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"vLLM's reference failed ({done.returncode}):\n{log.read_text()[-3000:]}"
+        )
+    answer: list[list[int]] = json.loads(out.read_text())
+    return answer
 
 
 def _stub(setup: Setup, worker: str, identity: str) -> grpc.Channel:

@@ -1,9 +1,12 @@
 """The shared tokenizer (:mod:`proto.tokenization`): its text streams against decoding at
 once, with the project's tokenizer (SmolLM2's byte-level BPE, which the tiny test models
-copy) and with a byte-fallback vocabulary built here (as Llama's and Mistral's)."""
+copy) and with a byte-fallback vocabulary built here (as Llama's and Mistral's); a worker's
+tokenizer read from the files (``lazy``) against transformers', and the configurations
+where it asks transformers instead."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,7 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
 import proto.tokenization as tokenization
-from proto.tokenization import TextStream, Tokenizer
+from proto.tokenization import TextStream, Tokenizer, plain_parts
 
 TEXT = "Hello wörld! 😀 €uro, naïve café, 日本語のテキスト 👍🏽 done."
 """Characters of two, three and four bytes, some split over several tokens."""
@@ -60,6 +63,8 @@ def test_a_class_without_a_backend_streams_with_tokenizer_json(
     class Bare:
         """A tokenizer class without ``backend_tokenizer`` (a Python one)."""
 
+        eos_token_id = None
+
         def __len__(self) -> int:
             return 3
 
@@ -70,6 +75,56 @@ def test_a_class_without_a_backend_streams_with_tokenizer_json(
     tok = Tokenizer(smollm2.model_dir)
     ids = smollm2.encode(TEXT)
     assert "".join(pieces(tok.stream(), ids)) == TEXT
+
+
+def test_a_lazy_tokenizer_reads_what_transformers_loads(smollm2: Tokenizer) -> None:
+    """The project's tokenizer is read from its files: the same backend and EOS as
+    transformers', and transformers' own answers once something else is asked."""
+    lazy = Tokenizer(smollm2.model_dir, lazy=True)
+    assert plain_parts(smollm2.model_dir) is not None
+    assert lazy.eos_token_id == smollm2.eos_token_id is not None
+    assert lazy.backend.to_str() == smollm2.backend.to_str()
+    ids = smollm2.encode(TEXT)
+    assert pieces(lazy.stream(), ids) == pieces(smollm2.stream(), ids)
+    assert lazy.encode(TEXT) == ids and lazy.decode(ids) == TEXT
+    assert lazy.vocab_size == smollm2.vocab_size
+
+
+def config_with(folder: Path, source: Path, **changes: Any) -> Path:
+    """``source``'s tokenizer files in ``folder``, its ``tokenizer_config.json`` with
+    ``changes`` (a None value removes the key)."""
+    shutil.copy(source / "tokenizer.json", folder / "tokenizer.json")
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config.update(changes)
+    kept = {key: value for key, value in config.items() if value is not None}
+    (folder / "tokenizer_config.json").write_text(json.dumps(kept))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"add_bos_token": True},  # a key that may change the tokenizer
+        {"eos_token": "hello"},  # not an added special token
+        {"eos_token": None},
+        {"pad_token": "<pad>"},  # transformers would add it
+        {"tokenizer_class": "LlamaTokenizer"},
+    ],
+)
+def test_transformers_is_asked_where_the_files_may_not_say_it_all(
+    smollm2: Tokenizer, tmp_path: Path, changes: dict[str, Any]
+) -> None:
+    assert plain_parts(config_with(tmp_path, smollm2.model_dir, **changes)) is None
+
+
+def test_a_special_tokens_map_or_an_added_token_form(smollm2: Tokenizer, tmp_path: Path) -> None:
+    folder = config_with(tmp_path, smollm2.model_dir, eos_token={"content": "<|im_end|>"})
+    parts = plain_parts(folder)
+    assert parts is not None and parts[1] == smollm2.eos_token_id
+    (folder / "special_tokens_map.json").write_text("{}")
+    assert plain_parts(folder) is None
+    with pytest.raises(FileNotFoundError):
+        plain_parts(tmp_path / "nowhere")
 
 
 def byte_fallback() -> Backend:

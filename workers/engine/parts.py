@@ -100,7 +100,7 @@ def load_parts(
     )
     kv = KVCache(cfg, num_blocks, config.block_tokens, dtype, device)
     rope = RotaryTable(cfg.rope, cfg.head_dim, max_model_len, dtype, device)
-    tokenizer = Tokenizer(model_dir)
+    tokenizer = Tokenizer(model_dir, lazy=True)
     eos = set(cfg.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
