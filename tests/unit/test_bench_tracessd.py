@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvserve.bench.trace.ssd import TierLoads, ssd_headline, working_set
+import pytest
+
+from kvserve.bench.trace.ssd import HEARTBEAT, TierLoads, offload_retries, ssd_headline, working_set
 
 
 def test_working_set_counts_distinct_blocks() -> None:
@@ -34,3 +36,11 @@ def test_headline_compares_dram_plus_ssd_with_dram_only() -> None:
     ]  # fmt: skip
     head = ssd_headline(rows)
     assert head["ratio"] == 3.0 and head["ssd_block_load_us_p50"] == 200
+
+
+def test_puts_retry_through_two_offload_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """5 ms doubling: 9 retries wait 2.555 s in all, over two 1 s heartbeats (8: 1.275 s)."""
+    monkeypatch.delenv(HEARTBEAT, raising=False)
+    assert offload_retries(5) == 9 and offload_retries(12) == 12
+    monkeypatch.setenv(HEARTBEAT, "10")  # Mooncake's own default
+    assert offload_retries(5) == 12  # 20.475 s (11: 10.235 s)

@@ -97,7 +97,8 @@ class TraceBenchConfig:
       ``cache_aware`` only, ``home_slack`` to every one: home_spill's spill threshold);
     - ``sweep_decode_weights``: ``cache_aware``'s decode weights to sweep (empty: none);
     - ``ssd_fraction``: also replay DRAM only against DRAM + SSD on a DRAM tier that holds
-      this share of the working set (:mod:`kvserve.bench.trace.ssd`; 0: not run);
+      this share of the working set (:mod:`kvserve.bench.trace.ssd`, whose puts retry
+      at least through two offload heartbeats, whatever ``put_retries`` says; 0: not run);
     - ``seed``: seed of the random policy and of the generated traces;
     - ``out``: folder for PNG plots.
     """
