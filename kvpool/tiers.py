@@ -37,9 +37,11 @@ NO_SPACE = -200
 """The binding's ``NO_AVAILABLE_HANDLE``: no room in DRAM now (eviction or the offload
 heartbeat is catching up). Not an outage."""
 
+HEARTBEAT_VARIABLE = "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS"
+BUFFER_VARIABLE = "MOONCAKE_OFFLOAD_LOCAL_BUFFER_SIZE_BYTES"
 OFFLOAD_DEFAULTS: dict[str, str] = {
-    "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": "1",
-    "MOONCAKE_OFFLOAD_LOCAL_BUFFER_SIZE_BYTES": str(64 << 20),  # BUFFER_VARIABLE
+    HEARTBEAT_VARIABLE: "1",
+    BUFFER_VARIABLE: str(64 << 20),
     "MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR": "file_per_key_storage_backend",
 }
 """Mooncake's offload variables and the values set when they are unset: a 1 s heartbeat
@@ -49,12 +51,16 @@ default bucket backend holds objects back until 500 of them or 256 MiB are pendi
 small pool would evict them before they reach the disk)."""
 
 
-BUFFER_VARIABLE = "MOONCAKE_OFFLOAD_LOCAL_BUFFER_SIZE_BYTES"
+def offload_setting(name: str) -> str:
+    """The value of the offload variable ``name`` (a key of :data:`OFFLOAD_DEFAULTS`) that a
+    member joining now runs with: the environment's, else the default that
+    :func:`offload_environment` sets."""
+    return os.environ.get(name, OFFLOAD_DEFAULTS[name])
 
 
 def ssd_batch_objects(size: int) -> int:
     """Objects of ``size`` bytes per SSD read batch: half the offload staging buffer."""
-    buffer = int(os.environ.get(BUFFER_VARIABLE, OFFLOAD_DEFAULTS[BUFFER_VARIABLE]))
+    buffer = int(offload_setting(BUFFER_VARIABLE))
     return max(1, buffer // 2 // max(1, size))
 
 

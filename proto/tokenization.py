@@ -60,7 +60,12 @@ def tokenizer_config(model_dir: Path) -> dict[str, Any]:
 
 def tokenizer_class(model_dir: Path) -> str:
     """The ``tokenizer_class`` that ``model_dir``'s ``tokenizer_config.json`` names, or ``""``."""
-    return str(tokenizer_config(model_dir).get("tokenizer_class") or "")
+    return _class_named(tokenizer_config(model_dir))
+
+
+def _class_named(config: dict[str, Any]) -> str:
+    """The ``tokenizer_class`` a ``tokenizer_config.json`` names, or ``""``."""
+    return str(config.get("tokenizer_class") or "")
 
 
 def plain_parts(model_dir: Path) -> tuple[Backend, int] | None:
@@ -73,7 +78,7 @@ def plain_parts(model_dir: Path) -> tuple[Backend, int] | None:
     if not (model_dir / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
     config = tokenizer_config(model_dir)
-    plain = set(config) <= PLAIN_CONFIG and tokenizer_class(model_dir) in FAST_CLASSES
+    plain = set(config) <= PLAIN_CONFIG and _class_named(config) in FAST_CLASSES
     if not plain or (model_dir / "special_tokens_map.json").exists():
         return None
     backend = Backend.from_file(str(model_dir / "tokenizer.json"))

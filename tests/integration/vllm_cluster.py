@@ -109,11 +109,16 @@ def reference_tokens(
     Python), its log in ``log_dir``; RuntimeError with the log's end if it fails."""
     out, log = log_dir / "vllm-reference.json", log_dir / "vllm-reference.log"
     script = Path(__file__).with_name("vllm_reference.py")
-    ask = {"prompts": prompts, "max_tokens": max_tokens, "block_size": VLLM_BLOCK}
+    ask = {
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+        "block_size": VLLM_BLOCK,
+        "max_model_len": 2048,
+    }
     argv = [str(installed().python), str(script), str(model), str(out)]
     with log.open("w") as sink:
         done = subprocess.run(
-            argv, input=json.dumps({**ask, "max_model_len": 2048}), text=True, stdout=sink,
+            argv, input=json.dumps(ask), text=True, stdout=sink,
             stderr=subprocess.STDOUT, env={**os.environ, **REFERENCE_ENV}, timeout=600,
         )  # fmt: skip
     if done.returncode != 0:

@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from kvserve.bench.trace.ssd import HEARTBEAT, TierLoads, offload_retries, ssd_headline, working_set
+from kvpool.tiers import HEARTBEAT_VARIABLE as HEARTBEAT
+from kvserve.bench.trace.ssd import TierLoads, offload_retries, ssd_headline, working_set
 
 
 def test_working_set_counts_distinct_blocks() -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,20 +38,19 @@ from typing import Any, NamedTuple
 
 from kvpool.keys import KeySpace
 from kvpool.store import MooncakeStore
-from kvpool.tiers import OFFLOAD_DEFAULTS, TierStats, receive_by_tier
+from kvpool.tiers import HEARTBEAT_VARIABLE, TierStats, offload_setting, receive_by_tier
 from kvserve.bench.trace.pool import FIRST_BACKOFF_S, PoolReplaySettings, pool_replay
 from kvserve.sim.trace.replay import Trace
 
 TIERS = ("dram", "ssd")
-HEARTBEAT = "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS"
 
 
 def offload_retries(put_retries: int) -> int:
     """``put_retries``, or more where needed for the doubling backoff of a failed put
     (:data:`~kvserve.bench.trace.pool.FIRST_BACKOFF_S` first) to wait out two offload
-    heartbeats in all (the member's :data:`HEARTBEAT`, else :mod:`kvpool.tiers`' default
-    of 1 s: 9 retries)."""
-    heartbeat = float(os.environ.get(HEARTBEAT) or OFFLOAD_DEFAULTS[HEARTBEAT])
+    heartbeats in all (the member's, :func:`kvpool.tiers.offload_setting`; at the default
+    of 1 s, 9 retries)."""
+    heartbeat = float(offload_setting(HEARTBEAT_VARIABLE))
     return max(put_retries, math.ceil(math.log2(2 * heartbeat / FIRST_BACKOFF_S + 1)))
 
 
