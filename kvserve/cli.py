@@ -3,8 +3,10 @@
 Each verb's module declares its settings (:mod:`kvserve.verbs`): every flag is a field of a
 settings dataclass, with its ``KVSERVE_*`` variable and its help (:mod:`kvserve.settings`),
 and ``--config FILE`` reads a deployment's settings from TOML (:mod:`kvserve.settings_file`).
-Run modules are imported only when their verb runs, and the :data:`GROUPS` verbs' arguments
-only when asked for, so ``kvserve --help``, a worker and the router start fast.
+Run modules are imported only when their verb runs, and a verb's settings modules only
+when that verb is parsed (or the whole parser asked for), so ``kvserve --help``, a worker
+and the router start fast: a worker does not import what ``up``, the benchmarks or chaos
+declare.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from kvserve.hardening import forbid_inspection
 from kvserve.settings import SettingError, add_config_args, setting
 from kvserve.settings_file import active, config_path, load
 from kvserve.verbs import Verb, add_verbs
-from proto.package import package_version
 
 VERBS = (
     Verb(
@@ -68,9 +69,6 @@ VERBS = (
     ),
 )
 """Every verb of ``kvserve``, in the order ``--help`` lists them."""
-GROUPS: dict[str, str] = {v.name: v.text for v in VERBS if v.name in ("chaos", "bench", "sim")}
-"""Verbs whose arguments come from heavy modules (torch, openai): :func:`build_parser` adds
-their arguments only when asked for the whole parser or for that verb."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -84,12 +82,25 @@ class CommonConfig:
     log_level: str = setting("INFO", choices=LOG_LEVELS, parse=str.upper)
 
 
+class _Version(argparse.Action):
+    """``--version``: prints the installed version (read only when asked) and exits."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        from proto.package import package_version  # importlib.metadata: only when asked
+
+        print(f"kvserve {package_version()}")
+        parser.exit()
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``only`` (the verb about to be parsed, or ``""`` for
-    none), the :data:`GROUPS` verbs other than ``only`` are listed without their arguments,
-    so that a worker, the router or ``--help`` do not import what only benchmarks need."""
+    none) every other verb is listed without its arguments, so that parsing one verb imports
+    the settings modules of that verb alone."""
     parser = argparse.ArgumentParser(prog="kvserve", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"kvserve {package_version()}")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     parser.add_argument(
         "--config",
         default=argparse.SUPPRESS,
@@ -97,9 +108,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         help="TOML file of settings, keys named as the fields (flags and variables win)",
     )
     add_config_args(parser, CommonConfig)
-    add_verbs(
-        parser, VERBS, "verb", lambda name: name not in GROUPS or only is None or only == name
-    )
+    add_verbs(parser, VERBS, "verb", lambda name: only is None or only == name)
     return parser
 
 
@@ -116,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = config_path(words)
         layer = load(path, verb, names, words) if path else None
         with active(layer):
-            parser = build_parser(verb if verb in GROUPS else "")
+            parser = build_parser(verb)
         if layer is not None:
             layer.check_all_taken()
     except SettingError as exc:  # a malformed KVSERVE_* variable or file key: one line

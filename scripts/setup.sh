@@ -30,9 +30,19 @@ python=${KVSERVE_PYTHON:-python3.11}
 command -v "$python" >/dev/null 2>&1 || python=python3
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 
+# Bytecode: every package compiled at install (the default), or none (KVSERVE_SETUP_BYTECODE=0,
+# what scripts/test.sh asks: its processes write the bytecode of what they import, which is a
+# small part of the 18,000 modules installed; compiling them all took 58 s of CPU, 30 s of the
+# suite's run on a fresh clone). Changing it re-runs the installers.
+bytecode=${KVSERVE_SETUP_BYTECODE:-1}
+case "$bytecode" in
+  0) compile=() no_compile=(--no-compile) ;;
+  1) compile=(--compile-bytecode) no_compile=() ;;
+  *) echo "setup: KVSERVE_SETUP_BYTECODE must be 0 or 1, not '$bytecode'" >&2; exit 2 ;;
+esac
 stamp=.venv/.kvserve-setup
-want=$(cat pyproject.toml requirements.lock scripts/lock-pins.in scripts/setup-tools.lock \
-  scripts/setup.sh | sha256sum | cut -c1-16)
+want=$( (cat pyproject.toml requirements.lock scripts/lock-pins.in scripts/setup-tools.lock \
+  scripts/setup.sh; echo "bytecode=$bytecode") | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing Python packages into .venv" >&2
   pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
@@ -43,15 +53,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # uv installs it (seconds; pip took a minute of the suite's run on a fresh clone), itself
   # pinned with its hashes in scripts/setup-tools.lock. uv reads its own settings (UV_*),
   # not pip's: where it cannot reach an index pip is configured to use, pip installs the lock.
-  # uv, unlike pip, writes no bytecode unless told (--compile-bytecode): where
-  # PYTHONDONTWRITEBYTECODE is set (as on these machines) nothing writes it later either,
-  # and every process compiled what it imported, each time (a tiny worker's start took
-  # 8.4 s of CPU, 3.2 s with bytecode and the model's lighter construction).
+  # uv, unlike pip, writes no bytecode unless told (--compile-bytecode, the default above):
+  # where PYTHONDONTWRITEBYTECODE is set (as on these machines) nothing writes it later
+  # either, and every process compiled what it imported, each time (a tiny worker's start
+  # took 8.4 s of CPU, 3.2 s with bytecode and the model's lighter construction).
   "${pip[@]}" --require-hashes --no-deps -r scripts/setup-tools.lock
   if ! .venv/bin/uv pip install -q --python .venv/bin/python --require-hashes --no-deps \
-    --compile-bytecode -r requirements.lock; then
+    "${compile[@]}" -r requirements.lock; then
     echo "setup: uv could not install requirements.lock (the reason is above); pip will" >&2
-    "${pip[@]}" --require-hashes --no-deps -r requirements.lock
+    "${pip[@]}" "${no_compile[@]}" --require-hashes --no-deps -r requirements.lock
   fi
   # torch: exactly pinned (the version scripts/lock-pins.in names, within pyproject.toml's
   # tested range), but outside the hash check. 2.13.0 here is a CPU build lying on this
@@ -61,7 +71,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # a lock naming that hash would fail on every machine without the file. The lock holds
   # torch's dependencies, so here this adds torch alone (elsewhere, also what that build
   # needs, e.g. the CUDA libraries).
-  "${pip[@]}" "$(grep -x 'torch==[^ ]*' scripts/lock-pins.in)"
+  "${pip[@]}" "${no_compile[@]}" "$(grep -x 'torch==[^ ]*' scripts/lock-pins.in)"
   # The project itself, built with the lock's setuptools.
   "${pip[@]}" --no-deps --no-build-isolation -e .
   # Mooncake Store (the pool-cpu / pool-cuda extras): the lock has the CPU build; the CUDA

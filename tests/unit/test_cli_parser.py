@@ -1,6 +1,7 @@
 """The command line parses a worker's or the router's arguments without importing what only
-benchmarks and chaos need (each pool member parses twice: before and after
-:func:`kvpool.confine.confine` re-executes it), and the whole parser still has every verb."""
+other verbs need (benchmarks, chaos, ``up``'s cluster modules; each pool member parses twice:
+before and after :func:`kvpool.confine.confine` re-executes it), and the whole parser still
+has every verb."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import sys
 
 import pytest
 
-from kvserve.cli import GROUPS, build_parser
+from kvserve.cli import VERBS, build_parser
 from kvserve.settings import SettingError
 
-HEAVY = ("torch", "openai", "matplotlib", "transformers")
+HEAVY = ("torch", "openai", "matplotlib", "transformers", "kvserve.cluster.netns")
+"""What no service verb's parse imports: the engine and benchmark libraries, and ``up``'s
+network namespaces (and through them its Redis launcher)."""
 PROBE = """
 import json, sys
 from kvserve.cli import build_parser
@@ -33,14 +36,19 @@ def test_parsing_a_service_verb_imports_nothing_heavy(argv: list[str]) -> None:
     assert json.loads(done.stdout) == []
 
 
-def test_the_whole_parser_and_a_group_parser_know_every_group() -> None:
+def test_the_whole_parser_knows_every_verb_and_a_verbs_parser_its_own_arguments() -> None:
     whole = build_parser()
     assert whole.parse_args(["bench", "hashing"]).what == "hashing"
     assert whole.parse_args(["sim", "ratio"]).what == "ratio"
+    assert whole.parse_args(["up", "--routers", "2"]).routers == 2
     assert build_parser("chaos").parse_args(["chaos", "--requests", "3"]).requests == 3
+    assert build_parser("up").parse_args(["up", "--routers", "2"]).routers == 2
+    every = "{" + ",".join(verb.name for verb in VERBS) + "}"
+    assert every in build_parser("worker").format_help()  # every verb listed, whichever is parsed
     with pytest.raises(SystemExit):  # listed, but without its arguments
         build_parser("worker").parse_args(["bench", "hashing"])
-    assert set(GROUPS) == {"chaos", "bench", "sim"}
+    with pytest.raises(SystemExit):
+        build_parser("worker").parse_args(["up", "--routers", "2"])
 
 
 def test_version_and_log_level(monkeypatch: pytest.MonkeyPatch) -> None:
