@@ -85,8 +85,8 @@ class CommonConfig:
 class _Version(argparse.Action):
     """``--version``: prints the installed version (read only when asked) and exits."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS)
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
         from proto.package import package_version  # importlib.metadata: only when asked
