@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from kvserve.settings import config_from_args, setting
 from workers.config import EngineConfig
+from workers.model.prepare import resolve_model_dir
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,14 @@ SETTINGS = (GenerateConfig, EngineConfig)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Generate for each prompt and print the texts (the counts to stderr)."""
+    """Generate for each prompt and print the texts (the counts to stderr); a missing model
+    is a one-line error before the engine (and torch) is imported."""
+    config = config_from_args(EngineConfig, args)
+    resolve_model_dir(config.model)  # FileNotFoundError: kvserve.cli prints it, exits 2
     from workers.core.sequence import SamplingParams
     from workers.engine.engine import Engine
 
-    engine = Engine(config_from_args(EngineConfig, args))
+    engine = Engine(config)
     tok = engine.tokenizer
     prompts = args.prompt or [sys.stdin.read()]
     ids = [
