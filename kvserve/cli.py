@@ -22,6 +22,7 @@ from kvserve.hardening import forbid_inspection
 from kvserve.settings import SettingError, add_config_args, setting
 from kvserve.settings_file import active, config_path, load
 from kvserve.verbs import Verb, add_verbs
+from proto.package import package_version
 
 VERBS = (
     Verb(
@@ -82,25 +83,12 @@ class CommonConfig:
     log_level: str = setting("INFO", choices=LOG_LEVELS, parse=str.upper)
 
 
-class _Version(argparse.Action):
-    """``--version``: prints the installed version (read only when asked) and exits."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
-
-    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
-        from proto.package import package_version  # importlib.metadata: only when asked
-
-        print(f"kvserve {package_version()}")
-        parser.exit()
-
-
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``only`` (the verb about to be parsed, or ``""`` for
     none) every other verb is listed without its arguments, so that parsing one verb imports
     the settings modules of that verb alone."""
     parser = argparse.ArgumentParser(prog="kvserve", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action=_Version, help="print the version and exit")
+    parser.add_argument("--version", action="version", version=f"kvserve {package_version()}")
     parser.add_argument(
         "--config",
         default=argparse.SUPPRESS,

@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 # imports. The files land in __pycache__ folders, which git ignores.
 unset PYTHONDONTWRITEBYTECODE
 # The tests marked vllm run vLLM's CPU build as the engine: setup installs it too. The
-# packages come without their bytecode: the suite writes that of what it imports, a small part
-# of the 18,000 modules installed (compiling them all took 30 s of a fresh clone's run).
+# packages come without their bytecode: the suite writes that of what it imports
+# (KVSERVE_SETUP_BYTECODE, scripts/setup.sh).
 KVSERVE_VLLM=${KVSERVE_VLLM:-1} KVSERVE_SETUP_BYTECODE=${KVSERVE_SETUP_BYTECODE:-0} \
   bash scripts/setup.sh
 .venv/bin/ruff check .
@@ -51,8 +51,9 @@ export KVSERVE_TEST_MODELS="$logs/models"
 typing=$!
 # One process collects the suite first, beside mypy: it compiles what the tests import and
 # writes pytest's rewritten test modules, once, where the passes' five processes would each
-# have done it at the same time on a fresh clone (17 s of CPU each, 8 s from the cache). A
-# collection error shows in the passes.
+# have done it at the same time on a fresh clone (five cold collections at once: 121 s of
+# CPU; after one first collection of about 28 s, 61 s). A collection error shows in the
+# passes.
 .venv/bin/pytest -q --collect-only -p no:cacheprovider >/dev/null 2>&1 || true
 by_file=(--dist loadfile --no-loadscope-reorder)
 KVSERVE_TEST_PORTS=26000-32000 KVSERVE_KV_STAGING=always .venv/bin/pytest -q -p no:cacheprovider \
