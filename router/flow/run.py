@@ -30,7 +30,8 @@ does not take a call (:data:`router.flow.types.TRY_ELSEWHERE`: draining, a role 
 unreachable) before any output came is aborted and left. A refused ``Reserve`` moves on to
 the next decode candidate; a refused ``Prefill`` frees the reservation and the decode side
 prefills by itself (local mode); a refused ``Generate`` moves on to the next decode
-candidate, carrying ``first_token`` (the prompt's KV is in the pool) if it had one.
+candidate, carrying ``first_token`` (the prompt's KV is in the pool) if it had one, and a
+candidate that refused it is asked once more after every other one.
 
 Whatever ends the flow early (the consumer cancels or stops iterating, i.e. the client
 went away; the deadline passes; an RPC fails; a worker aborts), ``Abort(request_id)`` goes
@@ -205,25 +206,34 @@ class RequestFlow:
         draining), the request moves to the next decode candidate. It resumes there after
         the output tokens the client already has (their KV comes from the pool where the
         pool has it, the rest is recomputed), so the stream has no gap and no duplicate.
-        With no candidate left the last error is raised (the client gets an error event).
-        ``pushed`` (metas of a direct push into ``first``'s pages) goes to ``first`` only."""
+        A candidate that failed before its first chunk (say, its channel was still redialing
+        a worker unreachable for a moment) is asked once more after every other one. With no
+        candidate left the last error is raised (the client gets an error event). ``pushed``
+        (metas of a direct push into ``first``'s pages) goes to ``first``'s first call only."""
         outputs: list[int] = [] if first_token is None else [first_token]
         tried: set[str] = set()
+        again: set[str] = set()  # failed before their first chunk, not yet asked again
         worker: LiveWorker | None = first
         while worker is not None:
+            second = worker.worker_id in tried
             tried.add(worker.worker_id)
+            again.discard(worker.worker_id)
             resume = outputs if len(outputs) > (first_token is not None) else None
+            took = False
             try:
-                metas = pushed if worker is first else None
+                metas = pushed if worker is first and not second else None
                 async for chunk in self._generate(worker, first_token, resume, metas):
+                    took = True
                     outputs.extend(chunk.token_ids)
                     yield chunk
                 return
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in TRY_ELSEWHERE:
                     raise
+                if not took and not second:
+                    again.add(worker.worker_id)
                 nxt = await self._candidates.renewed(worker, exc)
-                nxt = nxt or self._candidates.next_untried(tried)
+                nxt = nxt or self._candidates.next_untried(tried, again)
                 if nxt is None:
                     raise
                 self._log_move(worker, nxt, exc, len(outputs) - (first_token is not None))

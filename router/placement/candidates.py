@@ -2,11 +2,12 @@
 
 Lifecycle of :class:`Candidates`: built from a plan's decode candidates -> while reserving,
 :meth:`reservable` and :meth:`leave_out` (a candidate whose call failed is out for good);
-while generating, :meth:`next_untried` -> at any failed call, :meth:`renewed` first: a
-candidate that failed UNAVAILABLE may have been restarted, and the router's view not have
-caught up yet (its channel still backs off from the dead process); the view is refreshed at
-once, and a new process serving the same worker id takes the candidate's place. Each
-worker id is renewed at most once per request, so a request never loops on a dead worker.
+while generating, :meth:`next_untried` (those not tried yet, then those worth asking once
+more) -> at any failed call, :meth:`renewed` first: a candidate that failed UNAVAILABLE may
+have been restarted, and the router's view not have caught up yet (its channel still backs
+off from the dead process); the view is refreshed at once, and a new process serving the
+same worker id takes the candidate's place. Each worker id is renewed at most once per
+request, so a request never loops on a dead worker.
 """
 
 from __future__ import annotations
@@ -40,9 +41,13 @@ class Candidates:
     def leave_out(self, worker: LiveWorker, error: grpc.aio.AioRpcError) -> None:
         self.left_out[worker.worker_id] = error
 
-    def next_untried(self, tried: Collection[str]) -> LiveWorker | None:
-        """The best candidate whose id is not in ``tried``."""
-        return next((w for w in self._workers if w.worker_id not in tried), None)
+    def next_untried(
+        self, tried: Collection[str], again: Collection[str] = ()
+    ) -> LiveWorker | None:
+        """The best candidate whose id is not in ``tried``; with none left, the best whose id
+        is in ``again`` (tried, and worth asking once more)."""
+        fresh = (w for w in self._workers if w.worker_id not in tried)
+        return next(fresh, None) or next((w for w in self._workers if w.worker_id in again), None)
 
     async def renewed(self, worker: LiveWorker, error: grpc.aio.AioRpcError) -> LiveWorker | None:
         """``worker``'s successor when its call failed UNAVAILABLE and a new process serves

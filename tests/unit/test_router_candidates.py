@@ -1,6 +1,8 @@
 """A restarted worker is asked again at once (router.placement.candidates, router.flow.run): a call
 that failed UNAVAILABLE on a worker the router's view has not yet seen restarted goes to its
-new process instead of ending in a 503, and a worker is renewed at most once per request."""
+new process instead of ending in a 503, and a worker is renewed at most once per request;
+a decode worker whose Generate failed before its first chunk is asked once more after the
+others."""
 
 from __future__ import annotations
 
@@ -177,3 +179,90 @@ def test_a_local_generate_goes_to_the_restarted_process() -> None:
     assert [(c.text, c.finish_reason) for c in chunks] == [(" y", "length")]
     assert dead.calls[0] == "Generate" and fresh.calls[0] == "Generate"
     assert view.asked == ["m1"]
+
+
+class Scripted(Stub):
+    """A decode worker whose ``Generate`` calls go by ``script``, one entry per call: None
+    streams one chunk and finishes; a code fails before any chunk; ``("after", code)``
+    streams one unfinished chunk, then fails. Every request it gets is kept."""
+
+    def __init__(self, *script: Any) -> None:
+        super().__init__()
+        self.script = list(script)
+        self.requests: list[pb.GenerateRequest] = []
+
+    def Generate(self, request: pb.GenerateRequest, timeout: float) -> Any:
+        self.requests.append(request)
+        step = self.script.pop(0)
+
+        stub = self
+
+        class Call:
+            def __aiter__(self) -> AsyncIterator[pb.TokenChunk]:
+                return self._chunks()
+
+            async def _chunks(self) -> AsyncIterator[pb.TokenChunk]:
+                stub.calls.append("Generate")
+                if isinstance(step, tuple):
+                    yield pb.TokenChunk(token_ids=[8], text=" z")
+                    raise rpc_error(step[1])
+                if step is not None:
+                    raise rpc_error(step)
+                finished = pb.FINISH_REASON_LENGTH
+                yield pb.TokenChunk(token_ids=[9], text=" y", finish_reason=finished)
+
+            def cancel(self) -> None:
+                pass
+
+        return Call()
+
+
+def test_a_worker_that_refused_is_asked_once_more_after_the_others() -> None:
+    """d1 refuses (its channel was still redialing), d2 fails after a chunk: the request
+    resumes on d1 after that chunk instead of failing."""
+    d1, d2 = Scripted(UNAVAILABLE, None), Scripted(("after", UNAVAILABLE))
+    chunks = run(None, [worker("d1", d1), worker("d2", d2)], View({}))
+    assert [(c.text, c.finish_reason) for c in chunks] == [(" z", None), (" y", "length")]
+    assert d1.calls == ["Generate", "Abort", "Generate"] and d2.calls == ["Generate", "Abort"]
+    assert list(d1.requests[1].resume_token_ids) == [8]
+
+
+def test_a_worker_is_asked_again_once_and_not_after_it_took_the_request() -> None:
+    refuses = Scripted(UNAVAILABLE, UNAVAILABLE, None)
+    with pytest.raises(APIError) as failed:
+        run(None, [worker("d1", refuses)], View({}))
+    assert failed.value.status == 503
+    assert refuses.calls.count("Generate") == 2
+    d1, d2 = Scripted(("after", UNAVAILABLE), None), Scripted(UNAVAILABLE, UNAVAILABLE, None)
+    with pytest.raises(APIError):
+        run(None, [worker("d1", d1), worker("d2", d2)], View({}))
+    assert (d1.calls.count("Generate"), d2.calls.count("Generate")) == (1, 2)
+
+
+class Pushing(Stub):
+    """A prefill worker whose first token does not finish the request and whose push
+    succeeded (its second message names the pushed metas)."""
+
+    def Prefill(self, request: pb.PrefillRequest, timeout: float) -> Any:
+        replies = [
+            pb.PrefillReply(first_token=7, text=" x"),
+            pb.PrefillReply(push=pb.PushResult(ok=True, metas=[b"meta"])),
+        ]
+
+        class Call:
+            async def read(self) -> Any:
+                return replies.pop(0) if replies else None  # the end: no PrefillReply
+
+            def cancel(self) -> None:
+                pass
+
+        return Call()
+
+
+def test_the_pushed_metas_go_with_the_first_call_to_their_worker_only() -> None:
+    d1, d2 = Scripted(UNAVAILABLE, None), Scripted(UNAVAILABLE)
+    chunks = run(worker("p1", Pushing()), [worker("d1", d1), worker("d2", d2)], View({}))
+    assert [c.text for c in chunks] == [" x", " y"]
+    assert [list(r.pushed_metas) for r in d1.requests] == [[b"meta"], []]
+    assert [r.first_token for r in d1.requests + d2.requests] == [7, 7, 7]
+    assert list(d2.requests[0].pushed_metas) == []
