@@ -22,6 +22,9 @@ catches up) is a failed put, never an outage.
 SSD tier (``pool_ssd_dir``, :mod:`kvpool.tiers`): ``connect`` creates the directory, sets
 Mooncake's offload variables and joins with offload on; :attr:`MooncakeStore.ssd` says so,
 and :meth:`MooncakeStore.tiers` tells where objects would be read from.
+
+A member that does not answer a read (its host cut off) has what only it holds skipped by
+later reads for a while (:mod:`kvpool.peers`), instead of stalling each of them up to 60 s.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.net import port_open
+from kvpool.peers import TRANSFER_FAIL, UnreachablePeers
 from kvpool.tiers import NO_SPACE, Tier, offload_environment, prepare_ssd_dir, replica_tiers
 
 log = logging.getLogger(__name__)
@@ -88,7 +92,11 @@ def transfer_environment(config: PoolConfig) -> None:
 
 class MooncakeStore:
     def __init__(
-        self, client: Any, master: tuple[str, int] | None = None, ssd: bool = False
+        self,
+        client: Any,
+        master: tuple[str, int] | None = None,
+        ssd: bool = False,
+        transfer_timeout_s: float = PoolConfig.pool_transfer_timeout_s,
     ) -> None:
         self._client = client
         self.ssd = ssd
@@ -98,6 +106,10 @@ class MooncakeStore:
         self.outages = 0
         """Outages seen since start (each opened the breaker once)."""
         self._retry_at = 0.0  # 0: breaker closed; else when the next probe may run
+        self.peers = UnreachablePeers(client)
+        """Members whose transfers failed lately (:mod:`kvpool.peers`)."""
+        self.transfer_timeout_s = transfer_timeout_s
+        """``pool_transfer_timeout_s``: a read lasting this long found a member silent."""
 
     @property
     def available(self) -> bool:
@@ -173,7 +185,7 @@ class MooncakeStore:
                 f"(segments under 16 MiB were refused here; this one is "
                 f"{config.pool_segment_mib} MiB)"
             )
-        return cls(client, master, ssd=bool(ssd_dir))
+        return cls(client, master, bool(ssd_dir), config.pool_transfer_timeout_s)
 
     def register(self, ptr: int, size: int) -> None:
         """Make ``size`` bytes at ``ptr`` a source/target of zero-copy transfers."""
@@ -201,9 +213,35 @@ class MooncakeStore:
         return self._check(list(self._client.batch_upsert_from(keys, ptrs, sizes)))
 
     def get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        """Read objects into memory: bytes read, or a negative error, per key (those held only
+        by an :mod:`unreachable <kvpool.peers>` member fail at once, untried)."""
         if not keys or not self.available:
             return [FAILED] * len(keys)
-        return self._check(list(self._client.batch_get_into(keys, ptrs, sizes)))
+        tried = self.peers.tryable(keys)
+        picked = ([seq[i] for i in tried] for seq in (keys, ptrs, sizes))
+        got = self._check(list(self._client.batch_get_into(*picked))) if tried else []
+        self.peers.note(
+            [keys[i] for i, code in zip(tried, got, strict=True) if code == TRANSFER_FAIL]
+        )
+        read = dict(zip(tried, got, strict=True))
+        return [read.get(i, FAILED) for i in range(len(keys))]
+
+    def get_bytes(self, keys: list[str]) -> list[bytes]:
+        """Values in key order; a missing or failed key gives ``b""`` (as does one held only
+        by an unreachable member, untried). The binding gives no error per key here: a call
+        that lasted the whole transfer timeout has the members holding its empty keys noted
+        as unreachable (a key the master no longer lists names none)."""
+        if not keys or not self.available:
+            return [b""] * len(keys)
+        tried = self.peers.tryable(keys)
+        t0 = time.monotonic()
+        values = (
+            [bytes(v) for v in self._client.get_batch([keys[i] for i in tried])] if tried else []
+        )
+        if time.monotonic() - t0 >= self.transfer_timeout_s:
+            self.peers.note([keys[i] for i, v in zip(tried, values, strict=True) if not v])
+        read = dict(zip(tried, values, strict=True))
+        return [read.get(i, b"") for i in range(len(keys))]
 
     def exists(self, keys: list[str]) -> list[int]:
         if not keys or not self.available:
@@ -214,12 +252,6 @@ class MooncakeStore:
         if not keys or not self.available:
             return FAILED if keys else 0
         return self._check([int(self._client.put_batch(keys, values))])[0]
-
-    def get_bytes(self, keys: list[str]) -> list[bytes]:
-        """Values in key order; a missing or failed key gives ``b""``."""
-        if not keys or not self.available:
-            return [b""] * len(keys)
-        return [bytes(v) for v in self._client.get_batch(keys)]
 
     def remove(self, keys: list[str]) -> list[int]:
         """Delete objects (even while leased); 0 per removed key, negative if absent."""

@@ -5,7 +5,9 @@ member reads: the read is a miss within ``pool_transfer_timeout_s``, and the rea
 Mooncake's TCP transport alone waits 30 s for a stalled transfer; a decode worker resuming a
 request whose blocks sat in a frozen worker's segment stalled that long with every request
 it held (seen in ``tests/e2e/test_dashboard.py``). The test's own time limit, far under
-30 s and far over the 1 s set here, is what makes it able to fail.
+30 s and far over the 1 s set here, is what makes it able to fail. A second read does not
+try the silent member again (``kvpool.peers``): with its connections dropped, Mooncake's next
+one would redial it while the store's batch waits up to 60 s.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ def test_a_frozen_member_costs_a_reader_a_miss_not_a_stall(tmp_path: Path) -> No
                 os.kill(w.pid, signal.SIGSTOP)
                 try:
                     assert pool.load(hashes, [0, 1, 2, 3]) == 0  # a miss, not a hang
+                    silent = store.peers.current()  # the frozen member, noted (kvpool.peers)
+                    assert len(silent) == 1 and store.segment() not in silent
+                    assert pool.load(hashes, [0, 1, 2, 3]) == 0
+                    assert store.peers.skipped > 0  # not even tried: no second wait
                 finally:
                     os.kill(w.pid, signal.SIGCONT)
                 assert pool.stats.checksum_failures == 0
