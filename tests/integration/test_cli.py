@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -70,35 +69,6 @@ def test_make_model_is_deterministic(tmp_path: Path, default_model_dir: Path) ->
     assert digest[0] == digest[1]
     other = make_tiny_model(tmp_path / "c", seed=4, tokenizer_dir=default_model_dir)
     assert (other / "model.safetensors").read_bytes() != (a / "model.safetensors").read_bytes()
-
-
-def test_bench_engine_prints_one_json_object(tiny_model_dir: Path) -> None:
-    proc = run(
-        "bench",
-        "engine",
-        "--model",
-        str(tiny_model_dir),
-        "--concurrency",
-        "1",
-        "2",
-        "--prompt-len",
-        "8",
-        "--output-len",
-        "3",
-        "--repeat",
-        "1",
-        "--serve-factor",
-        "1",
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
-    assert report["bench"] == "engine"
-    assert [r["concurrency"] for r in report["results"]] == [1, 2]
-    assert {"model", "prompt_len", "output_len", "block_tokens", "commit"} <= set(
-        report["conditions"]
-    )
-    assert report["headline"]["target"] == 3.0
-    assert all(r["kvserve_decode_tok_s"] > 0 for r in report["results"])
 
 
 def _children(pid: int) -> dict[int, tuple[str, dict[str, str]]]:

@@ -1,9 +1,9 @@
 """``python -m kvserve.gpucheck`` (what ``scripts/gpu_check.sh`` runs on a GPU machine) in its
 CPU quick mode: every check runs for real (the engine against transformers, the pool round
-trip across two processes through host staging and in place, ``bench engine``; the vLLM
-backend's is skipped in quick mode, saying where it runs: on the cluster of
-``tests/integration/test_vllm_backend.py``) and the one JSON file says each passed; a check
-that disagrees or breaks is recorded as such, alone."""
+trip across two processes through host staging and in place, ``kvserve bench engine`` as a
+user runs it, the suite's one run of it; the vLLM backend's is skipped in quick mode, saying
+where it runs: on the cluster of ``tests/integration/test_vllm_backend.py``) and the one JSON
+file says each passed; a check that disagrees or breaks is recorded as such, alone."""
 
 from __future__ import annotations
 
@@ -36,7 +36,13 @@ def test_every_check_passes_on_the_cpu(tmp_path: Path, tiny_model_dir: Path) -> 
     assert checks["pool_staged"]["staged"] and not checks["pool_in_place"]["staged"]
     assert checks["pool_staged"]["pages_equal"] == checks["pool_staged"]["pages"] > 0
     assert checks["tiny_exact"]["sequences_equal"] == checks["tiny_exact"]["sequences"]
-    assert checks["bench_engine"]["report"]["bench"] == "engine"
+    bench = checks["bench_engine"]["report"]  # `kvserve bench engine`'s stdout, one JSON object
+    assert bench["bench"] == "engine" and bench["headline"]["target"] == 3.0
+    assert [r["concurrency"] for r in bench["results"]] == [1, 2]
+    assert {"model", "prompt_len", "output_len", "block_tokens", "commit"} <= set(
+        bench["conditions"]
+    )
+    assert all(r["kvserve_decode_tok_s"] > 0 for r in bench["results"])
     assert "test_vllm_backend" in checks["vllm_backend"]["reason"]
 
 
