@@ -17,11 +17,18 @@ every copy in memory lies on such an endpoint: they are misses (the caller recom
 60-second stalls. With nobody remembered a read costs nothing more. Lifecycle: one per
 :class:`~kvpool.store.MooncakeStore`; :meth:`UnreachablePeers.tryable` before each read,
 :meth:`UnreachablePeers.note` after one that failed.
+
+Limit: this spares the reads that come after the first failed one. One batched read that
+holds both objects on live connections (failed at once) and objects needing a new
+connection still waits the 60 s itself (seen once in ten runs of that test since); bounding
+one call would need reads with a deadline of their own and their pages held back until the
+abandoned transfer ends.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -33,7 +40,10 @@ TRANSFER_FAIL = -800
 answer in time)."""
 UNREACHABLE_S = 30.0
 """How long a member whose transfer failed is skipped: what it alone holds is recomputed
-meanwhile, never waited for (a member that was only slow for a moment costs that much)."""
+meanwhile, never waited for (a member that was only slow for a moment costs that much).
+Three times the master's default client TTL (:attr:`kvpool.master.MasterConfig.master_client_ttl_s`,
+10 s), after which the master has unmounted a silent member's segment (seen 10 s after a
+cut), so no read is sent its way again."""
 
 Replicas = Mapping[str, Sequence[Any]]
 """Per key, its replica descriptors as ``batch_get_replica_desc`` gives them."""
@@ -51,11 +61,13 @@ def memory_endpoints(replicas: Sequence[Any], complete: bool = False) -> list[st
 
 class UnreachablePeers:
     """Endpoints whose transfers failed within the last :data:`UNREACHABLE_S` (module
-    docstring), for the reads of one member's ``client`` (the binding's store client)."""
+    docstring), for the reads of one member's ``client`` (the binding's store client), made
+    from any thread (the engine's, the lander's, the writers')."""
 
     def __init__(self, client: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self._client = client
         self._clock = clock
+        self._lock = threading.Lock()
         self._until: dict[str, float] = {}
         self.skipped = 0
         """Objects not tried because only an unreachable member held them."""
@@ -63,8 +75,9 @@ class UnreachablePeers:
     def current(self) -> set[str]:
         """The endpoints skipped now (the expired ones forgotten)."""
         now = self._clock()
-        self._until = {e: t for e, t in self._until.items() if t > now}
-        return set(self._until)
+        with self._lock:
+            self._until = {e: t for e, t in self._until.items() if t > now}
+            return set(self._until)
 
     def tryable(self, keys: Sequence[str]) -> list[int]:
         """The indices of ``keys`` a read may try now: all, unless a member is unreachable;
@@ -79,7 +92,8 @@ class UnreachablePeers:
             endpoints = memory_endpoints(replicas.get(key) or ())
             if not endpoints or any(e not in skipped for e in endpoints):
                 out.append(i)
-        self.skipped += len(keys) - len(out)
+        with self._lock:
+            self.skipped += len(keys) - len(out)
         return out
 
     def note(self, failed: Sequence[str]) -> None:
@@ -89,18 +103,19 @@ class UnreachablePeers:
         if not failed:
             return
         replicas, own = self._replicas(failed), str(self._client.get_hostname())
+        silent = {  # an object still being written was a miss, not a failure
+            endpoint
+            for key in failed
+            for endpoint in memory_endpoints(replicas.get(key) or (), complete=True)
+        } - {own}
         until, known = self._clock() + UNREACHABLE_S, self.current()
-        for key in failed:  # an object still being written was a miss, not a failure
-            for endpoint in memory_endpoints(replicas.get(key) or (), complete=True):
-                if endpoint == own:
-                    continue
-                if endpoint not in known:
-                    known.add(endpoint)
-                    log.warning(
-                        "KV pool member %s did not answer a read: what it alone holds is "
-                        "skipped for %.0f s (recomputed)", endpoint, UNREACHABLE_S
-                    )  # fmt: skip
-                self._until[endpoint] = until
+        with self._lock:
+            self._until.update(dict.fromkeys(silent, until))
+        for endpoint in sorted(silent - known):
+            log.warning(
+                "KV pool member %s did not answer a read: what it alone holds is skipped "
+                "for %.0f s (recomputed)", endpoint, UNREACHABLE_S
+            )  # fmt: skip
 
     def _replicas(self, keys: Sequence[str]) -> Replicas:
         """Where the master says ``keys`` are (one RPC; nothing when it cannot say)."""
