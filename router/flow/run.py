@@ -243,8 +243,13 @@ class RequestFlow:
     def _log_move(
         self, old: LiveWorker, new: LiveWorker, exc: grpc.aio.AioRpcError, sent: int
     ) -> None:
-        """Log a move to another decode worker; one after output counts as a migration."""
+        """Log a move to another decode worker; one after output counts as a migration (a
+        worker asked once more is no move)."""
         rid, code = self.plan.request_id, exc.code().name
+        if new.worker_id == old.worker_id:
+            log.info("decode worker %s did not take %s (%s): asking it once more",
+                     old.worker_id, rid, code)  # fmt: skip
+            return
         if sent <= 0:
             log.info("decode worker %s did not take %s (%s): trying %s",
                      old.worker_id, rid, code, new.worker_id)  # fmt: skip

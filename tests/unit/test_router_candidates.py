@@ -115,13 +115,18 @@ class View:
         return self.successors.get(old.worker_id)
 
 
-def run(prefill: LiveWorker | None, decode: Sequence[LiveWorker], view: View) -> list[Chunk]:
+def run(
+    prefill: LiveWorker | None,
+    decode: Sequence[LiveWorker],
+    view: View,
+    observer: Observer | None = None,
+) -> list[Chunk]:
     plan = FlowPlan(
         request_id="r1", prompt_token_ids=PROMPT, params=pb.SamplingParams(max_tokens=1),
         prefill=prefill, decode=tuple(decode), lease_ms=1000, timeout_s=10.0,
         started_at=time.monotonic(),
     )  # fmt: skip
-    flow = RequestFlow(plan, cast(Any, Observer()), renew=view.renewed)
+    flow = RequestFlow(plan, cast(Any, observer or Observer()), renew=view.renewed)
 
     async def collect() -> list[Chunk]:
         return [chunk async for chunk in flow.chunks()]
@@ -234,9 +239,11 @@ def test_a_worker_is_asked_again_once_and_not_after_it_took_the_request() -> Non
     assert failed.value.status == 503
     assert refuses.calls.count("Generate") == 2
     d1, d2 = Scripted(("after", UNAVAILABLE), None), Scripted(UNAVAILABLE, UNAVAILABLE, None)
+    observer = Observer()
     with pytest.raises(APIError):
-        run(None, [worker("d1", d1), worker("d2", d2)], View({}))
+        run(None, [worker("d1", d1), worker("d2", d2)], View({}), observer)
     assert (d1.calls.count("Generate"), d2.calls.count("Generate")) == (1, 2)
+    assert observer.results[0].migrations == 1  # d1 -> d2; d2 asked once more is no move
 
 
 class Pushing(Stub):
