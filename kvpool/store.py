@@ -33,7 +33,7 @@ import logging
 import math
 import os
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from kvpool.config import PoolConfig
 from kvpool.net import port_open
@@ -88,6 +88,24 @@ def transfer_environment(config: PoolConfig) -> None:
     os.environ[TRANSFER_ADDRESS_VARIABLE] = config.pool_local_hostname
     seconds = str(max(1, math.ceil(config.pool_transfer_timeout_s)))
     os.environ.update(dict.fromkeys(TRANSFER_TIMEOUT_VARIABLES, seconds))
+
+
+T = TypeVar("T")
+
+
+def _pick(seq: list[T], tried: list[int]) -> list[T]:
+    """The entries of ``seq`` at ``tried`` (``seq`` itself when every key is tried, the
+    usual case: no copy on the read path)."""
+    return seq if len(tried) == len(seq) else [seq[i] for i in tried]
+
+
+def _in_key_order(n: int, tried: list[int], got: list[T], missing: T) -> list[T]:
+    """``got`` (one answer per index in ``tried``) as ``n`` answers in key order,
+    ``missing`` for the keys not tried."""
+    if len(tried) == n:
+        return got
+    read = dict(zip(tried, got, strict=True))
+    return [read.get(i, missing) for i in range(n)]
 
 
 class MooncakeStore:
@@ -218,13 +236,13 @@ class MooncakeStore:
         if not keys or not self.available:
             return [FAILED] * len(keys)
         tried = self.peers.tryable(keys)
-        picked = ([seq[i] for i in tried] for seq in (keys, ptrs, sizes))
+        picked = (_pick(seq, tried) for seq in (keys, ptrs, sizes))
         got = self._check(list(self._client.batch_get_into(*picked))) if tried else []
-        self.peers.note(
-            [keys[i] for i, code in zip(tried, got, strict=True) if code == TRANSFER_FAIL]
-        )
-        read = dict(zip(tried, got, strict=True))
-        return [read.get(i, FAILED) for i in range(len(keys))]
+        if TRANSFER_FAIL in got:
+            self.peers.note(
+                [keys[i] for i, c in zip(tried, got, strict=True) if c == TRANSFER_FAIL]
+            )
+        return _in_key_order(len(keys), tried, got, FAILED)
 
     def get_bytes(self, keys: list[str]) -> list[bytes]:
         """Values in key order; a missing or failed key gives ``b""`` (as does one held only
@@ -235,13 +253,10 @@ class MooncakeStore:
             return [b""] * len(keys)
         tried = self.peers.tryable(keys)
         t0 = time.monotonic()
-        values = (
-            [bytes(v) for v in self._client.get_batch([keys[i] for i in tried])] if tried else []
-        )
+        values = [bytes(v) for v in self._client.get_batch(_pick(keys, tried))] if tried else []
         if time.monotonic() - t0 >= self.transfer_timeout_s:
             self.peers.note([keys[i] for i, v in zip(tried, values, strict=True) if not v])
-        read = dict(zip(tried, values, strict=True))
-        return [read.get(i, b"") for i in range(len(keys))]
+        return _in_key_order(len(keys), tried, values, b"")
 
     def exists(self, keys: list[str]) -> list[int]:
         if not keys or not self.available:
