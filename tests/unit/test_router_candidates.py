@@ -67,20 +67,21 @@ class Stub:
         return Call()
 
     def Generate(self, request: pb.GenerateRequest, timeout: float) -> Any:
-        stub = self
+        chunks = self.generated(request)
 
         class Call:
             def __aiter__(self) -> AsyncIterator[pb.TokenChunk]:
-                return self._chunks()
-
-            async def _chunks(self) -> AsyncIterator[pb.TokenChunk]:
-                stub._call("Generate")
-                yield pb.TokenChunk(token_ids=[9], text=" y", finish_reason=pb.FINISH_REASON_LENGTH)
+                return chunks
 
             def cancel(self) -> None:
                 pass
 
         return Call()
+
+    async def generated(self, request: pb.GenerateRequest) -> AsyncIterator[pb.TokenChunk]:
+        """The chunks of one ``Generate`` call, as it is iterated."""
+        self._call("Generate")
+        yield pb.TokenChunk(token_ids=[9], text=" y", finish_reason=pb.FINISH_REASON_LENGTH)
 
     async def Abort(self, request: pb.AbortRequest, timeout: float) -> pb.AbortReply:
         self.calls.append("Abort")
@@ -196,30 +197,16 @@ class Scripted(Stub):
         self.script = list(script)
         self.requests: list[pb.GenerateRequest] = []
 
-    def Generate(self, request: pb.GenerateRequest, timeout: float) -> Any:
+    async def generated(self, request: pb.GenerateRequest) -> AsyncIterator[pb.TokenChunk]:
         self.requests.append(request)
         step = self.script.pop(0)
-
-        stub = self
-
-        class Call:
-            def __aiter__(self) -> AsyncIterator[pb.TokenChunk]:
-                return self._chunks()
-
-            async def _chunks(self) -> AsyncIterator[pb.TokenChunk]:
-                stub.calls.append("Generate")
-                if isinstance(step, tuple):
-                    yield pb.TokenChunk(token_ids=[8], text=" z")
-                    raise rpc_error(step[1])
-                if step is not None:
-                    raise rpc_error(step)
-                finished = pb.FINISH_REASON_LENGTH
-                yield pb.TokenChunk(token_ids=[9], text=" y", finish_reason=finished)
-
-            def cancel(self) -> None:
-                pass
-
-        return Call()
+        self.calls.append("Generate")
+        if isinstance(step, tuple):
+            yield pb.TokenChunk(token_ids=[8], text=" z")
+            raise rpc_error(step[1])
+        if step is not None:
+            raise rpc_error(step)
+        yield pb.TokenChunk(token_ids=[9], text=" y", finish_reason=pb.FINISH_REASON_LENGTH)
 
 
 def test_a_worker_that_refused_is_asked_once_more_after_the_others() -> None:
