@@ -30,7 +30,12 @@ def test_bench_edge_times_the_checks_against_a_bare_app(capsys: pytest.CaptureFi
         "router: one call's token header",
         "router: minting a token (Ed25519)",
     ]
-    assert out["headline"]["value"] > 0
+    bare, host, body = (r["us_per_request"] for r in out["results"][:3])
+    assert min(r["us_per_request"] for r in out["results"]) > 0  # each one a time measured
+    # the headline is what the checks add: a difference of two times, negative when the
+    # machine was busier for the bare app (seen once in CI with --repeat 1), so its sign is
+    # no check; how it is derived from the rows is
+    assert out["headline"]["value"] == pytest.approx(host - bare + body, abs=0.002)
     assert mismatch("edge", out) is None  # the settings are the pinned ones
 
 
