@@ -85,18 +85,26 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" >"$stamp"
 fi
 
-.venv/bin/kvserve prepare-model >/dev/null
-
+# The three steps below need only the virtualenv and run side by side (on a fresh machine
+# each takes minutes the first time; once done, seconds): the default model, the native
+# kernels and vLLM's environment.
 # The native CPU attention kernels: built once per machine kind and source version into the
 # cache (minutes the first time). A failure only warns: the torch attention path stands in.
-if ! .venv/bin/python -m workers.model.native >/dev/null; then
-  echo "setup: WARNING: the native attention kernels did not build (the reason is above);" \
-    "attention falls back to the slower torch path" >&2
-fi
-
+(
+  if ! .venv/bin/python -m workers.model.native >/dev/null; then
+    echo "setup: WARNING: the native attention kernels did not build (the reason is above);" \
+      "attention falls back to the slower torch path" >&2
+  fi
+) &
+kernels=$!
 # vLLM as an engine (kvserve worker --engine vllm, and the tests marked vllm): its own
 # virtualenv under the cache, since vLLM's pins conflict with the lock (minutes and ~0.5 GB
 # of downloads the first time; kvserve/vllm_env.py). Made when KVSERVE_VLLM=1.
+vllm=""
 if [ "${KVSERVE_VLLM:-0}" = "1" ]; then
-  .venv/bin/python -c "from kvserve.vllm_env import ensure_vllm; ensure_vllm()" >&2
+  .venv/bin/python -c "from kvserve.vllm_env import ensure_vllm; ensure_vllm()" >&2 &
+  vllm=$!
 fi
+.venv/bin/kvserve prepare-model >/dev/null
+wait "$kernels"
+[ -z "$vllm" ] || wait "$vllm"
