@@ -18,10 +18,14 @@ every copy in memory lies on such an endpoint: they are misses (the caller recom
 :class:`~kvpool.store.MooncakeStore`; :meth:`UnreachablePeers.tryable` before each read,
 :meth:`UnreachablePeers.note` after one that failed.
 
-Limit: this spares the reads that come after the first failed one. One batched read that
-holds both objects on live connections (failed at once) and objects needing a new
-connection still waits the 60 s itself (seen once in ten runs of that test since); bounding
-one call would need reads with a deadline of their own and their pages held back until the
+One batched read can also hold both objects on live connections (failed at once) and one
+needing a new connection, which waits the 60 s itself (seen in about one run in five of that
+test, a read of block metas). Reads of values (:meth:`~kvpool.store.MooncakeStore.get_bytes`,
+whose buffers are the binding's own) are therefore given up after twice the transfer timeout:
+the call ends in the background, its keys answer as misses, and every member holding them is
+remembered as for a failed transfer (which of them held the call up is not known: a live one
+among them costs recomputed blocks for a while, not a stall). Reads into the caller's memory
+(``get_into``) are not bounded this way: their pages would have to be held back until the
 abandoned transfer ends.
 """
 
@@ -96,10 +100,10 @@ class UnreachablePeers:
             self.skipped += len(keys) - len(out)
         return out
 
-    def note(self, failed: Sequence[str]) -> None:
+    def note(self, failed: Sequence[str], why: str = "did not answer a read") -> None:
         """Remember the endpoints holding the in-memory copies of ``failed``, keys whose
-        transfer just failed (never this member's own: its copies are read without one);
-        one warning per endpoint not remembered yet."""
+        transfer just failed or whose read was given up (never this member's own: its copies
+        are read without one); one warning per endpoint not remembered yet, saying ``why``."""
         if not failed:
             return
         replicas, own = self._replicas(failed), str(self._client.get_hostname())
@@ -113,8 +117,8 @@ class UnreachablePeers:
             self._until.update(dict.fromkeys(silent, until))
         for endpoint in sorted(silent - known):
             log.warning(
-                "KV pool member %s did not answer a read: what it alone holds is skipped "
-                "for %.0f s (recomputed)", endpoint, UNREACHABLE_S
+                "KV pool member %s %s: what it alone holds is skipped for %.0f s "
+                "(recomputed)", endpoint, why, UNREACHABLE_S
             )  # fmt: skip
 
     def _replicas(self, keys: Sequence[str]) -> Replicas:

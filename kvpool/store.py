@@ -29,6 +29,7 @@ later reads for a while (:mod:`kvpool.peers`), instead of stalling each of them 
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import math
 import os
@@ -54,6 +55,9 @@ MASTER_PROBE_S = 2.0
 OUTAGE_BACKOFF_S = 1.0
 """While the pool is out, verbs fail at once for this long between health probes (the
 client remounts within about a second of the master's return, as observed here)."""
+READERS = 4
+"""Threads that run value reads (:meth:`MooncakeStore.get_bytes`), so a read can be given up
+while its call goes on: a read given up holds one until the binding ends it (at most 60 s)."""
 FAILED = -1
 RPC_FAIL = -900
 """The binding's code for a failed call to the master (it is gone, or restarting)."""
@@ -128,6 +132,11 @@ class MooncakeStore:
         """Members whose transfers failed lately (:mod:`kvpool.peers`)."""
         self.transfer_timeout_s = transfer_timeout_s
         """``pool_transfer_timeout_s``: a read lasting this long found a member silent."""
+        self.give_up_s = 2 * transfer_timeout_s
+        """A value read still running after this long is given up (:meth:`get_bytes`)."""
+        self.given_up = 0
+        """Value reads given up (:meth:`get_bytes`)."""
+        self._readers = concurrent.futures.ThreadPoolExecutor(READERS, "kvpool-read")
 
     @property
     def available(self) -> bool:
@@ -248,12 +257,29 @@ class MooncakeStore:
         """Values in key order; a missing or failed key gives ``b""`` (as does one held only
         by an unreachable member, untried). The binding gives no error per key here: a call
         that lasted the whole transfer timeout has the members holding its empty keys noted
-        as unreachable (a key the master no longer lists names none)."""
+        as unreachable (a key the master no longer lists names none). A call still running
+        after twice the transfer timeout is given up (it ends in the background, on a reader
+        thread, :attr:`give_up_s`): every key is a miss, and the members holding them are
+        noted (:mod:`kvpool.peers`)."""
         if not keys or not self.available:
             return [b""] * len(keys)
         tried = self.peers.tryable(keys)
+        if not tried:
+            return [b""] * len(keys)
+        picked = _pick(keys, tried)
         t0 = time.monotonic()
-        values = [bytes(v) for v in self._client.get_batch(_pick(keys, tried))] if tried else []
+        call = self._readers.submit(self._client.get_batch, picked)
+        try:
+            values = [bytes(v) for v in call.result(timeout=self.give_up_s)]
+        except concurrent.futures.TimeoutError:
+            call.cancel()  # one no reader took yet (all busy) is dropped
+            self.given_up += 1
+            log.warning(
+                "a KV pool read of %d objects did not end within %.1f s: read as misses",
+                len(picked), self.give_up_s,
+            )  # fmt: skip
+            self.peers.note(picked, "held objects of a read given up")
+            return [b""] * len(keys)
         if time.monotonic() - t0 >= self.transfer_timeout_s:
             self.peers.note([keys[i] for i, v in zip(tried, values, strict=True) if not v])
         return _in_key_order(len(keys), tried, values, b"")
@@ -285,9 +311,11 @@ class MooncakeStore:
         return int(self._client.health_check()) == 0
 
     def close(self) -> None:
-        """Leave the pool. With an SSD tier the client is only dropped: on
+        """Leave the pool, once the reads still running have ended (a read given up ends
+        within the binding's 60 s). With an SSD tier the client is only dropped: on
         0.3.13.post1 its ``close()`` followed by its destructor crashes the process in the
         offload's shutdown, while the destructor alone unmounts and shuts down cleanly."""
+        self._readers.shutdown(wait=True, cancel_futures=True)
         if not self.ssd:
             self._client.close()
         else:

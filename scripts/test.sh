@@ -42,7 +42,7 @@ fi
 # out ports from a span of its own below the ephemeral range, split among its processes
 # (KVSERVE_TEST_PORTS, tests/conftest.py), so no two processes pick the same free port. The slowest
 # tests of each pass are listed at the end: the suite is kept well under 15 minutes on 2
-# cores. KVSERVE_TEST_PROCS sets the processes of the main pass (4), KVSERVE_KV_PROCS the
+# cores. KVSERVE_TEST_PROCS sets the processes of the main pass (3), KVSERVE_KV_PROCS the
 # kv_path pass's (2).
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
@@ -67,7 +67,7 @@ KVSERVE_TEST_PORTS=26000-32000 KVSERVE_KV_STAGING=always .venv/bin/pytest -q -p 
 staged=$!
 status=0
 KVSERVE_TEST_PORTS=20000-26000 .venv/bin/pytest -q --durations=20 -m "not kv_path" \
-  -n "${KVSERVE_TEST_PROCS:-4}" "${by_file[@]}" || status=$?
+  -n "${KVSERVE_TEST_PROCS:-3}" "${by_file[@]}" || status=$?
 wait "$staged" || status=$?
 echo "=== the kv_path pass (KVSERVE_KV_STAGING=always) ==="
 cat "$logs/staged"

@@ -66,3 +66,37 @@ def test_a_frozen_member_costs_a_reader_a_miss_not_a_stall(tmp_path: Path) -> No
                 store.close()
                 w.stdin.close()
                 w.wait(30)
+
+
+@pytest.mark.timeout(25)
+def test_a_value_read_from_a_frozen_member_is_given_up(tmp_path: Path) -> None:
+    """A read of block metas that outlasts ``give_up_s`` answers misses at once, its call left
+    to end on a reader thread (here at the transfer timeout), and the member holding them is
+    skipped by the next read."""
+    with running_master(tmp_path) as master:
+        argv = [sys.executable, "-m", "tests.integration.pool_writer"]
+        argv += [master.rpc_address, master.metadata_url, "5", "4"]
+        with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as w:
+            assert w.stdin is not None and w.stdout is not None
+            assert w.stdout.readline().strip() == "4"
+            store = MooncakeStore.connect(replace(pool_config(master), pool_transfer_timeout_s=1))
+            pool = KVPool(store, NAMESPACE, LAYOUT, pool_memory(make_slab(), LAYOUT), "reader")
+            metas = [pool.keys.meta_key(h) for h in chain(5, 4)]
+            try:
+                assert all(store.get_bytes(metas))  # a live member: every meta read
+                store.give_up_s = 0.2  # under the transfer timeout: given up before it fails
+                os.kill(w.pid, signal.SIGSTOP)
+                try:
+                    assert store.get_bytes(metas) == [b""] * 4
+                    silent = store.peers.current()
+                    assert store.given_up == 1 and len(silent) == 1
+                    assert store.segment() not in silent
+                    assert store.get_bytes(metas) == [b""] * 4
+                    assert store.given_up == 1 and store.peers.skipped == 4  # not tried again
+                finally:
+                    os.kill(w.pid, signal.SIGCONT)
+            finally:
+                pool.close()
+                store.close()  # waits for the call given up to end
+                w.stdin.close()
+                w.wait(30)

@@ -1,9 +1,11 @@
 """A pool member that did not answer a read has what it alone holds skipped by later reads
 for a while (kvpool.peers through kvpool.store.MooncakeStore), against a fake binding whose
-replica descriptors are shaped as Mooncake's."""
+replica descriptors are shaped as Mooncake's; a value read that does not end in time is given
+up, and the members holding its keys are skipped."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -50,6 +52,9 @@ class Client:
 
     def health_check(self) -> int:
         return 0
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class Clock:
@@ -120,7 +125,7 @@ def test_a_metadata_read_notes_only_when_it_lasted_the_transfer_timeout() -> Non
     store.transfer_timeout_s = 3600.0  # a quick call: an empty value is a miss
     assert store.get_bytes(["a1"]) == [b""]
     assert store.peers.current() == set()
-    store.transfer_timeout_s = 0.0  # the call lasted the timeout: a silent member
+    store.transfer_timeout_s = 0.0  # the call lasted the timeout (not given up): a silent member
     assert store.get_bytes(["a1", "b1"]) == [b"", b"x"]
     assert store.peers.current() == {A}
 
@@ -136,3 +141,35 @@ def test_a_master_that_cannot_say_where_keys_are_skips_nothing() -> None:
     assert store.peers.current() == set()
     client.codes.clear()
     assert read(store, ["a1", "a2"]) == [8, 8]
+
+
+class Stuck(Client):
+    """A binding whose value reads of ``stuck`` keys hang until :attr:`release` is set (as
+    Mooncake's dial of a cut-off host does, for up to 60 s)."""
+
+    def __init__(self, where: dict[str, list[Any]], stuck: set[str]) -> None:
+        super().__init__(where)
+        self.stuck = stuck
+        self.release = threading.Event()
+
+    def get_batch(self, keys: list[str]) -> list[bytes]:
+        if self.stuck & set(keys):
+            self.release.wait(30)
+        return super().get_batch(keys)
+
+
+def test_a_value_read_that_does_not_end_in_time_is_given_up() -> None:
+    client = Stuck(WHERE, stuck={"a1"})
+    store = store_of(client)
+    store.give_up_s = 0.05
+    try:
+        assert store.get_bytes(["b1", "a1", "own"]) == [b"", b"", b""]  # misses, not waited for
+        assert store.given_up == 1
+        assert store.peers.current() == {A, B}  # which one held it up is not known
+        client.read.clear()
+        assert store.get_bytes(["ab", "own"]) == [b"", b"x"]  # only this member's own tried
+        assert client.read == [["own"]]
+    finally:
+        client.release.set()
+    store.close()  # waits for the call given up, then leaves
+    assert client.closed
