@@ -722,6 +722,8 @@ class LoadReport(_message.Message):
     POOL_SSD_OBJECTS_FIELD_NUMBER: _builtins.int
     POOL_DRAM_READ_SECONDS_FIELD_NUMBER: _builtins.int
     POOL_SSD_READ_SECONDS_FIELD_NUMBER: _builtins.int
+    POOL_READS_GIVEN_UP_FIELD_NUMBER: _builtins.int
+    POOL_OBJECTS_SKIPPED_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     draining: _builtins.bool
     waiting: _builtins.int
@@ -768,6 +770,12 @@ class LoadReport(_message.Message):
     pool_ssd_objects: _builtins.int
     pool_dram_read_seconds: _builtins.float
     pool_ssd_read_seconds: _builtins.float
+    pool_reads_given_up: _builtins.int
+    """reads spared a pool member that did not answer lately (kvpool.peers)
+    value reads given up after twice the transfer timeout
+    """
+    pool_objects_skipped: _builtins.int
+    """objects not read: only such a member held them"""
     def __init__(
         self,
         *,
@@ -804,10 +812,12 @@ class LoadReport(_message.Message):
         pool_ssd_objects: _builtins.int = ...,
         pool_dram_read_seconds: _builtins.float = ...,
         pool_ssd_read_seconds: _builtins.float = ...,
+        pool_reads_given_up: _builtins.int = ...,
+        pool_objects_skipped: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "draining", b"draining", "free_pages", b"free_pages", "kv_bytes_read", b"kv_bytes_read", "kv_bytes_written", b"kv_bytes_written", "kv_exposed_seconds", b"kv_exposed_seconds", "kv_read_seconds", b"kv_read_seconds", "kv_write_seconds", b"kv_write_seconds", "output_tokens", b"output_tokens", "pool_checksum_failures", b"pool_checksum_failures", "pool_connected", b"pool_connected", "pool_dram_objects", b"pool_dram_objects", "pool_dram_read_seconds", b"pool_dram_read_seconds", "pool_evicted_blocks", b"pool_evicted_blocks", "pool_forged_blocks", b"pool_forged_blocks", "pool_healed_blocks", b"pool_healed_blocks", "pool_index_errors", b"pool_index_errors", "pool_orphans_removed", b"pool_orphans_removed", "pool_outages", b"pool_outages", "pool_refused_blocks", b"pool_refused_blocks", "pool_ssd_objects", b"pool_ssd_objects", "pool_ssd_read_seconds", b"pool_ssd_read_seconds", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prompt_tokens_computed", b"prompt_tokens_computed", "prompt_tokens_local", b"prompt_tokens_local", "prompt_tokens_pool", b"prompt_tokens_pool", "queued_prefill_tokens", b"queued_prefill_tokens", "requests", b"requests", "reserved", b"reserved", "role", b"role", "running", b"running", "total_pages", b"total_pages", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "draining", b"draining", "free_pages", b"free_pages", "kv_bytes_read", b"kv_bytes_read", "kv_bytes_written", b"kv_bytes_written", "kv_exposed_seconds", b"kv_exposed_seconds", "kv_read_seconds", b"kv_read_seconds", "kv_write_seconds", b"kv_write_seconds", "output_tokens", b"output_tokens", "pool_checksum_failures", b"pool_checksum_failures", "pool_connected", b"pool_connected", "pool_dram_objects", b"pool_dram_objects", "pool_dram_read_seconds", b"pool_dram_read_seconds", "pool_evicted_blocks", b"pool_evicted_blocks", "pool_forged_blocks", b"pool_forged_blocks", "pool_healed_blocks", b"pool_healed_blocks", "pool_index_errors", b"pool_index_errors", "pool_objects_skipped", b"pool_objects_skipped", "pool_orphans_removed", b"pool_orphans_removed", "pool_outages", b"pool_outages", "pool_reads_given_up", b"pool_reads_given_up", "pool_refused_blocks", b"pool_refused_blocks", "pool_ssd_objects", b"pool_ssd_objects", "pool_ssd_read_seconds", b"pool_ssd_read_seconds", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prompt_tokens_computed", b"prompt_tokens_computed", "prompt_tokens_local", b"prompt_tokens_local", "prompt_tokens_pool", b"prompt_tokens_pool", "queued_prefill_tokens", b"queued_prefill_tokens", "requests", b"requests", "reserved", b"reserved", "role", b"role", "running", b"running", "total_pages", b"total_pages", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

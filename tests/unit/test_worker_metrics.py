@@ -55,7 +55,14 @@ def scrape(sample: Sampler, role: str = "decode") -> tuple[dict[str, str], list[
 
 def test_names_types_and_labels() -> None:
     report = pb.LoadReport(
-        role="prefill", running=3, waiting=2, free_pages=25, total_pages=100, pool_outages=4
+        role="prefill",
+        running=3,
+        waiting=2,
+        free_pages=25,
+        total_pages=100,
+        pool_outages=4,
+        pool_reads_given_up=5,
+        pool_objects_skipped=6,
     )
     queue = Buckets((0.1, 1.0))
     for seconds in (0.05, 0.5, 2.0):
@@ -70,6 +77,8 @@ def test_names_types_and_labels() -> None:
     assert value["vllm:kv_cache_usage_perc"] == pytest.approx(0.75)
     assert value["vllm:num_preemptions_total"] == 7.0
     assert value["kvserve:pool_outages_total"] == 4.0
+    assert value["kvserve:pool_reads_given_up_total"] == 5.0
+    assert value["kvserve:pool_objects_skipped_total"] == 6.0
     assert value["vllm:request_queue_time_seconds_count"] == 3.0
     assert value["vllm:request_queue_time_seconds_sum"] == pytest.approx(2.55)
     buckets = {s.labels["le"]: s.value for s in samples if "le" in s.labels}

@@ -39,7 +39,9 @@ class PoolHealth:
     """The KV pool as one engine sees it: reachable now (``connected``: breaker closed and
     the client healthy), breaker openings (``outages``), blocks refused for a bad MAC
     (``forged_blocks``) or digest (``checksum_failures``), blocks removed for failing
-    verification (``healed_blocks``), chain-aware eviction's counters
+    verification (``healed_blocks``), value reads given up (``reads_given_up``) and objects
+    not read because only a member that did not answer lately held them
+    (``objects_skipped``: :mod:`kvpool.peers`), chain-aware eviction's counters
     (:class:`kvpool.evictor.EvictionStats`), and with an SSD tier the objects loaded from
     each tier (``tiers``). All zero/False without a pool."""
 
@@ -48,6 +50,8 @@ class PoolHealth:
     forged_blocks: int = 0
     checksum_failures: int = 0
     healed_blocks: int = 0
+    reads_given_up: int = 0
+    objects_skipped: int = 0
     eviction: EvictionStats = field(default_factory=EvictionStats)
     tiers: TierStats = field(default_factory=TierStats)
 
@@ -67,6 +71,8 @@ class PoolHealth:
             forged_blocks=pool.stats.forged_blocks,
             checksum_failures=pool.stats.checksum_failures,
             healed_blocks=pool.stats.healed_blocks,
+            reads_given_up=pool.store.given_up,
+            objects_skipped=pool.store.peers.skipped,
             eviction=replace(pool.evictor.stats) if pool.evictor else EvictionStats(),
             tiers=TierStats(
                 pool.stats.dram_objects,

@@ -20,9 +20,10 @@ whatever the scrape job is called; a counter then continues under its new role's
   ``kvserve:pool_healed_blocks_total`` (removed for failing verification), and chain-aware
   eviction's (:mod:`kvpool.evictor`): ``kvserve:pool_evicted_blocks_total``,
   ``kvserve:pool_refused_blocks_total``, ``kvserve:pool_orphans_removed_total``,
-  ``kvserve:pool_index_errors_total``.
-  a missing or wrong MAC), ``kvserve:pool_checksum_failures_total``, and with the pool's
-  SSD tier (``--pool-ssd-dir``) where loads were served from:
+  ``kvserve:pool_index_errors_total``; reads that spared a member that did not answer
+  lately (:mod:`kvpool.peers`): ``kvserve:pool_reads_given_up_total``,
+  ``kvserve:pool_objects_skipped_total``; and with the pool's SSD tier
+  (``--pool-ssd-dir``) where loads were served from:
   ``kvserve:pool_{dram,ssd}_objects_read_total`` and ``kvserve:pool_{dram,ssd}_read_seconds_total``.
 
 Lifecycle: :func:`serve_metrics` starts the HTTP server on a daemon thread and returns it;
@@ -99,6 +100,12 @@ COUNTERS: dict[str, tuple[str, Callable[[pb.LoadReport], float]]] = {
                                       lambda r: r.pool_dram_read_seconds),
     f"{OURS}pool_ssd_read_seconds": ("Seconds loading pool objects from the SSD tier",
                                      lambda r: r.pool_ssd_read_seconds),
+    f"{OURS}pool_reads_given_up": ("Pool value reads given up (read as misses): a member "
+                                   "did not answer within twice the transfer timeout",
+                                   lambda r: r.pool_reads_given_up),
+    f"{OURS}pool_objects_skipped": ("Pool objects not read: only a member that did not "
+                                    "answer lately held them (recomputed)",
+                                    lambda r: r.pool_objects_skipped),
 }  # fmt: skip
 """Counter name (without ``_total``) -> (help, value of a load report)."""
 PREEMPTIONS = f"{VLLM}num_preemptions"

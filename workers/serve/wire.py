@@ -188,4 +188,6 @@ def load_report(load: EngineLoad, role: str, draining: bool) -> pb.LoadReport:
         pool_ssd_objects=load.pool.tiers.ssd_objects,
         pool_dram_read_seconds=load.pool.tiers.dram_read_seconds,
         pool_ssd_read_seconds=load.pool.tiers.ssd_read_seconds,
+        pool_reads_given_up=load.pool.reads_given_up,
+        pool_objects_skipped=load.pool.objects_skipped,
     )
