@@ -34,6 +34,7 @@ class Client:
     codes: dict[str, int] = field(default_factory=dict)
     read: list[list[str]] = field(default_factory=list)
     lookups: int = 0
+    closed: bool = False
 
     def batch_get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         self.read.append(keys)
