@@ -28,10 +28,11 @@ def complete(client: openai.OpenAI, prompt: list[int], n: int) -> str:
 
 
 def stream_with_fault(
-    client: openai.OpenAI, prompt: list[int], n: int, after: int, fault: threading.Event
+    client: openai.OpenAI, prompt: list[int], n: int, after: int, fault: threading.Event | None
 ) -> str:
-    """Stream a greedy completion; set ``fault`` once ``after`` chunks have come (and read
-    on: the server does not wait for the fault, so whoever injects it must be quick)."""
+    """Stream a greedy completion; set ``fault`` (if any) once ``after`` chunks have come
+    (and read on: the server does not wait for the fault, so whoever injects it must be
+    quick)."""
     chunks = client.completions.create(
         model=MODEL_NAME,
         prompt=prompt,
@@ -43,9 +44,14 @@ def stream_with_fault(
     parts: list[str] = []
     for i, chunk in enumerate(chunks):
         parts.append(chunk.choices[0].text if chunk.choices else "")
-        if i == after:
+        if i == after and fault is not None:
             fault.set()
     return "".join(parts)
+
+
+def stream_text(client: openai.OpenAI, prompt: list[int], n: int) -> str:
+    """A greedy completion of ``n`` tokens, streamed: the text of its chunks."""
+    return stream_with_fault(client, prompt, n, after=-1, fault=None)
 
 
 def inject_when(ready: threading.Event, action: object) -> threading.Thread:
@@ -61,22 +67,23 @@ def inject_when(ready: threading.Event, action: object) -> threading.Thread:
 def fault_mid_stream(
     client: openai.OpenAI, cluster: Cluster, prompt: list[int], fault: Callable[[str], None]
 ) -> tuple[str, str]:
-    """Stream ``prompt``; after a few chunks apply ``fault`` to the decode worker serving
-    it; returns the text the client got and that worker's name. The worker is looked for
-    from the stream's start, so that the fault follows the fifth chunk at once, however
-    slowly a loaded machine answers the lookup (the server decodes on meanwhile), over
-    channels opened before the stream (:class:`kvserve.cluster.faults.ServingProbe`): a
-    lookup that had to connect first could miss a whole stream on a loaded machine. A fault
-    that would come only after the stream ended is not applied: the test fails, saying
+    """Stream ``prompt`` and apply ``fault`` to the decode worker serving it as soon as that
+    worker has taken it (its decoding starts: the first token is the prefill's); returns the
+    text the client got and that worker's name. The worker is looked for from before the
+    stream starts, every 10 ms, over channels opened before it
+    (:class:`kvserve.cluster.faults.ServingProbe`), and the fault waits for nothing the
+    client sees: waiting for the client's first chunks on a loaded machine let the server
+    finish a whole stream first (the fault then hit an idle worker and nothing migrated). A
+    fault that would come only after the stream ended is not applied: the test fails, saying
     what the probe saw."""
     hit: list[str] = []
-    ready, done = threading.Event(), threading.Event()
+    done = threading.Event()
 
     def find_then_fault(probe: faults.ServingProbe) -> None:
-        deadline, name = time.monotonic() + 60, None
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not done.is_set():
-            name = name or probe.serving()
-            if name is not None and ready.is_set() and not done.is_set():
+            name = probe.serving()
+            if name is not None and not done.is_set():
                 fault(name)
                 hit.append(name)
                 return
@@ -86,7 +93,7 @@ def fault_mid_stream(
         thread = threading.Thread(target=find_then_fault, args=(probe,), daemon=True)
         thread.start()
         try:
-            text = stream_with_fault(client, prompt, LONG, after=5, fault=ready)
+            text = stream_text(client, prompt, LONG)
         finally:
             done.set()
             thread.join(60)

@@ -120,14 +120,15 @@ def wait_idle(
 
 
 class ServingProbe:
-    """Which worker in ``role`` (as it reports now: roles change at run time) serves a
+    """Which worker in ``role`` (as it reports now: roles change at run time) took a
     request sent after the probe opened (a context manager): the one whose count of requests
-    taken rose since, else one that runs a request. The count stays risen after a short stream
-    ends, so a lookup that came late still names the right worker. Each lookup asks every
-    worker at once over a channel kept open for the probe's life, so a loaded machine
-    answers it while a short stream still runs; a channel whose call failed is opened again
-    (one left in reconnect back-off fails every call at once). :attr:`seen` counts what the
-    lookups saw, for the message of a test that found nobody."""
+    taken rose since (a decode worker counts a request when it adopts it, as its decoding
+    starts). A worker running requests it took before is never named, so a test's
+    background load does not stand in for its stream. Each lookup asks every worker at once
+    over a channel kept open for the probe's life, so a loaded machine answers it while a
+    short stream still runs; a channel whose call failed is opened again (one left in
+    reconnect back-off fails every call at once). :attr:`seen` counts what the lookups saw,
+    for the message of a test that found nobody."""
 
     def __init__(self, cluster: Cluster, role: str, timeout: float = 5.0) -> None:
         self.cluster, self.role, self.timeout = cluster, role, timeout
@@ -156,15 +157,11 @@ class ServingProbe:
         self._channels.clear()
 
     def serving(self) -> str | None:
-        """The worker serving a request sent since the probe opened (None: none yet): one
-        whose count of requests taken rose since, else one that runs a request. The count
-        comes first, so that requests already running when the probe opened (a test's
-        background load, once its workers took it) do not name their worker instead."""
+        """The worker that took a request since the probe opened (None: none yet): one whose
+        count of requests taken rose since its first answer."""
         reports = {n: r for n, r in self._ask().items() if r.role == self.role}
         rose = [n for n, r in reports.items() if r.requests > self._taken[n]]
-        running = [n for n, r in reports.items() if r.running]
-        found = rose or running
-        return found[0] if found else None
+        return rose[0] if rose else None
 
     def _open(self, name: str, wait: bool = True) -> None:
         channel = self._channels[name] = monitor_channel(self.cluster, name)
