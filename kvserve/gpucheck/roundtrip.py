@@ -1,16 +1,20 @@
 """KV pages device -> pool -> device across two processes, bit-exact (see
 :mod:`kvserve.gpucheck`).
 
-:func:`pool_roundtrip` starts a ``mooncake_master`` on free loopback ports and two member
-processes (``python -m kvserve.gpucheck.roundtrip``): the writer fills the pages of a KV
-cache on the device with random values and publishes them (``KVPool.save``); once it has,
-the reader, with a cache of its own, loads them into other pages (``KVPool.load``). Each
-prints one JSON line with a SHA-256 of every page's bytes; the check compares them. The
-writer stays until the reader is done (its segment holds the objects).
+:class:`RoundTrips` starts a ``mooncake_master`` on free loopback ports and two member
+processes (``python -m kvserve.gpucheck.roundtrip``) once for every round trip of a run.
+For each staging mode asked (:meth:`RoundTrips.run`), the writer fills the pages of a KV
+cache of its own on the device with random values and publishes them (``KVPool.save``);
+once it has, the reader, with a cache of its own, loads them into other pages
+(``KVPool.load``). Each joins the pool anew for the mode (a namespace per mode: its keys
+are new to the pool) and prints one JSON line with a SHA-256 of every page's bytes (or the
+error that stopped it); the check compares them. A member stays a pool member, holding what
+it wrote, until told it is done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import select
@@ -63,7 +67,7 @@ def member(
         pool_master=master, pool_metadata_server=metadata, pool_segment_mib=64,
         pool_local_buffer_mib=16, kv_staging=staging,
     )  # fmt: skip
-    namespace = Namespace(model="gpucheck@0", dtype=dtype, block_tokens=BLOCK_TOKENS)
+    namespace = Namespace(f"gpucheck-{staging}@0", dtype, BLOCK_TOKENS)
     pool = join_pool(config, namespace, kv, dtype)
     if pool is None:
         raise RuntimeError("could not join the pool (see the log above)")
@@ -86,11 +90,14 @@ def member(
     return answer, pool
 
 
-def _start(role: str, cfg: MasterConfig, device: str, staging: str) -> subprocess.Popen[str]:
+class MemberError(RuntimeError):
+    """A member answered that its side of a round trip failed (the conversation with it
+    stays in step: the next mode can be asked)."""
+
+
+def _start(role: str, cfg: MasterConfig, device: str) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", __name__, role, cfg.rpc_address, cfg.metadata_url, device]
-    return subprocess.Popen(
-        [*argv, staging], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
 def _answer(proc: subprocess.Popen[str], role: str) -> dict[str, Any]:
@@ -110,45 +117,100 @@ def _finish(proc: subprocess.Popen[str]) -> None:
     """Tell a member to go; kill it if it does not in :data:`MEMBER_TIMEOUT_S`."""
     try:
         proc.communicate("done\n", timeout=MEMBER_TIMEOUT_S)
-    except (subprocess.TimeoutExpired, OSError):
+    except (subprocess.TimeoutExpired, OSError, ValueError):
         proc.kill()
         proc.wait()
 
 
-def pool_roundtrip(device: str, staging: str) -> dict[str, Any]:
-    """The round trip with ``--kv-staging staging``; its figures, or :class:`CheckFailedError`."""
-    rpc, meta, metrics = free_local_ports(3)
-    cfg = MasterConfig(master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics)
-    members: list[subprocess.Popen[str]] = []
-    with tempfile.TemporaryDirectory() as tmp, MasterProcess(cfg, Path(tmp) / "master.log"):
+class RoundTrips:
+    """The master and the two members of a run's round trips (module docstring).
+
+    Lifecycle: the processes start on the first :meth:`run` (its errors are that check's);
+    each :meth:`run` asks both members for one mode; :meth:`close` tells the reader, then
+    the writer (which holds the objects), to go, and stops the master. A round trip that
+    broke (no answer in time, a member gone) leaves the members' conversation unknown, so
+    every later :meth:`run` fails at once, saying so; a member that answered with its
+    error (:class:`MemberError`) is still in step."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self._stack = contextlib.ExitStack()
+        self._members: dict[str, subprocess.Popen[str]] = {}
+        self._broken = ""
+
+    def _started(self) -> dict[str, subprocess.Popen[str]]:
+        if not self._members:
+            rpc, meta, metrics = free_local_ports(3)
+            cfg = MasterConfig(
+                master_port=rpc, master_metadata_port=meta, master_metrics_port=metrics
+            )
+            tmp = self._stack.enter_context(tempfile.TemporaryDirectory())
+            self._stack.enter_context(MasterProcess(cfg, Path(tmp) / "master.log"))
+            for role in ("writer", "reader"):  # stopped in the reverse order: reader first
+                self._members[role] = _start(role, cfg, self.device)
+                self._stack.callback(_finish, self._members[role])
+        return self._members
+
+    def _ask(self, role: str, staging: str) -> dict[str, Any]:
+        proc = self._members[role]
+        assert proc.stdin is not None
+        proc.stdin.write(staging + "\n")
+        proc.stdin.flush()
+        answer = _answer(proc, role)
+        if "error" in answer:
+            raise MemberError(f"the {role} failed: {answer['error']}")
+        return answer
+
+    def run(self, staging: str) -> dict[str, Any]:
+        """The round trip with ``--kv-staging staging``; its figures, or
+        :class:`CheckFailedError`."""
+        if self._broken:
+            raise RuntimeError(f"the members broke in an earlier round trip: {self._broken}")
         try:
-            members.append(_start("writer", cfg, device, staging))
-            wrote = _answer(members[0], "writer")
-            members.append(_start("reader", cfg, device, staging))
-            read = _answer(members[1], "reader")
-        finally:
-            for proc in reversed(members):  # the reader first: the writer holds the objects
-                _finish(proc)
-    figures = {
-        "kv_staging": staging,
-        "staged": wrote["staged"],
-        "blocks_written": wrote["blocks"],
-        "blocks_read": read["blocks"],
-        "pages_equal": sum(a == b for a, b in zip(wrote["pages"], read["pages"], strict=True)),
-        "pages": BLOCKS,
-        "reader_stats": read["stats"],
-    }
-    if read["blocks"] != BLOCKS or figures["pages_equal"] != BLOCKS:
-        raise CheckFailedError("the pages read back differ from the pages written", figures)
-    return figures
+            self._started()
+            wrote, read = self._ask("writer", staging), self._ask("reader", staging)
+        except MemberError:
+            raise
+        except Exception as exc:  # out of step with the members (or they never started)
+            self._broken = str(exc)
+            raise
+        figures = {
+            "kv_staging": staging,
+            "staged": wrote["staged"],
+            "blocks_written": wrote["blocks"],
+            "blocks_read": read["blocks"],
+            "pages_equal": sum(a == b for a, b in zip(wrote["pages"], read["pages"], strict=True)),
+            "pages": BLOCKS,
+            "reader_stats": read["stats"],
+        }
+        if read["blocks"] != BLOCKS or figures["pages_equal"] != BLOCKS:
+            raise CheckFailedError("the pages read back differ from the pages written", figures)
+        return figures
+
+    def close(self) -> None:
+        self._stack.close()
 
 
 def main(argv: list[str]) -> int:
-    answer, pool = member(*argv)
-    print(json.dumps(answer), flush=True)
-    sys.stdin.readline()  # stay a pool member until told to go
-    pool.close()
-    pool.store.close()
+    """A member (``role master metadata device``): for each staging mode read from stdin,
+    one JSON line (the round trip's side, or ``{"error": ...}``), until ``done``."""
+    role, master, metadata, device = argv
+    pools: list[KVPool] = []
+    try:
+        for line in sys.stdin:
+            staging = line.strip()
+            if staging in ("", "done"):
+                break
+            try:
+                answer, pool = member(role, master, metadata, device, staging)
+                pools.append(pool)
+            except Exception as exc:  # this mode's failure, told to the check
+                answer = {"error": f"{type(exc).__name__}: {exc}"}
+            print(json.dumps(answer), flush=True)
+    finally:
+        for pool in pools:
+            pool.close()
+            pool.store.close()
     return 0
 
 

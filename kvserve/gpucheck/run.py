@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from kvserve.gpucheck.exactness import CheckFailedError, first_token_logits, greedy_exact
-from kvserve.gpucheck.roundtrip import pool_roundtrip
+from kvserve.gpucheck.roundtrip import RoundTrips
 from kvserve.gpucheck.vllm_path import vllm_missing, vllm_path
 from kvserve.report import base_conditions
 
@@ -135,8 +135,12 @@ def checks(args: argparse.Namespace, save: Save) -> dict[str, dict[str, Any]]:
         out["smollm2_logits"] = {"status": "skip", "reason": why}
     else:
         step("smollm2_logits", lambda: first_token_logits(smollm2, device, low, 64, 8))
-    step("pool_staged", lambda: pool_roundtrip(device, "always"))
-    step("pool_in_place", lambda: pool_roundtrip(device, "never"))
+    trips = RoundTrips(device)  # one master and one pair of members for both
+    try:
+        step("pool_staged", lambda: trips.run("always"))
+        step("pool_in_place", lambda: trips.run("never"))
+    finally:
+        trips.close()
     if missing := vllm_missing() or (QUICK_VLLM if quick else ""):
         out["vllm_backend"] = {"status": "skip", "reason": missing}
     else:

@@ -7,6 +7,7 @@ file says each passed; a check that disagrees or breaks is recorded as such, alo
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -70,3 +71,12 @@ def test_a_member_that_never_answers_is_given_up_and_ended(
         roundtrip._answer(proc, "writer")
     roundtrip._finish(proc)
     assert proc.returncode is not None
+
+
+def test_a_member_answers_a_failed_mode_with_its_error_and_stays_in_step(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("bogus\nbogus\ndone\nnever read\n"))
+    assert roundtrip.main(["writer", "127.0.0.1:1", "http://127.0.0.1:1/metadata", "cpu"]) == 0
+    answers = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(answers) == 2 and all("kv_staging" in a["error"] for a in answers), answers
