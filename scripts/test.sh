@@ -45,8 +45,9 @@ fi
 # share a package's cluster stay on one process together), the longest files handed out
 # first (tests/file_order.py, its scheduler and order; xdist's own reordering by test count
 # is off), and mypy at a low priority (nice): the suite is CPU-bound on 2 cores from the
-# passes' start to their end, so mypy takes the core the first collection leaves idle and
-# little of the passes' time. What saves CPU (a process start, a model made once) saves time.
+# passes' start to their end, so mypy (a second or two with its cache, 32 s of CPU without)
+# takes what the first collection leaves and little of the passes' time. What saves CPU (a
+# process start, a model made once) saves time.
 # The tests that move KV through the pool (marked kv_path: the pool, landing, hand-off and
 # fault tests) run with every transfer through the host staging slots, the GPU path's code
 # but for the device copies (KVSERVE_KV_STAGING=always, tests/staging.py); everything else

@@ -138,7 +138,7 @@ class RoundTrips:
         self._members: dict[str, subprocess.Popen[str]] = {}
         self._broken = ""
 
-    def _started(self) -> dict[str, subprocess.Popen[str]]:
+    def _start_once(self) -> None:
         if not self._members:
             rpc, meta, metrics = free_local_ports(3)
             cfg = MasterConfig(
@@ -149,7 +149,6 @@ class RoundTrips:
             for role in ("writer", "reader"):  # stopped in the reverse order: reader first
                 self._members[role] = _start(role, cfg, self.device)
                 self._stack.callback(_finish, self._members[role])
-        return self._members
 
     def _ask(self, role: str, staging: str) -> dict[str, Any]:
         proc = self._members[role]
@@ -167,7 +166,7 @@ class RoundTrips:
         if self._broken:
             raise RuntimeError(f"the members broke in an earlier round trip: {self._broken}")
         try:
-            self._started()
+            self._start_once()
             wrote, read = self._ask("writer", staging), self._ask("reader", staging)
         except MemberError:
             raise
