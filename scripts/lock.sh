@@ -11,7 +11,7 @@
 # as setup.sh installs the whole lock with --no-deps (those would build llama.cpp).
 # torch is left out on purpose (it stays as a comment): setup.sh installs it exactly pinned,
 # outside hash checking; its dependencies are in the lock. See scripts/setup.sh for why.
-# Also scripts/setup-tools.lock, from scripts/setup-tools.in: uv, which installs the lock.
+# Also scripts/setup-tools.lock, from scripts/setup-tools.in: uv, which installs the lock, and pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,7 +42,8 @@ trap 'rm -rf "$work"' EXIT
 sed -i -e '/^# WARNING: The following packages were not pinned/,/^# torch$/c\
 # torch: not pinned here on purpose; scripts/setup.sh installs the one scripts/lock-pins.in names.' \
   requirements.lock
-# The installer setup.sh installs the lock with, locked on its own (it is installed first).
+# The installer setup.sh installs the lock with, and the virtualenv's pip, locked on their
+# own (they are installed first; pip is one of pip-compile's "unsafe" packages).
 "$work/venv/bin/pip-compile" --quiet --generate-hashes --strip-extras --no-emit-index-url \
-  --no-emit-find-links --output-file scripts/setup-tools.lock scripts/setup-tools.in
+  --no-emit-find-links --allow-unsafe --output-file scripts/setup-tools.lock scripts/setup-tools.in
 echo "lock: wrote requirements.lock and scripts/setup-tools.lock" >&2
