@@ -51,7 +51,10 @@ fi
 # The tests that move KV through the pool (marked kv_path: the pool, landing, hand-off and
 # fault tests) run with every transfer through the host staging slots, the GPU path's code
 # but for the device copies (KVSERVE_KV_STAGING=always, tests/staging.py); everything else
-# with the default, which moves a CPU cache in place. Every test picks free ports and its
+# with the default, which moves a CPU cache in place. The unit tests (tests/unit: pure logic,
+# no server, no pool of their own, so the staging mode is nothing to them; marked unit by
+# tests/conftest.py) run in the kv_path pass too: its two processes ended about a minute
+# before the main pass's three without them, leaving a core half idle meanwhile. Every test picks free ports and its
 # own temporary directories, so tests on different processes are isolated; each pass hands
 # out ports from a span of its own below the ephemeral range, split among its processes
 # (KVSERVE_TEST_PORTS, tests/conftest.py), so no two processes pick the same free port. The slowest
@@ -77,19 +80,19 @@ first_half=$!
   >/dev/null 2>&1 || true
 wait "$first_half" || true
 by_file=(--dist loadfile --no-loadscope-reorder)
-# The kv_path pass collects only the files that name the marker (a module's pytestmark, or a
-# test's: the marker is never added elsewhere), not the whole suite: 4 s of CPU per process
-# where a whole collection takes 10.
-mapfile -t kv_files < <(grep -rl --include='test_*.py' kv_path tests | sort)
+# The kv_path pass collects the unit tests and, of the rest, only the files that name the
+# marker (a module's pytestmark, or a test's: the marker is never added elsewhere), not the
+# whole suite; the main pass leaves the unit tests uncollected.
+mapfile -t kv_files < <(grep -rl --include='test_*.py' --exclude-dir=unit kv_path tests | sort)
 KVSERVE_TEST_PORTS=26000-32000 KVSERVE_KV_STAGING=always .venv/bin/pytest -q -p no:cacheprovider \
-  --durations=10 -m kv_path -n "${KVSERVE_KV_PROCS:-2}" "${by_file[@]}" "${kv_files[@]}" \
-  >"$logs/staged" 2>&1 &
+  --durations=10 -m "kv_path or unit" -n "${KVSERVE_KV_PROCS:-2}" "${by_file[@]}" tests/unit \
+  "${kv_files[@]}" >"$logs/staged" 2>&1 &
 staged=$!
 status=0
 KVSERVE_TEST_PORTS=20000-26000 .venv/bin/pytest -q --durations=20 -m "not kv_path" \
-  -n "${KVSERVE_TEST_PROCS:-3}" "${by_file[@]}" || status=$?
+  --ignore=tests/unit -n "${KVSERVE_TEST_PROCS:-3}" "${by_file[@]}" || status=$?
 wait "$staged" || status=$?
-echo "=== the kv_path pass (KVSERVE_KV_STAGING=always) ==="
+echo "=== the kv_path and unit pass (KVSERVE_KV_STAGING=always) ==="
 cat "$logs/staged"
 wait "$typing" || status=$?
 echo "=== mypy ==="
