@@ -132,6 +132,10 @@ if [ "${KVSERVE_VLLM:-0}" = "1" ]; then
   .venv/bin/python -c "from kvserve.vllm_env import ensure_vllm; ensure_vllm()" >&2 &
   vllm=$!
 fi
-.venv/bin/kvserve prepare-model >/dev/null
+# A failed model still lets the two steps beside it end (what they made stays cached) before
+# setup exits with its status, so nothing of setup runs on after it.
+model=0
+.venv/bin/kvserve prepare-model >/dev/null || model=$?
 wait "$kernels"
 [ -z "$vllm" ] || wait "$vllm"
+[ "$model" -eq 0 ] || exit "$model"
