@@ -14,6 +14,10 @@ from kvserve.cluster.launch import Cluster
 from tests.tiny_cluster import MODEL_NAME
 
 LONG = 300  # output tokens: long enough that a fault lands mid-stream on the tiny model
+FAULT_STREAM = 600
+"""Output tokens of the stream :func:`fault_mid_stream` faults: its probe must find the
+decode worker while it decodes, on a loaded machine (with 300, it once found it only after
+the stream had ended)."""
 
 
 def complete(client: openai.OpenAI, prompt: list[int], n: int) -> str:
@@ -93,7 +97,7 @@ def fault_mid_stream(
         thread = threading.Thread(target=find_then_fault, args=(probe,), daemon=True)
         thread.start()
         try:
-            text = stream_text(client, prompt, LONG)
+            text = stream_text(client, prompt, FAULT_STREAM)
         finally:
             done.set()
             thread.join(60)

@@ -55,7 +55,7 @@ from proto.grpc_auth import ROUTER
 from proto.registry import Keys, connect, list_workers, seal_record
 from tests.integration.pool_member import listening, listening_on
 from tests.integration.reference import hf_greedy
-from tests.midstream import LONG, complete, fault_mid_stream
+from tests.midstream import FAULT_STREAM, complete, fault_mid_stream
 from tests.tiny_cluster import (
     BLOCK,
     FAST_FAULT_ROUTER,
@@ -339,8 +339,8 @@ def not_greedy(
     if not differ:
         return {}
     checker = TieChecker(model_dir, EngineConfig(model=str(model_dir), block_tokens=BLOCK))
-    verdicts = {i: checker.check(ChaosRequest(tuple(prompts[i]), LONG, False), got.get(i, ""))
-                for i in differ}  # fmt: skip
+    asked = {i: ChaosRequest(tuple(prompts[i]), FAULT_STREAM, False) for i in differ}
+    verdicts = {i: checker.check(asked[i], got.get(i, "")) for i in differ}
     print(f"answers that differ from the fault-free run: {verdicts}", flush=True)
     return {i: f"{v}: got {got.get(i)!r}" for i, v in verdicts.items() if not v.exact}
 
@@ -356,11 +356,11 @@ def test_decode_host_cut_off_mid_load(
     net, cluster = net_cluster
     assert net is not None
     prompts = [prompt_of(48, 20 + i) for i in range(4)]
-    expected = {i: complete(client, p, LONG) for i, p in enumerate(prompts)}
+    expected = {i: complete(client, p, FAULT_STREAM) for i, p in enumerate(prompts)}
     got: dict[int, str] = {}
 
     def background(i: int) -> None:
-        got[i] = complete(client, prompts[i], LONG)
+        got[i] = complete(client, prompts[i], FAULT_STREAM)
 
     decode = [n for n in cluster.worker_names if cluster.plan_of(n).role == "decode"]
     taken = sum(faults.load_of(cluster, n).requests for n in decode)

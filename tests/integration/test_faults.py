@@ -18,7 +18,7 @@ import pytest
 from kvserve.cluster import faults
 from kvserve.cluster.launch import Cluster
 from proto.registry import connect, list_workers
-from tests.midstream import LONG, complete, fault_mid_stream
+from tests.midstream import FAULT_STREAM, complete, fault_mid_stream
 from tests.tiny_cluster import (
     FAST_FAULT_ROUTER,
     FAST_FAULT_WORKER,
@@ -46,7 +46,14 @@ def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 @pytest.fixture(scope="module")
 def client(cluster: Cluster) -> openai.OpenAI:
-    return cluster_client(cluster)
+    """The cluster's client, once every decode worker has served a request: a worker's
+    first request also loads what later ones reuse, and a probe that must find the worker
+    serving a stream while it decodes (:func:`tests.midstream.fault_mid_stream`) once saw
+    a cold one answer it only after the stream had ended."""
+    client = cluster_client(cluster)
+    for i in range(2):  # round robin: one request to each decode worker
+        complete(client, prompt_of(40, 900 + i), 2)
+    return client
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +74,7 @@ def test_decode_worker_frozen_or_killed_mid_stream(client: openai.OpenAI, cluste
     the other one with exactly the fault-free output; with no decode worker left, the
     stream ends with an error event."""
     prompt = prompt_of(40, 1)
-    reference = complete(client, prompt, LONG)
+    reference = complete(client, prompt, FAULT_STREAM)
     migrations = faults.router_metric(cluster, "kvserve:migrations_total")
     got, frozen = fault_mid_stream(
         client, cluster, prompt, lambda name: faults.freeze(cluster, name)
