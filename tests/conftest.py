@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import os
 from pathlib import Path
@@ -59,10 +60,29 @@ UNIT_TESTS = Path(__file__).parent / "unit"
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test under :data:`UNIT_TESTS` ``unit``: scripts/test.sh runs them in its
     ``kv_path`` pass, whose staging mode is nothing to them, since that pass ends a minute
-    before the other without them."""
+    before the other without them. And give every test an id of its own
+    (:func:`_one_id_each`)."""
     for item in items:
         if item.path.is_relative_to(UNIT_TESTS):
             item.add_marker(pytest.mark.unit)
+    _one_id_each(items)
+
+
+def _one_id_each(items: list[pytest.Item]) -> None:
+    """pytest 9.2 builds a test's id from its function's name and its ``parametrize`` call;
+    schemathesis 4.32 names each API operation's test ``test[<METHOD> <path>]`` without such
+    a call, so all the operations of one test shared an id, and pytest-xdist, which hands
+    tests out by id, ran only the first of them. Such a test takes its name's bracket into
+    its id. UsageError if two tests still share an id: they would run once between them."""
+    count = collections.Counter(item.nodeid for item in items)
+    for item in items:
+        if count[item.nodeid] > 1 and isinstance(item, pytest.Function):
+            prefix = f"{item.originalname}["
+            if item.name.startswith(prefix) and item.name.endswith("]") and item._id.params is None:
+                item._id = item._id.with_params(item.name.removeprefix(prefix)[:-1])
+    shared = [i for i, n in collections.Counter(item.nodeid for item in items).items() if n > 1]
+    if shared:
+        raise pytest.UsageError(f"tests that share an id (xdist runs one of each): {shared}")
 
 
 @pytest.fixture(scope="session")
