@@ -119,11 +119,17 @@ def wait_idle(
         time.sleep(IDLE_POLL_S)
 
 
+OUTPUT_BEGUN = 4
+"""Tokens a worker outputs after taking a request before :meth:`ServingProbe.serving` names
+it: the router has then had some of them, so a fault is one after output began."""
+
+
 class ServingProbe:
     """Which worker in ``role`` (as it reports now: roles change at run time) took a
-    request sent after the probe opened (a context manager): the one whose count of requests
-    taken rose since (a decode worker counts a request when it adopts it, as its decoding
-    starts). A worker running requests it took before is never named, so a test's
+    request sent after the probe opened (a context manager) and has begun its output: the
+    one whose count of requests taken rose since (a decode worker counts a request when it
+    adopts it, as its decoding starts) and whose count of tokens output rose by
+    :data:`OUTPUT_BEGUN`. A worker running requests it took before is never named, so a test's
     background load does not stand in for its stream. Each lookup asks every worker at once
     over a channel kept open for the probe's life, so a loaded machine answers it while a
     short stream still runs; a channel whose call failed is opened again (one left in
@@ -136,6 +142,8 @@ class ServingProbe:
         self._channels: dict[str, grpc.Channel] = {}
         self._taken: dict[str, int] = {}
         """Worker -> requests it had taken when first asked (the baseline)."""
+        self._output: dict[str, int] = {}
+        """Worker -> tokens it had output when first asked (the baseline)."""
 
     def __enter__(self) -> ServingProbe:
         """Open a channel to every running worker, wait (up to the timeout each) until it is
@@ -157,10 +165,16 @@ class ServingProbe:
         self._channels.clear()
 
     def serving(self) -> str | None:
-        """The worker that took a request since the probe opened (None: none yet): one whose
-        count of requests taken rose since its first answer."""
+        """The worker that took a request since the probe opened and has output tokens since
+        (None: none yet): one whose count of requests taken rose since its first answer, and
+        whose count of tokens output rose by :data:`OUTPUT_BEGUN` (so its output has begun:
+        a fault before that is a hand-off that did not take, not a fault mid-stream)."""
         reports = {n: r for n, r in self._ask().items() if r.role == self.role}
-        rose = [n for n, r in reports.items() if r.requests > self._taken[n]]
+        rose = [
+            n
+            for n, r in reports.items()
+            if r.requests > self._taken[n] and r.output_tokens >= self._output[n] + OUTPUT_BEGUN
+        ]
         return rose[0] if rose else None
 
     def _open(self, name: str, wait: bool = True) -> None:
@@ -186,6 +200,7 @@ class ServingProbe:
                 self._open(name, wait=False)
                 continue
             self._taken.setdefault(name, report.requests)
+            self._output.setdefault(name, report.output_tokens)
             self.seen[
                 f"{name}: {report.role}, running {report.running}, taken {report.requests}"
             ] += 1

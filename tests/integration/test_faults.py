@@ -51,7 +51,8 @@ def client(cluster: Cluster) -> openai.OpenAI:
     serving a stream while it decodes (:func:`tests.midstream.fault_mid_stream`) once saw
     a cold one answer it only after the stream had ended."""
     client = cluster_client(cluster)
-    for i in range(2):  # round robin: one request to each decode worker
+    decode = [n for n in cluster.worker_names if cluster.plan_of(n).role == "decode"]
+    for i in range(len(decode)):  # round robin: one request to each decode worker
         complete(client, prompt_of(40, 900 + i), 2)
     return client
 
