@@ -34,6 +34,7 @@ ARGV: dict[str, str] = {
     "pool": "--sizes-kib 16 64 --batches 1 4 --repeat 1",
     "hashing": "--prompt-tokens 256 --repeat 1 --prefill-tokens 64",
     "edge": "--requests 200 --repeat 1",
+    "index": "--held 2000 --prompt-blocks 256 --repeats 3",
     "overlap": "--model {model} --lengths 32 --modes after streaming push --repeat 1 "
     "--segment-mib 64 --kv-cache-mib 64",
     "prefix": "--model {model} --prefix 64 --tail 8 --repeat 1 --segment-mib 64 --kv-cache-mib 64",

@@ -65,6 +65,11 @@ BENCH = (
     ),
     Verb("pool", "KV pool put/get GB/s against memcpy", "kvserve.bench.pool"),
     Verb(
+        "index",
+        "the router's prefix index: one pass for every worker vs a walk per worker",
+        "kvserve.bench.index_timing",
+    ),
+    Verb(
         "edge",
         "what the HTTP edge's Host and Content-Type checks add per request",
         "kvserve.bench.edge",
