@@ -8,16 +8,11 @@ memory that objects are moved from and into (zero-copy) -> batch verbs -> :meth:
 Return conventions follow the binding: puts give 0 or a negative error per key, gets give
 the bytes read or a negative error, existence gives 1, 0, or -1 (error).
 
-Outages (the master killed or restarting): the binding answers every verb with an error
-code while the master is gone (a put may first retry for seconds), and its own ping thread
-remounts this member's segment once the master is back. So a verb that fails while the
-client reports itself unhealthy opens a breaker: for :data:`OUTAGE_BACKOFF_S` every verb
-answers "failed" at once without calling the binding (reads miss, writes are not
-committed: the pool is a cache, callers recompute); then one health probe decides whether
-to close it or wait again. :attr:`MooncakeStore.outages` counts outages,
-:attr:`MooncakeStore.available` says whether the pool is usable now. A put refused for want
-of space (:data:`kvpool.tiers.NO_SPACE`: DRAM full while eviction or the SSD tier's offload
-catches up) is a failed put, never an outage.
+Outages (the master killed or restarting): a verb that fails while the master is gone
+opens a breaker (:mod:`kvpool.breaker`): until a probe finds the pool back, every verb
+answers "failed" at once without calling the binding. :attr:`MooncakeStore.outages` counts
+outages, :attr:`MooncakeStore.available` says whether the pool is usable now. A put refused
+for want of space (:data:`kvpool.tiers.NO_SPACE`) is a failed put, never an outage.
 
 SSD tier (``pool_ssd_dir``, :mod:`kvpool.tiers`): ``connect`` creates the directory, sets
 Mooncake's offload variables and joins with offload on; :attr:`MooncakeStore.ssd` says so,
@@ -33,13 +28,15 @@ import concurrent.futures
 import logging
 import math
 import os
+import threading
 import time
 from typing import Any, TypeVar
 
+from kvpool.breaker import MASTER_PROBE_S, OutageBreaker
 from kvpool.config import PoolConfig
 from kvpool.net import port_open
 from kvpool.peers import TRANSFER_FAIL, UnreachablePeers
-from kvpool.tiers import NO_SPACE, Tier, offload_environment, prepare_ssd_dir, replica_tiers
+from kvpool.tiers import Tier, offload_environment, prepare_ssd_dir, replica_tiers
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +47,10 @@ TRANSFER_ADDRESS_VARIABLE = "MC_TCP_BIND_ADDRESS"
 TRANSFER_TIMEOUT_VARIABLES = ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC")
 """Mooncake's TCP transport's stall limits (whole seconds), set from
 ``pool_transfer_timeout_s`` before each join (:func:`transfer_environment`)."""
-MASTER_PROBE_S = 2.0
-"""How long joining the pool waits for the master's port to answer before giving up."""
-OUTAGE_BACKOFF_S = 1.0
-"""While the pool is out, verbs fail at once for this long between health probes (the
-client remounts within about a second of the master's return, as observed here)."""
 READERS = 4
 """Threads that run value reads (:meth:`MooncakeStore.get_bytes`), so a read can be given up
 while its call goes on: a read given up holds one until the binding ends it (at most 60 s)."""
 FAILED = -1
-RPC_FAIL = -900
-"""The binding's code for a failed call to the master (it is gone, or restarting)."""
 
 
 class PoolUnavailableError(RuntimeError):
@@ -123,11 +113,8 @@ class MooncakeStore:
         self._client = client
         self.ssd = ssd
         """Whether this member joined with an SSD tier (offloads and reads back from it)."""
-        self._master = master
-        """``(host, port)`` of the master's RPC service, probed before closing the breaker."""
-        self.outages = 0
-        """Outages seen since start (each opened the breaker once)."""
-        self._retry_at = 0.0  # 0: breaker closed; else when the next probe may run
+        self.breaker = OutageBreaker(self.healthy, master)
+        """Opened by an outage (:mod:`kvpool.breaker`); ``master`` is probed to close it."""
         self.peers = UnreachablePeers(client)
         """Members whose transfers failed lately (:mod:`kvpool.peers`)."""
         self.transfer_timeout_s = transfer_timeout_s
@@ -135,42 +122,24 @@ class MooncakeStore:
         self.give_up_s = 2 * transfer_timeout_s
         """A value read still running after this long is given up (:meth:`get_bytes`)."""
         self.given_up = 0
-        """Value reads given up (:meth:`get_bytes`)."""
+        """Value reads given up (:meth:`get_bytes`, which several threads call)."""
+        self._counting = threading.Lock()
         self._readers = concurrent.futures.ThreadPoolExecutor(READERS, "kvpool-read")
 
     @property
     def available(self) -> bool:
-        """Whether the pool can be used now (probes it when the backoff has passed)."""
-        if not self._retry_at:
-            return True
-        if time.monotonic() < self._retry_at:
-            return False
-        if self._master_answers() and self.healthy():
-            self._retry_at = 0.0
-            log.warning("the KV pool is reachable again: using it")
-            return True
-        self._retry_at = time.monotonic() + OUTAGE_BACKOFF_S
-        return False
+        """Whether the pool can be used now (:meth:`OutageBreaker.allows`)."""
+        return self.breaker.allows()
 
     @property
     def breaker_open(self) -> bool:
         """Whether an outage was seen and the pool not found back yet (no probe, no RPC)."""
-        return bool(self._retry_at)
+        return self.breaker.open
 
-    def _master_answers(self) -> bool:
-        """Whether the master's port accepts a connection (the client's own health flag
-        can say "healthy" while the master is still down)."""
-        return self._master is None or port_open(*self._master, timeout=MASTER_PROBE_S / 4)
-
-    def _check(self, codes: list[int]) -> list[int]:
-        """Open the breaker when a call to the master failed, or a verb failed (for another
-        reason than :data:`~kvpool.tiers.NO_SPACE`) and the client says the master is gone."""
-        failed = any(c < 0 and c != NO_SPACE for c in codes)
-        if failed and not self._retry_at and (RPC_FAIL in codes or not self.healthy()):
-            self._retry_at = time.monotonic() + OUTAGE_BACKOFF_S
-            self.outages += 1
-            log.warning("the KV pool is unreachable: serving without it until it returns")
-        return codes
+    @property
+    def outages(self) -> int:
+        """Outages seen since start (each opened the breaker once)."""
+        return self.breaker.outages
 
     @classmethod
     def connect(cls, config: PoolConfig) -> MooncakeStore:
@@ -231,13 +200,13 @@ class MooncakeStore:
     def put_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         if not keys or not self.available:
             return [FAILED] * len(keys)
-        return self._check(list(self._client.batch_put_from(keys, ptrs, sizes)))
+        return self.breaker.check(list(self._client.batch_put_from(keys, ptrs, sizes)))
 
     def upsert_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         """Like :meth:`put_from` but replaces existing objects (a plain put keeps the old)."""
         if not keys or not self.available:
             return [FAILED] * len(keys)
-        return self._check(list(self._client.batch_upsert_from(keys, ptrs, sizes)))
+        return self.breaker.check(list(self._client.batch_upsert_from(keys, ptrs, sizes)))
 
     def get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         """Read objects into memory: bytes read, or a negative error, per key (those held only
@@ -246,7 +215,7 @@ class MooncakeStore:
             return [FAILED] * len(keys)
         tried = self.peers.tryable(keys)
         picked = (_pick(seq, tried) for seq in (keys, ptrs, sizes))
-        got = self._check(list(self._client.batch_get_into(*picked))) if tried else []
+        got = self.breaker.check(list(self._client.batch_get_into(*picked))) if tried else []
         if TRANSFER_FAIL in got:
             self.peers.note(
                 [keys[i] for i, c in zip(tried, got, strict=True) if c == TRANSFER_FAIL]
@@ -273,7 +242,8 @@ class MooncakeStore:
             values = [bytes(v) for v in call.result(timeout=self.give_up_s)]
         except concurrent.futures.TimeoutError:
             call.cancel()  # one no reader took yet (all busy) is dropped
-            self.given_up += 1
+            with self._counting:
+                self.given_up += 1
             log.warning(
                 "a KV pool read of %d objects did not end within %.1f s: read as misses",
                 len(picked), self.give_up_s,
@@ -287,12 +257,12 @@ class MooncakeStore:
     def exists(self, keys: list[str]) -> list[int]:
         if not keys or not self.available:
             return [FAILED] * len(keys)
-        return self._check(list(self._client.batch_is_exist(keys)))
+        return self.breaker.check(list(self._client.batch_is_exist(keys)))
 
     def put_bytes(self, keys: list[str], values: list[bytes]) -> int:
         if not keys or not self.available:
             return FAILED if keys else 0
-        return self._check([int(self._client.put_batch(keys, values))])[0]
+        return self.breaker.check([int(self._client.put_batch(keys, values))])[0]
 
     def remove(self, keys: list[str]) -> list[int]:
         """Delete objects (even while leased); 0 per removed key, negative if absent."""
