@@ -37,11 +37,17 @@ RPC_FAIL = -900
 class OutageBreaker:
     """``healthy``: the client's own health flag; ``master``: ``(host, port)`` of the
     master's RPC service, probed before the breaker closes (None: not probed, as for masters
-    in HA mode)."""
+    in HA mode); ``clock``: monotonic seconds."""
 
-    def __init__(self, healthy: Callable[[], bool], master: tuple[str, int] | None) -> None:
+    def __init__(
+        self,
+        healthy: Callable[[], bool],
+        master: tuple[str, int] | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._healthy = healthy
         self._master = master
+        self._clock = clock
         self.outages = 0
         """Outages seen since start (each opened the breaker once)."""
         self._retry_at = 0.0  # 0: closed; else when the next probe may run
@@ -55,13 +61,13 @@ class OutageBreaker:
         """Whether the pool can be used now (probes it when the backoff has passed)."""
         if not self._retry_at:
             return True
-        if time.monotonic() < self._retry_at:
+        if self._clock() < self._retry_at:
             return False
         if self._master_answers() and self._healthy():
             self._retry_at = 0.0
             log.warning("the KV pool is reachable again: using it")
             return True
-        self._retry_at = time.monotonic() + OUTAGE_BACKOFF_S
+        self._retry_at = self._clock() + OUTAGE_BACKOFF_S
         return False
 
     def _master_answers(self) -> bool:
@@ -75,7 +81,7 @@ class OutageBreaker:
         :data:`~kvpool.tiers.NO_SPACE` and the client says the master is gone."""
         failed = any(c < 0 and c != NO_SPACE for c in codes)
         if failed and not self._retry_at and (RPC_FAIL in codes or not self._healthy()):
-            self._retry_at = time.monotonic() + OUTAGE_BACKOFF_S
+            self._retry_at = self._clock() + OUTAGE_BACKOFF_S
             self.outages += 1
             log.warning("the KV pool is unreachable: serving without it until it returns")
         return codes
