@@ -43,6 +43,8 @@ PURE = (
     "workers/core/block_manager.py",
     "workers/core/block_pool.py",
     "router/placement/policies.py",
+    "router/placement/policy.py",
+    "router/placement/cache_aware.py",
     "router/placement/types.py",
     "router/placement/admission.py",
     "router/placement/pending.py",
