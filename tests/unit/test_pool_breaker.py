@@ -67,9 +67,10 @@ def test_it_says_no_without_a_probe_for_the_backoff_then_closes_on_one(
 
 
 def test_a_master_whose_port_refuses_keeps_it_open(clock: Clock) -> None:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        gone = "127.0.0.1", server.getsockname()[1]
-    breaker = OutageBreaker(Health(), gone, clock)  # the client says healthy, the port is shut
-    breaker.check([RPC_FAIL])
-    clock.now += OUTAGE_BACKOFF_S * 1.01
-    assert not breaker.allows() and breaker.open
+    with socket.socket() as bound:  # bound, never listening: connections are refused
+        bound.bind(("127.0.0.1", 0))
+        gone = "127.0.0.1", bound.getsockname()[1]
+        breaker = OutageBreaker(Health(), gone, clock)  # the client says healthy
+        breaker.check([RPC_FAIL])
+        clock.now += OUTAGE_BACKOFF_S * 1.01
+        assert not breaker.allows() and breaker.open
