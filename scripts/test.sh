@@ -55,12 +55,12 @@ fi
 # no server, no pool of their own, so the staging mode is nothing to them; marked unit by
 # tests/conftest.py) run in the kv_path pass too: its two processes ended about a minute
 # before the main pass's three without them, leaving a core half idle meanwhile. Every test
-# picks free ports and its own temporary directories, so tests on different processes are isolated; each pass hands
-# out ports from a span of its own below the ephemeral range, split among its processes
-# (KVSERVE_TEST_PORTS, tests/conftest.py), so no two processes pick the same free port. The slowest
-# tests of each pass are listed at the end: the suite is kept well under 15 minutes on 2
-# cores. KVSERVE_TEST_PROCS sets the processes of the main pass (3), KVSERVE_KV_PROCS the
-# kv_path pass's (2).
+# picks free ports and its own temporary directories, so tests on different processes are
+# isolated; each pass hands out ports from a span of its own below the ephemeral range,
+# split among its processes (KVSERVE_TEST_PORTS, tests/conftest.py), so no two processes
+# pick the same free port. The slowest tests of each pass are listed at the end: the suite
+# is kept well under 15 minutes on 2 cores. KVSERVE_TEST_PROCS sets the processes of the
+# main pass (3), KVSERVE_KV_PROCS the kv_path pass's (2).
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 # the tiny model is made once for both passes, not once per process (tests/conftest.py)
