@@ -1,6 +1,8 @@
 """What the ``kvserve bench`` verbs share besides the JSON (:func:`kvserve.report.emit`):
 timing a piece of work, the headline that sets a measurement against the
-baseline measured in the same run, and a pool of their own (:func:`scratch_pool`)."""
+baseline measured in the same run, a pool of their own (:func:`scratch_pool`), a whole
+deployment on this machine (:func:`started`) and a client's time to the first streamed token
+(:func:`stream_ttft`)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,12 @@ from typing import TYPE_CHECKING, Any
 from kvserve.report import median
 
 if TYPE_CHECKING:
+    from openai import OpenAI
+
     from kvpool.config import PoolConfig
     from kvpool.master import MasterConfig
+    from kvserve.cluster.launch import Cluster
+    from workers.config import EngineConfig
 
 
 def seconds(work: Callable[[], object]) -> float:
@@ -82,3 +88,52 @@ def scratch_pool(
         )
         with MasterProcess(config, (log_dir or Path(tmp)) / f"mooncake_master-{name}-{rpc}.log"):
             yield config, pool
+
+
+@contextlib.contextmanager
+def started(name: str, engine: EngineConfig, segment_mib: int, **options: Any) -> Iterator[Cluster]:
+    """Deployment ``name`` (e.g. ``1p1d``) running on this machine, on free loopback ports,
+    its logs in a temporary folder; stopped on exit. ``options``: further
+    :class:`~kvserve.cluster.spec.ClusterSpec` fields (router policy, router flags)."""
+    from kvpool.config import PoolConfig
+    from kvserve.cluster.deployment import parse_deployment
+    from kvserve.cluster.launch import Cluster, ClusterSpec
+
+    p, d, m = parse_deployment(name)
+    pool = PoolConfig(pool_segment_mib=segment_mib)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = ClusterSpec(p, d, m, engine=engine, pool=pool, log_dir=Path(tmp), **options)
+        with Cluster(spec.with_free_ports()).start() as cluster:
+            yield cluster
+
+
+def openai_client(url: str) -> OpenAI:
+    """The official client of the server at ``url``, without retries (a retry would hide a
+    failure inside a timing)."""
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def stream_ttft(
+    client: OpenAI, model: str, prompt: list[int], max_tokens: int
+) -> tuple[float, int]:
+    """``prompt`` streamed greedily (``max_tokens``): seconds from sending it to the first
+    chunk, and its cached prompt tokens from the usage (-1 without). A stream that ends
+    without a chunk raises ``RuntimeError`` (no time to report)."""
+    begin, first, cached = time.perf_counter(), None, -1
+    stream = client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        first = first if first is not None else time.perf_counter() - begin
+        if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
+            cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
+    if first is None:
+        raise RuntimeError(f"the stream of a {len(prompt)}-token prompt ended without a chunk")
+    return first, cached

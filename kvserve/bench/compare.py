@@ -30,27 +30,20 @@ them again, with today's plotting code, without starting a cluster:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import json
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from kvpool.config import PoolConfig
-from kvserve.bench.common import ratio_headline
-from kvserve.cluster.deployment import SegmentConfig, parse_deployment
+from kvserve.bench.common import ratio_headline, started
+from kvserve.cluster.deployment import SegmentConfig
 from kvserve.loadgen import options as opt
 from kvserve.report import emit, log
 from kvserve.settings import BENCH_ENV, config_from_args, setting
 from router.config import POLICIES
 from workers.config import EngineConfig
-
-if TYPE_CHECKING:
-    from kvserve.cluster.launch import Cluster
 
 RUNS_FILE = "compare_runs.json"
 
@@ -75,21 +68,6 @@ class CompareConfig:
 
 
 SETTINGS = (CompareConfig, SegmentConfig, *opt.LOAD_SETTINGS, EngineConfig)
-
-
-@contextlib.contextmanager
-def started(name: str, engine: EngineConfig, segment_mib: int, **options: Any) -> Iterator[Cluster]:
-    """Deployment ``name`` (e.g. ``1p1d``) running on this machine, on free loopback ports,
-    its logs in a temporary folder; stopped on exit. ``options``: further
-    :class:`~kvserve.cluster.spec.ClusterSpec` fields (router policy, router flags)."""
-    from kvserve.cluster.launch import Cluster, ClusterSpec
-
-    p, d, m = parse_deployment(name)
-    pool = PoolConfig(pool_segment_mib=segment_mib)
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = ClusterSpec(p, d, m, engine=engine, pool=pool, log_dir=Path(tmp), **options)
-        with Cluster(spec.with_free_ports()).start() as cluster:
-            yield cluster
 
 
 def run_deployment(

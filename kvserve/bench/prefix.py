@@ -20,15 +20,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import tempfile
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
-from kvpool.config import PoolConfig
-from kvserve.bench.common import ratio_headline
-from kvserve.cluster.launch import Cluster, ClusterSpec
+from kvserve.bench.common import openai_client, ratio_headline, started, stream_ttft
 from kvserve.loadgen.workloads import random_tokens
 from kvserve.report import emit, log, median
 from kvserve.settings import BENCH_ENV, config_from_args
@@ -57,65 +52,31 @@ class PrefixBenchConfig:
 SETTINGS = (PrefixBenchConfig, EngineConfig)
 
 
-def ttft(client: Any, model: str, prompt: list[int]) -> tuple[float, int]:
-    """Seconds to the first streamed chunk, and the request's cached prompt tokens."""
-    t0 = time.perf_counter()
-    first = 0.0
-    cached = -1
-    stream = client.completions.create(
-        model=model,
-        prompt=prompt,
-        max_tokens=2,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    for chunk in stream:
-        if not first:
-            first = time.perf_counter() - t0
-        if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
-            cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
-    return first, cached
-
-
 def run(args: argparse.Namespace) -> int:
-    import openai
-
     config = config_from_args(EngineConfig, args)
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
-    placement: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = ClusterSpec(
-            prefill=2,
-            decode=1,
-            engine=config,
-            pool=PoolConfig(pool_segment_mib=args.segment_mib),
-            policy="round_robin",
-            disagg_threshold_tokens=0,
-            log_dir=Path(tmp),
-        ).with_free_ports()
-        with Cluster(spec).start() as cluster:
-            plan = cluster.plan
-            placement = {"shared_cores": plan.shared_cores, "notes": list(plan.notes)}
-            client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key="-")
-            model = client.models.list().data[0].id
+    options = {"policy": "round_robin", "disagg_threshold_tokens": 0}
+    with started("2p1d", config, args.segment_mib, **options) as cluster:
+        placement = {"shared_cores": cluster.plan.shared_cores, "notes": list(cluster.plan.notes)}
+        client = openai_client(cluster.router_url)
+        model = client.models.list().data[0].id
 
-            def tokens(n: int) -> list[int]:
-                return list(random_tokens(rng, n, 49152))
+        def tokens(n: int) -> list[int]:
+            return list(random_tokens(rng, n, 49152))
 
-            for _ in range(2):  # warm-up: one small request per prefill worker
-                ttft(client, model, tokens(64))
-            for rep in range(args.repeat):
-                prefix, other, tail = tokens(args.prefix), tokens(args.prefix), tokens(args.tail)
-                for kind, prompt in (
-                    ("writer", [*prefix, *tokens(args.tail)]),
-                    ("warm", [*prefix, *tail]),
-                    ("cold", [*other, *tail]),
-                ):
-                    seconds, cached = ttft(client, model, prompt)
-                    rows.append({"rep": rep, "kind": kind, "ttft_s": seconds, "cached": cached})
-                    log(f"rep {rep} {kind:6s} ttft {seconds:.3f}s cached {cached}")
+        for _ in range(2):  # warm-up: one small request per prefill worker
+            stream_ttft(client, model, tokens(64), 2)
+        for rep in range(args.repeat):
+            prefix, other, tail = tokens(args.prefix), tokens(args.prefix), tokens(args.tail)
+            for kind, prompt in (
+                ("writer", [*prefix, *tokens(args.tail)]),
+                ("warm", [*prefix, *tail]),
+                ("cold", [*other, *tail]),
+            ):
+                seconds, cached = stream_ttft(client, model, prompt, 2)
+                rows.append({"rep": rep, "kind": kind, "ttft_s": seconds, "cached": cached})
+                log(f"rep {rep} {kind:6s} ttft {seconds:.3f}s cached {cached}")
     warm = median([r["ttft_s"] for r in rows if r["kind"] == "warm"])
     cold = median([r["ttft_s"] for r in rows if r["kind"] == "cold"])
     emit(

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from kvserve.bench.compare import started
+from kvserve.bench.common import started
 from kvserve.cluster.deployment import SegmentConfig
 from kvserve.loadgen.client import ClientOptions, fetch_models, run_load
 from kvserve.loadgen.metrics import RequestRecord

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from kvserve.bench.common import openai_client, started, stream_ttft
 from kvserve.bench.peer.launch import cluster_options, resolve_model
 from kvserve.bench.peer.results import SERVERS, Server
 from kvserve.loadgen.workloads import random_tokens
@@ -76,18 +77,10 @@ def random_prompts(rng: random.Random, count: int, tokens: int) -> list[list[int
 def client_ttfts(url: str, model: str, prompts: list[list[int]], pause_s: float) -> list[float]:
     """Each prompt streamed through ``url`` in turn (3 tokens, ``pause_s`` apart): seconds
     to the first chunk."""
-    import openai
-
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    client = openai_client(url)
     seconds = []
     for prompt in prompts:
-        begin, first = time.perf_counter(), None
-        stream = client.completions.create(
-            model=model, prompt=prompt, max_tokens=3, temperature=0, stream=True
-        )
-        for _ in stream:
-            first = first if first is not None else time.perf_counter() - begin
-        seconds.append(first if first is not None else float("nan"))
+        seconds.append(stream_ttft(client, model, prompt, 3)[0])
         time.sleep(pause_s)
     return seconds
 
@@ -178,8 +171,6 @@ def engine_floor(engine: EngineConfig, prompts: list[list[int]]) -> float:
 
 def run_server(args: argparse.Namespace, server: Server, model_dir: Path) -> dict[str, Any]:
     """``server`` started fresh, measured idle, stopped; its row."""
-    from kvserve.bench.compare import started
-
     rng = random.Random(f"{args.seed}/{server.name}")
     warm, measured, direct = (
         random_prompts(rng, n, args.prompt_tokens)

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse
 from transformers import AutoTokenizer
 
 from kvpool.net import free_local_ports
+from kvserve.bench.common import openai_client, stream_ttft
 from kvserve.cluster.redis import RedisConfig, RedisProcess
 from proto.tokenization import Tokenizer
 from router.flow import tokenizer as tokenizer_module
@@ -122,6 +123,17 @@ def test_streaming_completion_with_usage(harness: Harness) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == 6
+
+
+def test_the_benches_ttft_client_times_the_first_chunk_and_reads_the_cached_tokens(
+    harness: Harness,
+) -> None:
+    """:func:`kvserve.bench.common.stream_ttft` (``bench prefix`` and ``bench ttft``) through
+    the router: a first chunk came, and the cached tokens are the usage's (the stubs report
+    1 local + (n - 1) // 2 pool tokens of an n-token prompt)."""
+    client = openai_client(f"http://127.0.0.1:{harness.port}")
+    seconds, cached = stream_ttft(client, MODEL, [7, 1, 8, 2, 8, 1, 8, 2, 8], 3)
+    assert seconds > 0 and cached == 1 + 4
 
 
 def test_chat_plain_and_streamed(harness: Harness, default_model_dir: Path) -> None:

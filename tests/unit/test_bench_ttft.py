@@ -41,3 +41,19 @@ def test_only_kvserve_servers_are_measured() -> None:
     args = argparse.Namespace(model="tiny", servers="vllm,default", seed=0)
     with pytest.raises(SystemExit, match="vllm"):
         run(args)
+
+
+def test_a_stream_without_a_chunk_has_no_time_to_report() -> None:
+    """:func:`kvserve.bench.common.stream_ttft` raises rather than report a made-up time
+    (its path through a real router: ``tests/integration/test_router_stub.py``)."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from kvserve.bench.common import stream_ttft
+
+    def create(**_: object) -> list[object]:
+        return []
+
+    empty: Any = SimpleNamespace(completions=SimpleNamespace(create=create))
+    with pytest.raises(RuntimeError, match="3-token prompt ended without a chunk"):
+        stream_ttft(empty, "m", [1, 2, 3], 2)

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.net import free_local_ports
+from kvserve.bench.common import started
 from kvserve.bench.peer.results import Run, Server
 from kvserve.cluster.balancer import Balancer
 from kvserve.cluster.health import http_ok
@@ -154,8 +155,6 @@ def server_up(
                 urls.append(stack.enter_context(one))
             yield stack.enter_context(round_robin(urls, log_dir)) if server.replicas else urls[0]
             return
-        from kvserve.bench.compare import started
-
         options = cluster_options(server, args.startup_timeout_s)
         if server.engine != "kvserve":
             options |= {
