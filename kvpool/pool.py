@@ -6,7 +6,7 @@ the request id). A meta object (:mod:`kvpool.meta`) holds the namespace text, wi
 writer, one digest per layer (SHA-256 or xxh3-64, by the namespace's algorithm) and a MAC
 under the pool block key over all of it and the block's name; a partial block's meta also
 holds its valid token count and its lease (``expires``): it lives there until the decode
-side takes it, or until the writer's sweep after the lease.
+side takes it, or until the writer's sweep after the lease (:mod:`kvpool.partial`).
 
 Commit rule: a writer puts every layer object of a block first and the meta object last,
 only when every layer put succeeded. Puts never overwrite, so the first writer's objects
@@ -36,8 +36,9 @@ from kvpool.hashing import Namespace
 from kvpool.keys import KeySpace, completeness, longest_prefix
 from kvpool.layout import KVLayout
 from kvpool.meta import BlockMeta, MetaCodec, MetaFault, layer_digest
+from kvpool.partial import PartialBlocks
 from kvpool.span_io import CacheSpan, DirectIO, Received, SpanCopier, SpanIO, StagedIO
-from kvpool.stats import Lease, Leases, PoolStats
+from kvpool.stats import Lease, PoolStats
 from kvpool.store import MooncakeStore
 from kvpool.tiers import receive_by_tier
 
@@ -53,9 +54,9 @@ class KVPool:
 
     Lifecycle: construct (registers memory for zero-copy transfers) -> optionally
     :meth:`evict_through` (chain-aware eviction) -> ``lookup`` / ``save`` / ``load`` and the
-    request-scoped ``put_partial`` / ``take_partial``, with :meth:`sweep` called now and
-    then to expire this writer's uncollected partial blocks -> :meth:`close` (unregisters,
-    stops the eviction budget's reader). Not thread-safe: one engine thread owns it (a
+    requests' partial last blocks (:attr:`partials`, whose ``sweep`` is called now and then
+    to expire this writer's uncollected ones) -> :meth:`close` (unregisters, stops the
+    eviction budget's reader). Not thread-safe: one engine thread owns it (a
     :class:`BlockWrite` commit may run on one helper thread).
 
     ``block_key`` is ``proto.trust.derive(cluster_secret, POOL_BLOCK)``: it MACs every meta
@@ -77,13 +78,14 @@ class KVPool:
         self.namespace = namespace
         self.layout = layout
         self.writer = writer
-        self.request_ttl_s = request_ttl_s
         self.keys = KeySpace.of(namespace, layout.num_layers, block_key)
         self.codec = MetaCodec(namespace, layout.wire, writer, layout.num_layers, block_key)
         self.digest = layer_digest(namespace.algorithm)
         """``digest(ptr, size)``: the layer digest of the namespace's algorithm."""
         self.stats = PoolStats()
-        self._leases = Leases()
+        self.partials = PartialBlocks(self, layout.block_tokens, request_ttl_s)
+        """Requests' partial last blocks, each kept ``request_ttl_s`` at most
+        (:mod:`kvpool.partial`)."""
         self.slab_ptr = memory if isinstance(memory, int) else memory.cache_ptr
         """Where the KV slab starts (host or device memory)."""
         self.io: SpanIO = (
@@ -204,7 +206,7 @@ class KVPool:
         ``prefix`` become the most recently used (a hit refreshes the whole chain it used).
         """
         t0 = time.perf_counter()
-        loaded = self._read_blocks([self.keys.meta_key(h) for h in hashes], pages)
+        loaded = self.read_blocks([self.keys.meta_key(h) for h in hashes], pages)
         if self.evictor is not None and loaded:
             used = [*prefix, *hashes[:loaded]]
             self.evictor.touch(used, chain_parents(used, None))
@@ -215,7 +217,7 @@ class KVPool:
         self.stats.read_seconds += time.perf_counter() - t0
         return loaded
 
-    def _leading_metas(self, meta_keys: list[str]) -> list[BlockMeta]:
+    def leading_metas(self, meta_keys: list[str]) -> list[BlockMeta]:
         """The parsed metas of ``meta_keys`` up to the first missing or unfit one."""
         metas: list[BlockMeta] = []
         for key, raw in zip(meta_keys, self.store.get_bytes(meta_keys), strict=True):
@@ -225,14 +227,14 @@ class KVPool:
             metas.append(meta)
         return metas
 
-    def _read_blocks(
+    def read_blocks(
         self, meta_keys: list[str], pages: list[int], metas: list[BlockMeta] | None = None
     ) -> int:
         """Layers of the blocks named by ``meta_keys`` into ``pages``; leading verified count.
 
         ``metas`` are fetched here unless the caller already has them.
         """
-        metas = self._leading_metas(meta_keys) if metas is None else metas
+        metas = self.leading_metas(meta_keys) if metas is None else metas
         per = self.layout.num_layers
         keys = [k for meta_key in meta_keys[: len(metas)] for k in self.keys.layer_keys(meta_key)]
         spans = [span for page in pages[: len(metas)] for span in self._spans(page)]
@@ -271,56 +273,6 @@ class KVPool:
         self.stats.healed_blocks += 1
         if self.evictor is not None:
             self.evictor.forget(meta_key)
-
-    # -- request-scoped partial blocks ------------------------------------------------------
-    def partial_block(self, request_id: str, page: int, num_tokens: int) -> PendingBlock:
-        """A request's partial last block (``num_tokens`` valid), for :meth:`begin_write`.
-
-        Its meta carries the token count and a lease; call :meth:`lease` once it is
-        committed so :meth:`sweep` removes it if the decode side never takes it.
-        """
-        assert 0 < num_tokens <= self.layout.block_tokens
-        expires = time.time() + self.request_ttl_s
-        extra = {"tokens": num_tokens, "expires": expires}
-        return PendingBlock(self.keys.request_key(request_id), page, extra)
-
-    def lease(self, request_id: str, expires: float) -> None:
-        """Have :meth:`sweep` remove ``request_id``'s partial block after ``expires``."""
-        self._leases.add(request_id, expires)
-
-    def put_partial(self, request_id: str, page: int, num_tokens: int) -> bool:
-        """Publish a request's partial last block (``num_tokens`` valid) under a lease."""
-        block = self.partial_block(request_id, page, num_tokens)
-        ok = self.begin_write([block]).write_all() == 1
-        if ok:
-            self.lease(request_id, block.expires)
-        return ok
-
-    def take_partial(self, request_id: str, page: int) -> int | None:
-        """Read a request's partial block into ``page`` and delete it from the pool.
-
-        Returns its number of valid tokens, or ``None`` if it is absent, expired or fails
-        verification (then the caller recomputes those tokens).
-        """
-        key = self.keys.request_key(request_id)
-        meta = next((m for m in self._leading_metas([key]) if m.expires > time.time()), None)
-        ok = meta is not None and self._read_blocks([key], [page], [meta]) == 1
-        self.drop_partial(request_id)
-        return meta.tokens if ok and meta is not None else None
-
-    def drop_partial(self, request_id: str) -> bool:
-        """Delete a request's partial block; False if it was not there."""
-        key = self.keys.request_key(request_id)
-        return self.store.remove([key, *self.keys.layer_keys(key)])[0] == 0
-
-    def sweep(self, now: float | None = None) -> int:
-        """Remove this writer's partial blocks whose lease ran out; returns how many."""
-        now = time.time() if now is None else now
-        expired = 0
-        while (request_id := self._leases.pop_expired(now)) is not None:
-            expired += self.drop_partial(request_id)
-        self.stats.expired_requests += expired
-        return expired
 
     def close(self) -> None:
         self.io.close()

@@ -102,7 +102,7 @@ class StepWrite:
         without streaming: write and commit everything now)."""
         t0 = time.perf_counter()
         for lease in self.leases:
-            self.write.pool.lease(lease.request_id, lease.expires)
+            self.write.pool.partials.lease(lease.request_id, lease.expires)
         if self.executor is None:
             self.write.write_all()
         else:
@@ -153,7 +153,7 @@ class StreamWriter:
         for intent in intents:
             if intent.partial is not None:
                 page, tokens = intent.partial
-                block = self.pool.partial_block(intent.request_id, page, tokens)
+                block = self.pool.partials.pending(intent.request_id, page, tokens)
                 partials.append(block)
                 leases.append(Lease(block.expires, intent.request_id))
                 owners[intent.request_id] = 1

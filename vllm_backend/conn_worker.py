@@ -201,7 +201,7 @@ class WorkerSide:
             whole = whole and arrived == len(item.pages)
             self._errors.update(item.pages[arrived:])
             if item.partial:
-                self.pool.drop_partial(item.rid)
+                self.pool.partials.drop(item.rid)
             self.reporter.send(
                 "load", rid=item.rid, tokens=item.tokens(arrived, layout.block_tokens),
                 bytes=arrived * layout.num_layers * layout.span_bytes, seconds=load.seconds,
@@ -220,7 +220,7 @@ class WorkerSide:
         now = time.monotonic()
         if self.pool is not None and now >= self._next_sweep:
             self._next_sweep = now + SWEEP_EVERY_S
-            self.pool.sweep()
+            self.pool.partials.sweep()
 
     def _report_pool(self) -> None:
         """Every :data:`POOL_EVERY_S`, the pool's counters and health to the worker (also

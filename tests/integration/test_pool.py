@@ -221,28 +221,28 @@ def test_partial_block_is_taken_once_and_expires(master: MasterConfig) -> None:
     pool = open_pool(master, source, "w")
     target = make_slab()
     reader = open_pool(master, target, "r")
-    assert pool.put_partial("req-1", page=2, num_tokens=5)
-    assert reader.take_partial("req-1", page=9) == 5
+    assert pool.partials.put("req-1", page=2, num_tokens=5)
+    assert reader.partials.take("req-1", page=9) == 5
     assert np.array_equal(target[:, 9], source[:, 2])
-    assert reader.take_partial("req-1", page=9) is None  # taken: deleted from the pool
+    assert reader.partials.take("req-1", page=9) is None  # taken: deleted from the pool
     # Uncollected: the writer's sweep removes it once the lease ran out.
-    assert pool.put_partial("req-2", page=3, num_tokens=8)
+    assert pool.partials.put("req-2", page=3, num_tokens=8)
     key = pool.keys.request_key("req-2")
-    assert pool.sweep() == 0
+    assert pool.partials.sweep() == 0
     assert pool.store.exists([key]) == [1]
-    assert pool.sweep(now=time.time() + pool.request_ttl_s + 1) == 1
+    assert pool.partials.sweep(now=time.time() + pool.partials.ttl_s + 1) == 1
     assert pool.store.exists([key, *pool.keys.layer_keys(key)]) == [0] * 4
     assert pool.stats.expired_requests == 1
 
 
 def test_expired_partial_block_is_a_miss(master: MasterConfig) -> None:
     pool = open_pool(master, make_slab(9), "w")
-    pool.request_ttl_s = 0.05
-    assert pool.put_partial("req-3", page=0, num_tokens=1)
+    pool.partials.ttl_s = 0.05
+    assert pool.partials.put("req-3", page=0, num_tokens=1)
     import time
 
     time.sleep(0.1)
-    assert open_pool(master, make_slab(), "r").take_partial("req-3", page=0) is None
+    assert open_pool(master, make_slab(), "r").partials.take("req-3", page=0) is None
 
 
 def test_eviction_under_small_capacity_keeps_lookups_truthful(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ The victim's pool members share a cluster secret; the attacker is a pool member 
 knows the victim's block names, and it can remove and put any object. What it writes under
 a victim's name carries layer digests valid for its own data; only the meta's MAC (keyed
 with the secret, bound to the block's name) gives it away. Checked: the victim's
-``load``, ``take_partial`` and landings (the decode side's streaming read) never hand such a
+``load``, ``partials.take`` and landings (the decode side's streaming read) never hand such a
 block over; ``forged_blocks`` counts it and it is removed, so the victim republishes the
 real one; a genuine block moved under another name, and a genuine meta over swapped layer
 data, are refused the same way.
@@ -171,10 +171,10 @@ def test_swapped_layer_data_under_a_genuine_meta_fails_its_digest(members: Membe
 
 def test_a_forged_partial_block_is_never_taken(members: Members) -> None:
     m = members
-    assert m.writer.put_partial("req-1", page=2, num_tokens=3)
+    assert m.writer.partials.put("req-1", page=2, num_tokens=3)
     key = m.writer.keys.request_key("req-1")  # the attacker reads it off the key listing
     m.forge(key, page=6, extra={"tokens": BT, "expires": time.time() + 1e6})
-    assert m.reader.take_partial("req-1", page=7) is None
+    assert m.reader.partials.take("req-1", page=7) is None
     assert m.reader.stats.forged_blocks == 1 and untouched(m, [7])
 
 

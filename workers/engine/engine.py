@@ -189,7 +189,7 @@ class Engine(DecodeHandoff):
         if self.prefill is not None:
             self.prefill.unpin()
         if self.pool is not None:
-            self.pool.sweep()
+            self.pool.partials.sweep()
         return expired
 
     @property

@@ -210,14 +210,14 @@ def pull_prompt(
         hashes, pages = [b.hash for b in named], [b.page for b in named]
         loaded = pool.load(hashes, pages, seq.block_hashes) if named else 0
         if partial_page is not None and loaded == len(named):
-            partial = pool.take_partial(seq.request_id, partial_page)
+            partial = pool.partials.take(seq.request_id, partial_page)
     else:
         metas = landing.wait(0.0)
         loaded = min(len(metas), len(named))
         if partial_page is not None and len(metas) == len(named) + 1:
             partial = metas[len(named)].tokens
     if partial_page is not None and (partial is None or landing is not None):
-        pool.drop_partial(seq.request_id)  # (take_partial already removed it)
+        pool.partials.drop(seq.request_id)  # (take already removed it)
     credit_prompt(seq, loaded * blocks.block_tokens + (tail if partial == tail else 0))
     seconds = time.perf_counter() - t0
     if landing is None:

@@ -107,7 +107,7 @@ class PushStepWrite(StepWrite):
         pushed = {s.meta_keys[-1] for s, *_ in self.jobs if s.done and s.partial_tokens}
         for lease in self.leases:
             if pool.keys.request_key(lease.request_id) not in pushed:
-                pool.lease(lease.request_id, lease.expires)
+                pool.partials.lease(lease.request_id, lease.expires)
         blocks = [block for block in self.write.blocks if block.meta_key not in pushed]
         indexed = self.write.indexed & {block.meta_key for block in blocks}
         write = pool.begin_write(blocks, indexed)
